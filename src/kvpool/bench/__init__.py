@@ -1,0 +1,1 @@
+"""kvpool.bench (see its README or module docstring once written)."""

@@ -1,0 +1,1 @@
+"""kvpool.cache (see its README or module docstring once written)."""

@@ -1,0 +1,1 @@
+"""kvpool.client (see its README or module docstring once written)."""

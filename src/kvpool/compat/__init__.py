@@ -1,0 +1,1 @@
+"""kvpool.compat (see its README or module docstring once written)."""

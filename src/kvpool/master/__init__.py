@@ -1,0 +1,1 @@
+"""kvpool.master (see its README or module docstring once written)."""

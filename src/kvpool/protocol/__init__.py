@@ -1,0 +1,1 @@
+"""kvpool.protocol (see its README or module docstring once written)."""

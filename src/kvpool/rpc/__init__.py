@@ -1,0 +1,1 @@
+"""kvpool.rpc (see its README or module docstring once written)."""

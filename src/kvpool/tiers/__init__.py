@@ -1,0 +1,1 @@
+"""kvpool.tiers (see its README or module docstring once written)."""

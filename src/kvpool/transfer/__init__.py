@@ -1,0 +1,1 @@
+"""kvpool.transfer (see its README or module docstring once written)."""

@@ -1,0 +1,28 @@
+"""Fixtures shared by the whole suite. Package-specific fixtures live in each tests/<pkg>/conftest.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvtest.procs import Proc, free_port, require_binary, wait_until
+
+
+@pytest.fixture
+def redis_server() -> Iterator[str]:
+    """A private redis-server on a loopback port, no persistence; yields "127.0.0.1:PORT"."""
+    binary = require_binary("redis-server")
+    port = free_port()
+    proc = Proc(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        name="redis-server",
+    )
+    try:
+        proc.wait_for_line(r"Ready to accept connections", timeout=15)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+__all__ = ["wait_until"]

@@ -1,0 +1,1 @@
+"""Shared test support: real processes, deadlines, and external servers (never mocks)."""

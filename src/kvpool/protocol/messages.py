@@ -1,0 +1,517 @@
+"""Every message between a client (or node) and the master: msgspec Structs, one per message.
+
+Each Struct is tagged with its class name and encoded as a msgpack array (`array_like=True`:
+about a third of the bytes of the map form and faster to encode), so decoding a frame against
+the `Request` or `Response` union is also its validation. Service outcomes travel as `code`
+fields (an `ErrorCode` value, 0 for success) inside these replies; `ErrorReply` of the RPC layer
+is only for protocol faults. Compatibility rule: a message only ever grows by new fields *with
+defaults* at its end, so an older peer still decodes it.
+
+Lifecycles (the master is the only writer of metadata; bytes never pass through it):
+
+* **Registration and liveness.** A client makes its own `client_id` (uuid4 hex) and registers
+  with `ReMountSegment(client_id, host_id, segments)` (the list may be empty for a pure client);
+  a node mounts memory with `MountSegment` or `ReMountSegment` (both idempotent). Every client
+  sends `Ping(client_id)` every second. A client silent for `client_ttl` (10 s) is expired: its
+  segments are unmounted, replicas on them dropped, its in-flight PutStarts revoked. A `Ping`
+  from a client the master does not know (it restarted, or expired the client) answers
+  `ClientStatus.NEED_REMOUNT`; the client then sends `ReMountSegment` with all its segments.
+  `UnmountSegment` is allowed only to the owner (ILLEGAL_CLIENT otherwise).
+
+* **Put.** `PutStart(client_id, key, size, config)` validates, allocates `replica_num` memory
+  replicas on distinct segments (best effort: fewer segments give fewer replicas) and answers
+  their `ReplicaDesc`s in status PROCESSING. The client writes `size` bytes at `offset` of each
+  replica's segment through the transfer engine, then sends `PutEnd(client_id, key, checksum)`
+  (xxh3_64 of the value), which marks the replicas COMPLETE and makes the object readable. On a
+  failed write it sends `PutRevoke`, which frees everything the PutStart took. A key that is
+  complete, or whose PutStart is younger than `put_start_discard_timeout` (30 s), answers
+  OBJECT_ALREADY_EXISTS (the Store maps that to success: put is insert-if-absent); an older
+  PutStart is preempted and its space is released `put_start_release_timeout` (600 s) after it
+  started, so a slow writer can never scribble over a new object. `UpsertStart` overwrites: an
+  absent key is put, the same size reuses the replicas in place, another size reallocates; it
+  is finished with the same `PutEnd` / `PutRevoke`.
+
+* **Get.** `GetReplicaList(key)` answers the readable replicas (COMPLETE, on a live segment),
+  the size, the checksum and `lease_ttl_ms`: the object holds a read lease until
+  max(old lease, now + `default_kv_lease_ttl`), during which Remove refuses it
+  (OBJECT_HAS_LEASE) and eviction skips it. REPLICA_IS_NOT_READY while only PROCESSING replicas
+  exist, OBJECT_NOT_FOUND otherwise. `ExistKey` and `GetSize` grant the same lease.
+
+* **Remove.** `Remove(key, force)` refuses a leased object (OBJECT_HAS_LEASE) or one still being
+  written (REPLICA_IS_NOT_READY) unless `force`; `RemoveAll` and `RemoveByRegex` answer how many
+  objects they removed and skip leased objects unless `force`.
+
+Every per-key request has a batch form whose reply carries one result per key, in order. Keys
+live in a tenant (default "default"); shards are chosen by a stable hash of (tenant, key).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NewType
+
+import msgspec
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "BatchExistKey",
+    "BatchExistReply",
+    "BatchGetReplicaList",
+    "BatchPutEnd",
+    "BatchPutRevoke",
+    "BatchPutStart",
+    "BatchPutStartReply",
+    "BatchRemove",
+    "BatchReplicaListReply",
+    "BatchReply",
+    "BatchUpsertStart",
+    "ClientId",
+    "ClientStats",
+    "ClientStatus",
+    "CountReply",
+    "Echo",
+    "EchoReply",
+    "ExistKey",
+    "ExistReply",
+    "GetReplicaList",
+    "GetSegment",
+    "GetSize",
+    "HostId",
+    "Message",
+    "MountSegment",
+    "Ping",
+    "PingReply",
+    "PutEnd",
+    "PutRevoke",
+    "PutStart",
+    "PutStartReply",
+    "ReMountSegment",
+    "Remove",
+    "RemoveAll",
+    "RemoveByRegex",
+    "ReplicaDesc",
+    "ReplicaKind",
+    "ReplicaListReply",
+    "ReplicaStatus",
+    "ReplicateConfigMsg",
+    "Reply",
+    "Request",
+    "Response",
+    "SegmentInfo",
+    "SegmentName",
+    "SegmentReply",
+    "SegmentStats",
+    "SizeReply",
+    "SoftPinAction",
+    "Stats",
+    "StatsReply",
+    "TenantId",
+    "UnmountSegment",
+    "UpsertStart",
+]
+
+ClientId = NewType("ClientId", str)
+"""A client's own id: uuid4 hex, made by the client, stable for its lifetime."""
+SegmentName = NewType("SegmentName", str)
+"""A segment's pool-wide unique name (chosen by the node that mounts it)."""
+HostId = NewType("HostId", str)
+"""Identifies a machine (`kvpool.transfer.host_id()`); same host means shm is reachable."""
+TenantId = NewType("TenantId", str)
+"""Object namespace; keys of different tenants never collide."""
+
+DEFAULT_TENANT = TenantId("default")
+
+
+class ReplicaKind(IntEnum):
+    """Where a replica's bytes live (Mooncake's ReplicaType numbers)."""
+
+    MEMORY = 0
+    DISK = 1
+    LOCAL_DISK = 2
+    NOF_SSD = 3
+    DFS = 100
+
+
+class ReplicaStatus(IntEnum):
+    """A replica's state (Mooncake's numbers). PROCESSING → COMPLETE at PutEnd."""
+
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ClientStatus(IntEnum):
+    """What a Ping tells the client: carry on, or mount everything again."""
+
+    UNDEFINED = 0
+    OK = 1
+    NEED_REMOUNT = 2
+
+
+class SoftPinAction(IntEnum):
+    """Soft pin request of a put: keep the current pin, pin for a TTL, or unpin."""
+
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class Message(msgspec.Struct, tag=True, array_like=True):
+    """Base of every master message: tagged with the class name, encoded as an array."""
+
+
+# ---------------------------------------------------------------- shared value types
+
+
+class SegmentInfo(Message):
+    """A memory segment as the pool sees it.
+
+    `endpoint` is the `host:port` of the owner's transfer server; `shm_path` is what a same-host
+    peer opens and maps ("" when not shareable); `client_id` is the owner (filled in by the
+    master in replies; ignored in mount requests, where the request's client_id counts).
+    """
+
+    name: SegmentName
+    size: int
+    host_id: HostId = HostId("")
+    endpoint: str = ""
+    shm_path: str = ""
+    client_id: ClientId = ClientId("")
+
+
+class ReplicaDesc(Message):
+    """One replica of an object: read or write `size` bytes at `offset` of `segment`."""
+
+    replica_id: int
+    kind: ReplicaKind
+    status: ReplicaStatus
+    segment: SegmentName
+    offset: int
+    size: int
+    endpoint: str = ""
+
+
+class ReplicateConfigMsg(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """How a put wants its object placed and kept (Mooncake's ReplicateConfig).
+
+    `soft_pin_ttl_ms` is only allowed with ENABLE (None there means the master's default);
+    `group_ids` is an annotation, one per key of the request (or None), that never affects
+    routing and cannot change while the object exists. Frozen (and so not a `Message`
+    subclass) because one shared instance is the default of every put request.
+    """
+
+    replica_num: int = 1
+    soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+    soft_pin_ttl_ms: int | None = None
+    with_hard_pin: bool = False
+    preferred_segments: list[SegmentName] = []
+    prefer_alloc_in_same_node: bool = False
+    group_ids: list[str] | None = None
+
+
+DEFAULT_REPLICATE_CONFIG = ReplicateConfigMsg()
+
+# ---------------------------------------------------------------- requests
+
+
+class Echo(Message):
+    """Answered with its payload and nothing else: the RPC-layer baseline of the benchmarks."""
+
+    payload: bytes = b""
+
+
+class Ping(Message):
+    client_id: ClientId
+
+
+class MountSegment(Message):
+    client_id: ClientId
+    host_id: HostId
+    segment: SegmentInfo
+
+
+class ReMountSegment(Message):
+    """Register the client and (re)mount all of its segments; idempotent."""
+
+    client_id: ClientId
+    host_id: HostId
+    segments: list[SegmentInfo] = []
+
+
+class UnmountSegment(Message):
+    client_id: ClientId
+    name: SegmentName
+
+
+class GetSegment(Message):
+    name: SegmentName
+
+
+class PutStart(Message):
+    client_id: ClientId
+    key: str
+    size: int
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class UpsertStart(Message):
+    client_id: ClientId
+    key: str
+    size: int
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchPutStart(Message):
+    client_id: ClientId
+    keys: list[str]
+    sizes: list[int]
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchUpsertStart(Message):
+    client_id: ClientId
+    keys: list[str]
+    sizes: list[int]
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class PutEnd(Message):
+    """Finish a PutStart or UpsertStart; `checksum` is xxh3_64 of the whole value."""
+
+    client_id: ClientId
+    key: str
+    checksum: int | None = None
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchPutEnd(Message):
+    """`checksums` is empty (none recorded) or one per key."""
+
+    client_id: ClientId
+    keys: list[str]
+    checksums: list[int] = []
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class PutRevoke(Message):
+    client_id: ClientId
+    key: str
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchPutRevoke(Message):
+    client_id: ClientId
+    keys: list[str]
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class GetReplicaList(Message):
+    key: str
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchGetReplicaList(Message):
+    keys: list[str]
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class ExistKey(Message):
+    key: str
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchExistKey(Message):
+    keys: list[str]
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class GetSize(Message):
+    key: str
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class Remove(Message):
+    key: str
+    force: bool = False
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchRemove(Message):
+    keys: list[str]
+    force: bool = False
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class RemoveAll(Message):
+    force: bool = False
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class RemoveByRegex(Message):
+    """Remove the keys in which `pattern` (Python `re` syntax) is found (`re.search`)."""
+
+    pattern: str
+    force: bool = False
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class Stats(Message):
+    """Ask for the pool's segments, clients and object count (what `kvpool status` prints)."""
+
+
+# ---------------------------------------------------------------- replies
+
+
+class EchoReply(Message):
+    payload: bytes = b""
+
+
+class Reply(Message):
+    """The outcome of a request that answers nothing else."""
+
+    code: int = 0
+
+
+class BatchReply(Message):
+    codes: list[int]
+
+
+class PingReply(Message):
+    code: int
+    client_status: ClientStatus
+    view_version: int = 0
+
+
+class SegmentReply(Message):
+    code: int
+    segment: SegmentInfo | None = None
+
+
+class PutStartReply(Message):
+    code: int
+    replicas: list[ReplicaDesc] = []
+
+
+class BatchPutStartReply(Message):
+    results: list[PutStartReply]
+
+
+class ReplicaListReply(Message):
+    """Readable replicas of one object; `lease_ttl_ms` is how long the read lease runs."""
+
+    code: int
+    replicas: list[ReplicaDesc] = []
+    size: int = 0
+    checksum: int | None = None
+    lease_ttl_ms: int = 0
+
+
+class BatchReplicaListReply(Message):
+    results: list[ReplicaListReply]
+
+
+class ExistReply(Message):
+    code: int
+    exists: bool = False
+
+
+class BatchExistReply(Message):
+    results: list[ExistReply]
+
+
+class SizeReply(Message):
+    code: int
+    size: int = 0
+
+
+class CountReply(Message):
+    code: int
+    count: int = 0
+
+
+class SegmentStats(Message):
+    """One mounted segment in a `StatsReply`."""
+
+    name: SegmentName
+    client_id: ClientId
+    host_id: HostId
+    endpoint: str
+    capacity: int
+    used: int
+    objects: int
+
+
+class ClientStats(Message):
+    """One registered client in a `StatsReply`; `ttl_left_s` is time until it would expire."""
+
+    client_id: ClientId
+    host_id: HostId
+    segments: int
+    ttl_left_s: float
+    in_flight_puts: int = 0
+
+
+class StatsReply(Message):
+    code: int
+    segments: list[SegmentStats] = []
+    clients: list[ClientStats] = []
+    objects: int = 0
+    processing: int = 0
+    capacity: int = 0
+    used: int = 0
+    uptime_s: float = 0.0
+
+
+Request = (
+    Echo
+    | Ping
+    | MountSegment
+    | ReMountSegment
+    | UnmountSegment
+    | GetSegment
+    | PutStart
+    | UpsertStart
+    | BatchPutStart
+    | BatchUpsertStart
+    | PutEnd
+    | BatchPutEnd
+    | PutRevoke
+    | BatchPutRevoke
+    | GetReplicaList
+    | BatchGetReplicaList
+    | ExistKey
+    | BatchExistKey
+    | GetSize
+    | Remove
+    | BatchRemove
+    | RemoveAll
+    | RemoveByRegex
+    | Stats
+)
+"""Every request the master serves (the `request_type` of its RpcServer)."""
+
+Response = (
+    EchoReply
+    | Reply
+    | BatchReply
+    | PingReply
+    | SegmentReply
+    | PutStartReply
+    | BatchPutStartReply
+    | ReplicaListReply
+    | BatchReplicaListReply
+    | ExistReply
+    | BatchExistReply
+    | SizeReply
+    | CountReply
+    | StatsReply
+)
+"""Every reply of the master (the `response_type` of an RpcClient talking to it). Named
+`Response` because `Reply` is the plain `Reply(code)` message of the contract."""

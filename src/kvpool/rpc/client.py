@@ -1,0 +1,507 @@
+"""`RpcClient`: the synchronous, thread-safe control-plane client.
+
+One TCP connection, shared by every thread that calls. Each call gets a fresh request id, sends
+its frame (one ``sendall``) and waits for the reply with that id, so calls from several threads
+pipeline on the one connection and replies may come back in any order.
+
+Who reads the socket: a leader/follower scheme, not a reader thread. The first caller that
+needs a reply while nobody is reading becomes the *leader*: it reads the socket itself and
+hands the replies it finds for other calls to their threads (condition variables), until its
+own reply arrives; then it passes the reading role to one waiting follower. With one caller
+(the lock-step case) the path is one ``sendall`` and a blocking ``recv`` in the calling thread:
+no thread switch at all, which a dedicated reader thread would add to every call (measured in
+docs/parts/perf-rpc.md). Having no thread of its own also means the client leaks none.
+
+Faults: a broken connection fails every call in flight with `RpcError` (RPC_FAIL) and the next
+call reconnects, handshake included. A call that runs past its timeout raises `RpcError`
+(RPC_TIMEOUT) and forgets its request id, so its late reply is dropped when it arrives (ids are
+never reused). An `ErrorReply` raises the exception of its code (`kvpool.errors.error_for_code`);
+a reply that does not decode raises `KVPoolError` (DESERIALIZE_FAIL). Neither breaks the
+connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Final, TypeVar, Union
+
+import msgspec
+
+from kvpool.errors import (
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    RpcError,
+    StoreClosed,
+    error_for_code,
+)
+from kvpool.protocol.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ERROR_FLAG,
+    HEADER,
+    MAX_REQUEST_ID,
+    MIN_FRAME_LENGTH,
+    ErrorReply,
+    FrameDecoder,
+    FrameError,
+    FrameTooLarge,
+)
+from kvpool.protocol.handshake import (
+    HANDSHAKE_REQUEST_ID,
+    PROTOCOL_VERSION,
+    Hello,
+    Welcome,
+    check_welcome,
+)
+from kvpool.rpc.server import union_members
+
+__all__ = ["RpcClient", "parse_address"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_RECV_BYTES: Final = 256 << 10
+#: call_many stops filling a window at this many request bytes (at least one request is sent),
+#: so that a window never waits on socket buffers the peer cannot drain while we do not read.
+_WINDOW_BYTES: Final = 1 << 20
+_DEFAULT_WINDOW: Final = 128
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` → (host, port); raises `InvalidParams` naming the bad value."""
+    if not isinstance(address, str):
+        raise InvalidParams(f"address: expected 'host:port', got {address!r}")
+    host, sep, port_s = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise InvalidParams(f"address: expected 'host:port', got {address!r}")
+    return host, int(port_s)
+
+
+class _Call:
+    """One request in flight: filled in by whichever thread reads its reply."""
+
+    __slots__ = ("cond", "done", "error", "request_id", "value")
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+        # Made only when the caller has to sleep (a follower): the lock-step path never needs it.
+        self.cond: threading.Condition | None = None
+
+
+class _Conn:
+    """One connection's socket and bookkeeping; replaced, never reused, after a fault."""
+
+    __slots__ = ("broken", "decoder", "pending", "reading", "send_lock", "sleepers", "sock")
+
+    def __init__(self, sock: socket.socket, decoder: FrameDecoder) -> None:
+        self.sock = sock
+        self.decoder = decoder
+        self.send_lock = threading.Lock()
+        # Guarded by the client's _lock:
+        self.pending: dict[int, _Call] = {}
+        self.sleepers: dict[int, _Call] = {}
+        self.reading = False
+        self.broken: BaseException | None = None
+
+
+class RpcClient:
+    """A thread-safe client of one `RpcServer`.
+
+    ``response_type`` is the reply Struct type or ``Union`` of them. ``timeout`` (seconds) is
+    the default for connecting and for each call. Use as a context manager or call `close()`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        response_type: Any,
+        cluster_id: str = "kvpool",
+        client_name: str = "",
+        timeout: float = 5.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        auth: bytes = b"",
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> None:
+        self.address = address
+        self._host, self._port = parse_address(address)
+        if not isinstance(timeout, int | float) or not timeout > 0:
+            raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
+        self.timeout = float(timeout)
+        self.cluster_id = cluster_id
+        self.client_name = client_name
+        self.protocol_version = protocol_version
+        self._hello = Hello(protocol_version, cluster_id, client_name, auth)
+        self.max_frame_bytes = max_frame_bytes
+        members = union_members(response_type)
+        try:
+            self._decode = msgspec.msgpack.Decoder(
+                Union[members]  # noqa: UP007 - members is a runtime tuple
+            ).decode
+        except TypeError as exc:
+            raise InvalidParams(
+                f"response_type: msgspec cannot decode {response_type!r}: {exc}"
+            ) from exc
+        self._decode_error = msgspec.msgpack.Decoder(ErrorReply).decode
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._lock = threading.Lock()
+        self._connect_lock = threading.Lock()
+        self._conn: _Conn | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.server_name = ""
+
+    # -- public API -------------------------------------------------------------------------
+
+    def call(self, request: Any, timeout: float | None = None) -> Any:
+        """Send `request` and return its reply. Thread-safe; concurrent calls pipeline."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        payload = self._payload(request)
+        conn = self._conn or self._connect(deadline)
+        with self._lock:
+            if conn.broken is not None:
+                raise _as_rpc_error(conn.broken, fresh=True)
+            request_id = next(self._ids)
+            call = _Call(request_id)
+            conn.pending[request_id] = call
+        self._send(conn, HEADER.pack(len(payload) + MIN_FRAME_LENGTH, request_id) + payload)
+        self._wait(conn, call, deadline)
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+    def call_as(self, request: Any, reply_type: type[T], timeout: float | None = None) -> T:
+        """`call`, checking that the reply is a `reply_type` (for typed callers)."""
+        reply = self.call(request, timeout)
+        if not isinstance(reply, reply_type):
+            raise KVPoolError(
+                f"{type(request).__name__} answered with {type(reply).__name__}, "
+                f"expected {reply_type.__name__}",
+                ErrorCode.DESERIALIZE_FAIL,
+            )
+        return reply
+
+    def call_many(
+        self,
+        requests: Sequence[Any],
+        timeout: float | None = None,
+        *,
+        window: int = _DEFAULT_WINDOW,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Replies to `requests`, in order, keeping up to `window` of them in flight.
+
+        `timeout` bounds the whole batch. The first failing request's exception is raised
+        after every reply has been collected, unless `return_exceptions` puts exceptions in
+        the list in place of replies.
+        """
+        if window < 1:
+            raise InvalidParams(f"window: {window!r} must be at least 1")
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        payloads = [self._payload(r) for r in requests]
+        results: list[Any] = [None] * len(payloads)
+        first_error: BaseException | None = None
+        conn = (self._conn or self._connect(deadline)) if payloads else None
+        inflight: list[tuple[int, _Call]] = []
+        head = 0  # next index of `inflight` to collect
+        sent = 0
+        while True:
+            if sent < len(payloads) and len(inflight) - head < window:
+                assert conn is not None
+                frames: list[bytes] = []
+                nbytes = 0
+                with self._lock:
+                    broken = conn.broken
+                    while (
+                        broken is None
+                        and sent < len(payloads)
+                        and len(inflight) - head < window
+                        and (not frames or nbytes < _WINDOW_BYTES)
+                    ):
+                        request_id = next(self._ids)
+                        call = _Call(request_id)
+                        conn.pending[request_id] = call
+                        inflight.append((sent, call))
+                        payload = payloads[sent]
+                        frames.append(
+                            HEADER.pack(len(payload) + MIN_FRAME_LENGTH, request_id) + payload
+                        )
+                        nbytes += len(payload)
+                        sent += 1
+                if broken is not None:
+                    # Nothing more can be sent: the rest fail like the connection did.
+                    err = _as_rpc_error(broken, fresh=True)
+                    for i in range(sent, len(payloads)):
+                        results[i] = err
+                    first_error = first_error or err
+                    sent = len(payloads)
+                if frames:
+                    # On failure every call in flight has failed with the connection.
+                    with contextlib.suppress(RpcError):
+                        self._send(conn, frames[0] if len(frames) == 1 else b"".join(frames))
+                continue
+            if head >= len(inflight):
+                break
+            assert conn is not None
+            index, call = inflight[head]
+            head += 1
+            self._wait(conn, call, deadline)
+            if call.error is not None:
+                results[index] = call.error
+                first_error = first_error or call.error
+            else:
+                results[index] = call.value
+        if first_error is not None and not return_exceptions:
+            raise first_error
+        return results
+
+    def connect(self) -> None:
+        """Connect and handshake now rather than on the first call (raises like a call)."""
+        if self._conn is None:
+            self._connect(time.monotonic() + self.timeout)
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and conn.broken is None
+
+    def close(self) -> None:
+        """Close the connection; calls in flight fail with RpcError, later calls raise
+        `StoreClosed`. Idempotent."""
+        with self._connect_lock:
+            self._closed = True
+            conn = self._conn
+        if conn is not None:
+            self._fail(conn, RpcError(f"client of {self.address} closed"))
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _connect(self, deadline: float) -> _Conn:
+        with self._connect_lock:
+            if self._closed:
+                raise StoreClosed(f"client of {self.address} is closed")
+            conn = self._conn
+            if conn is not None:
+                return conn
+            conn = self._open(deadline)
+            self._conn = conn
+            return conn
+
+    def _open(self, deadline: float) -> _Conn:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RpcError(f"timed out before connecting to {self.address}", ErrorCode.RPC_TIMEOUT)
+        try:
+            sock = socket.create_connection((self._host, self._port), timeout=remaining)
+        except TimeoutError as exc:
+            raise RpcError(
+                f"connecting to {self.address} timed out", ErrorCode.RPC_TIMEOUT
+            ) from exc
+        except OSError as exc:
+            raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            decoder = FrameDecoder(self.max_frame_bytes)
+            payload = self._encode(self._hello)
+            sock.sendall(
+                HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
+            )
+            frames: list[tuple[int, bytes]] = []
+            while not frames:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(_RECV_BYTES)
+                if not data:
+                    raise ConnectionError("server closed the connection during the handshake")
+                frames = decoder.feed(data)
+            request_id, payload = frames[0]
+            if request_id & ERROR_FLAG:
+                refusal = self._decode_error(payload)
+                raise error_for_code(refusal.code, f"{self.address} refused: {refusal.message}")
+            welcome = msgspec.msgpack.decode(payload, type=Welcome)
+            problem = check_welcome(
+                welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
+            )
+            if problem is not None:
+                raise problem
+        except KVPoolError:
+            sock.close()
+            raise
+        except TimeoutError as exc:
+            sock.close()
+            raise RpcError(
+                f"handshake with {self.address} timed out", ErrorCode.RPC_TIMEOUT
+            ) from exc
+        except (OSError, msgspec.DecodeError) as exc:
+            sock.close()
+            raise RpcError(f"handshake with {self.address} failed: {exc}") from exc
+        self.server_name = welcome.server_name
+        return _Conn(sock, decoder)
+
+    def _fail(self, conn: _Conn, exc: BaseException) -> None:
+        """Mark `conn` broken: fail its calls, wake their threads, shut the socket."""
+        with self._lock:
+            if conn.broken is not None:
+                return
+            conn.broken = exc
+            if self._conn is conn:
+                self._conn = None
+            for call in conn.pending.values():
+                call.error = _as_rpc_error(exc, fresh=True)
+                call.done = True
+                if call.cond is not None:
+                    call.cond.notify()
+            conn.pending.clear()
+            close_now = not conn.reading
+        # Wakes a leader blocked in recv (it then closes the socket) and any sender.
+        with contextlib.suppress(OSError):
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        if close_now:
+            conn.sock.close()
+
+    # -- the call path ----------------------------------------------------------------------
+
+    def _payload(self, request: Any) -> bytes:
+        if self._closed:
+            raise StoreClosed(f"client of {self.address} is closed")
+        try:
+            payload = self._encode(request)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidParams(f"cannot encode {type(request).__name__}: {exc}") from exc
+        if len(payload) + MIN_FRAME_LENGTH > self.max_frame_bytes:
+            raise FrameTooLarge(len(payload) + MIN_FRAME_LENGTH, self.max_frame_bytes)
+        return payload
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        try:
+            with conn.send_lock:
+                conn.sock.sendall(data)
+        except OSError as exc:
+            # A partial frame may have gone out: the stream is unusable either way.
+            err = RpcError(f"sending to {self.address} failed: {exc}")
+            self._fail(conn, err)
+            raise err from exc
+
+    def _wait(self, conn: _Conn, call: _Call, deadline: float) -> None:
+        """Return once `call` is done (reply, error or timeout recorded in it)."""
+        lock = self._lock
+        with lock:
+            while not call.done:
+                if not conn.reading:
+                    conn.reading = True
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._time_out(conn, call)
+                    return
+                if call.cond is None:
+                    call.cond = threading.Condition(lock)
+                conn.sleepers[call.request_id] = call
+                call.cond.wait(remaining)
+                conn.sleepers.pop(call.request_id, None)
+            else:
+                return
+        self._lead(conn, call, deadline)
+
+    def _lead(self, conn: _Conn, call: _Call, deadline: float) -> None:
+        """Read the socket for everyone until `call` is done, then pass the role on."""
+        sock = conn.sock
+        lock = self._lock
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    with lock:
+                        if not call.done:
+                            self._time_out(conn, call)
+                    return
+                try:
+                    sock.settimeout(remaining)
+                    data = sock.recv(_RECV_BYTES)
+                except TimeoutError:
+                    continue
+                except OSError as exc:
+                    self._fail(conn, RpcError(f"connection to {self.address} failed: {exc}"))
+                    return
+                if not data:
+                    self._fail(conn, RpcError(f"{self.address} closed the connection"))
+                    return
+                try:
+                    frames = conn.decoder.feed(data)
+                except FrameError as exc:
+                    self._fail(conn, RpcError(f"bad frame from {self.address}: {exc}"))
+                    return
+                if not frames:
+                    continue
+                outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
+                with lock:
+                    pending = conn.pending
+                    for rid, value, error in outcomes:
+                        other = pending.pop(rid & MAX_REQUEST_ID, None)
+                        if other is None:
+                            continue  # late reply to a call that timed out: dropped
+                        other.value = value
+                        other.error = error
+                        other.done = True
+                        if other.cond is not None and other is not call:
+                            other.cond.notify()
+                    if call.done:
+                        return
+        finally:
+            with lock:
+                conn.reading = False
+                broken = conn.broken is not None
+                if not broken and conn.sleepers:
+                    # Hand the socket to a sleeping caller whose reply is still to come.
+                    successor = next(iter(conn.sleepers.values()))
+                    assert successor.cond is not None
+                    successor.cond.notify()
+            if broken:
+                sock.close()
+
+    def _decode_reply(self, rid: int, payload: bytes) -> tuple[Any, BaseException | None]:
+        try:
+            if rid & ERROR_FLAG:
+                reply = self._decode_error(payload)
+                return None, error_for_code(reply.code, reply.message)
+            return self._decode(payload), None
+        except msgspec.DecodeError as exc:
+            return None, KVPoolError(
+                f"reply from {self.address} does not decode: {exc}", ErrorCode.DESERIALIZE_FAIL
+            )
+
+    def _time_out(self, conn: _Conn, call: _Call) -> None:
+        # Caller holds self._lock. Forgetting the id is what drops the late reply.
+        conn.pending.pop(call.request_id, None)
+        call.error = RpcError(
+            f"no reply from {self.address} in time (request {call.request_id})",
+            ErrorCode.RPC_TIMEOUT,
+        )
+        call.done = True
+
+
+def _as_rpc_error(exc: BaseException, *, fresh: bool = False) -> BaseException:
+    """`exc` as a kvpool error; `fresh` makes a new instance for each thread that raises it
+    (one exception object raised in several threads would share a traceback)."""
+    if isinstance(exc, KVPoolError):
+        return type(exc)(exc.message, exc.code) if fresh else exc
+    return RpcError(str(exc))

@@ -1,0 +1,407 @@
+"""The RPC server: an asyncio Protocol that turns frames into handler calls and replies.
+
+`RpcServer` knows no service. It is given the request union (msgspec types) and a handler
+``handler(request, conn)`` that returns the reply Struct, or an awaitable of it. The server
+
+* answers the handshake itself (`kvpool.protocol.handshake`);
+* decodes each request with one ``msgspec.msgpack.Decoder`` built once for the union, so
+  decoding is validation;
+* calls the handler inline; a reply returned directly is written at once, an awaitable runs as a
+  task, so a slow request never blocks the requests behind it on the same connection;
+* coalesces replies: all replies produced while handling one chunk of input, and all task
+  replies finishing in the same loop iteration, leave in a single ``transport.write``;
+* turns faults into `ErrorReply` frames (see `kvpool.protocol` for the codes) and keeps
+  serving; only a broken frame boundary (oversized or too-short length prefix) or a failed
+  handshake closes the connection, after its error reply;
+* applies back-pressure: while the transport's write buffer is above its high-water mark (a
+  peer that sends but does not read) the connection stops reading, so memory stays bounded.
+
+Threading: every method runs on the loop that ran `start()`, and so does the handler. Use
+`ServerThread` (`kvpool.rpc.thread`) to run a server on its own loop in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import types
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, NewType, Union, cast, get_args, get_origin
+
+import msgspec
+
+from kvpool.errors import ErrorCode, InvalidParams, KVPoolError
+from kvpool.protocol.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ERROR_FLAG,
+    FrameDecoder,
+    FrameEncoder,
+    FrameError,
+)
+from kvpool.protocol.handshake import (
+    HANDSHAKE_REQUEST_ID,
+    PROTOCOL_VERSION,
+    Hello,
+    Welcome,
+    check_hello,
+)
+
+__all__ = ["Connection", "ConnectionId", "Handler", "RpcServer", "union_members"]
+
+log = logging.getLogger(__name__)
+
+ConnectionId = NewType("ConnectionId", int)
+
+#: ``handler(request, conn)`` → reply Struct, or an awaitable of one.
+Handler = Callable[[Any, "Connection"], Any]
+
+_CLOSE_GRACE_S: Final = 2.0
+
+
+def union_members(tp: Any) -> tuple[Any, ...]:
+    """The members of a ``Union[...]`` / ``A | B`` type, or ``(tp,)`` for a single type."""
+    if get_origin(tp) is Union or isinstance(tp, types.UnionType):
+        return get_args(tp)
+    return (tp,)
+
+
+class Connection(asyncio.Protocol):
+    """One accepted connection. Handlers receive it as ``conn``.
+
+    Public read-only attributes: ``conn_id``, ``peer`` ("host:port"), ``client_name`` (from the
+    Hello), ``handshaken``. ``close()`` ends the connection from the service side (for example
+    when a client is evicted); requests still running then have their replies dropped.
+    """
+
+    def __init__(self, server: RpcServer, conn_id: ConnectionId) -> None:
+        self._server = server
+        self.conn_id = conn_id
+        self.peer = ""
+        self.client_name = ""
+        self.handshaken = False
+        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(server.max_frame_bytes)
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they implement its methods.
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        self._server._connections[self.conn_id] = self
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._transport = None
+        self._out.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        self._server._connection_gone(self)
+
+    def pause_writing(self) -> None:
+        # The peer is not reading its replies: stop reading its requests until it catches up.
+        if self._transport is not None and not self._closing:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as exc:
+            log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, exc)
+            frames = []
+            self._out.append(
+                self._server._encoder.encode_error(exc.request_id or 0, exc.code, exc.message)
+            )
+            self._closing = True
+        server = self._server
+        for request_id, payload in frames:
+            if not self.handshaken:
+                self._handshake(request_id, payload)
+                if self._closing:
+                    break
+                continue
+            self._serve(request_id, payload, server)
+        self._flush()
+        if self._closing and self._transport is not None:
+            # close() sends what is buffered first, so the error reply reaches the peer.
+            self._transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too once the peer has finished sending
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _handshake(self, request_id: int, payload: bytes) -> None:
+        server = self._server
+        try:
+            hello = server._hello_decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            self._refuse(request_id, ErrorCode.INVALID_PARAMS, f"expected a Hello first: {exc}")
+            return
+        if request_id != HANDSHAKE_REQUEST_ID:
+            self._refuse(request_id, ErrorCode.INVALID_PARAMS, "a Hello must have request id 0")
+            return
+        refusal = check_hello(
+            hello, cluster_id=server.cluster_id, protocol_version=server.protocol_version
+        )
+        if refusal is not None:
+            self._refuse(request_id, ErrorCode(refusal.code), refusal.message)
+            return
+        self.client_name = hello.client_name
+        self.handshaken = True
+        self._out.append(
+            server._encoder.encode(
+                HANDSHAKE_REQUEST_ID,
+                Welcome(server.protocol_version, server.cluster_id, server.server_name),
+            )
+        )
+
+    def _refuse(self, request_id: int, code: ErrorCode, message: str) -> None:
+        log.info("refusing connection %s from %s: %s", self.conn_id, self.peer, message)
+        self._out.append(self._server._encoder.encode_error(request_id, code, message))
+        self._closing = True
+
+    def _serve(self, request_id: int, payload: bytes, server: RpcServer) -> None:
+        if request_id & ERROR_FLAG or request_id == HANDSHAKE_REQUEST_ID:
+            self._out.append(
+                server._encoder.encode_error(
+                    request_id, ErrorCode.INVALID_PARAMS, f"request id {request_id} is reserved"
+                )
+            )
+            return
+        try:
+            request = server._request_decoder.decode(payload)
+        except msgspec.ValidationError as exc:
+            self._out.append(
+                server._encoder.encode_error(
+                    request_id, ErrorCode.INVALID_PARAMS, f"not a valid request: {exc}"
+                )
+            )
+            return
+        except msgspec.DecodeError as exc:
+            self._out.append(
+                server._encoder.encode_error(
+                    request_id, ErrorCode.DESERIALIZE_FAIL, f"undecodable payload: {exc}"
+                )
+            )
+            return
+        try:
+            reply = server._handler(request, self)
+        except Exception as exc:
+            self._out.append(server._handler_error(request_id, request, exc))
+            return
+        if isinstance(reply, msgspec.Struct) or not inspect.isawaitable(reply):
+            self._out.append(server._encode_reply(request_id, reply))
+            return
+        task = asyncio.ensure_future(self._finish(request_id, request, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, request_id: int, request: Any, pending: Awaitable[Any]) -> None:
+        server = self._server
+        try:
+            reply = await pending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            frame = server._handler_error(request_id, request, exc)
+        else:
+            frame = server._encode_reply(request_id, reply)
+        if self._closing:
+            return
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            # Replies of tasks that finish in the same loop iteration leave in one write.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out or self._transport is None:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self._transport.write(data)
+
+    # -- service side -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closing or self._transport is None
+
+    def close(self) -> None:
+        """Close this connection after writing what is already queued. Idempotent."""
+        self._closing = True
+        if self._transport is not None:
+            self._flush()
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection at once, discarding unsent replies. Idempotent."""
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class RpcServer:
+    """A control-plane server for one request union and one handler.
+
+    ``request_type`` is a msgspec Struct type or a ``Union`` of them (tagged). ``cluster_id``
+    must match the clients' Hello. ``max_frame_bytes`` bounds what a peer may send in one frame.
+    The handler runs on this server's event loop; it must not block it.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        request_type: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cluster_id: str = "kvpool",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        server_name: str = "kvpool",
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> None:
+        if not callable(handler):
+            raise InvalidParams(f"handler: {handler!r} is not callable")
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise InvalidParams(f"port: {port!r} is not a TCP port")
+        if not isinstance(cluster_id, str) or not cluster_id or len(cluster_id) > 256:
+            raise InvalidParams(f"cluster_id: {cluster_id!r} must be a non-empty string")
+        self._handler = handler
+        self.host = host
+        self.port = port
+        self.cluster_id = cluster_id
+        self.server_name = server_name
+        self.protocol_version = protocol_version
+        self.max_frame_bytes = max_frame_bytes
+        members = union_members(request_type)
+        try:
+            self._request_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+                Union[members]  # noqa: UP007 - members is a runtime tuple
+            )
+        except TypeError as exc:
+            raise InvalidParams(
+                f"request_type: msgspec cannot decode {request_type!r}: {exc}"
+            ) from exc
+        self._hello_decoder = msgspec.msgpack.Decoder(Hello)
+        # Replies of any service are encoded; the encoder also checks the peer's frame limit.
+        self._encoder = FrameEncoder(max_frame_bytes)
+        self._server: asyncio.Server | None = None
+        self._connections: dict[ConnectionId, Connection] = {}
+        self._conn_ids = itertools.count(1)
+        self._all_gone: asyncio.Event | None = None
+        self._closed = False
+        self._address: tuple[str, int] | None = None
+
+    async def start(self) -> None:
+        """Bind and listen (an `OSError` when the address is taken). Idempotent."""
+        if self._closed:
+            raise KVPoolError("server was closed", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+        if self._server is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._all_gone = asyncio.Event()
+        self._all_gone.set()
+        self._server = await loop.create_server(self._new_connection, self.host, self.port)
+        sock = self._server.sockets[0]
+        host, port = sock.getsockname()[:2]
+        self._address = (str(host), int(port))
+        log.info("%s listening on %s:%d", self.server_name, host, port)
+
+    def _new_connection(self) -> Connection:
+        assert self._all_gone is not None
+        self._all_gone.clear()
+        return Connection(self, ConnectionId(next(self._conn_ids)))
+
+    def _connection_gone(self, conn: Connection) -> None:
+        self._connections.pop(conn.conn_id, None)
+        if not self._connections and self._all_gone is not None:
+            self._all_gone.set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) actually bound; valid after `start()`."""
+        if self._address is None:
+            raise KVPoolError("server not started", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+        return self._address
+
+    @property
+    def endpoint(self) -> str:
+        """``"host:port"``, the form clients take."""
+        host, port = self.address
+        return f"{host}:{port}"
+
+    @property
+    def connection_count(self) -> int:
+        """Connections currently open (handshaken or not)."""
+        return len(self._connections)
+
+    def connections(self) -> list[Connection]:
+        return list(self._connections.values())
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, cancel running handlers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for conn in list(self._connections.values()):
+            conn.close()
+        if self._all_gone is not None and self._connections:
+            try:
+                await asyncio.wait_for(self._all_gone.wait(), _CLOSE_GRACE_S)
+            except TimeoutError:
+                for conn in list(self._connections.values()):
+                    conn.abort()
+                # abort() reports connection_lost on the next iteration; wait for it, bounded.
+                for _ in range(100):
+                    if not self._connections:
+                        break
+                    await asyncio.sleep(0)
+        await server.wait_closed()
+
+    # -- reply encoding (shared by connections) ---------------------------------------------
+
+    def _encode_reply(self, request_id: int, reply: Any) -> bytes:
+        try:
+            return self._encoder.encode(request_id, reply)
+        except KVPoolError as exc:  # FrameTooLarge: the reply exceeds the frame limit
+            log.error("reply to request %d not sent: %s", request_id, exc)
+            return self._encoder.encode_error(request_id, exc.code, exc.message)
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.error(
+                "handler reply %r to request %d cannot be encoded: %s", reply, request_id, exc
+            )
+            return self._encoder.encode_error(
+                request_id, ErrorCode.SERIALIZE_FAIL, f"reply cannot be encoded: {exc}"
+            )
+
+    def _handler_error(self, request_id: int, request: Any, exc: Exception) -> bytes:
+        if isinstance(exc, KVPoolError):
+            # The service chose a code: pass it on rather than hiding it behind INTERNAL_ERROR.
+            log.info("%s failed: %s", type(request).__name__, exc)
+            return self._encoder.encode_error(request_id, exc.code, exc.message)
+        log.exception("handler failed on %s", type(request).__name__)
+        return self._encoder.encode_error(
+            request_id, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
+        )

@@ -1,0 +1,76 @@
+"""Which replica a read tries first, and what makes a read's bytes acceptable.
+
+Replica choice follows Mooncake's client (seed 000, "Выбор реплики для чтения"): only COMPLETE
+memory replicas are candidates; the first one whose segment lives on this host comes first
+(a same-host read is one memcpy from the owner's shared memory), then the others in the
+master's order. A read that fails on one replica moves to the next, so the returned order is
+the whole retry plan.
+
+A read is accepted when its bytes hash to the checksum recorded at PutEnd (xxh3_64, about
+30 GB/s here, so it costs little next to the copy) and when it finished before its read lease
+ran out: after the lease the master may have evicted or overwritten the replica, so bytes read
+late are not trusted (LEASE_EXPIRED, as Mooncake checks after its memory reads).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import xxhash
+
+from kvpool.errors import ChecksumMismatch, LeaseExpired
+from kvpool.protocol.messages import ReplicaDesc, ReplicaKind, ReplicaStatus, SegmentName
+
+__all__ = ["checksum", "lease_deadline", "order_replicas", "verify_checksum", "verify_lease"]
+
+
+def checksum(data: memoryview | bytes | bytearray) -> int:
+    """xxh3_64 of a whole value, as recorded at PutEnd."""
+    return int(xxhash.xxh3_64_intdigest(data))
+
+
+def order_replicas(
+    replicas: Sequence[ReplicaDesc], is_local: Callable[[SegmentName], bool]
+) -> list[ReplicaDesc]:
+    """Readable memory replicas, the first local one first, then the rest in the given order.
+
+    `is_local(segment)` says whether a segment lives on this host. An empty result means no
+    replica is readable from memory (the caller answers REPLICA_IS_NOT_READY or INVALID_REPLICA).
+    """
+    out = [
+        r for r in replicas if r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE
+    ]
+    for i, r in enumerate(out):
+        if is_local(r.segment):
+            if i:
+                out.insert(0, out.pop(i))
+            break
+    return out
+
+
+def lease_deadline(started: float, lease_ttl_ms: int) -> float:
+    """The monotonic time after which a read that asked for its lease at `started` is too late.
+
+    Counted from before the request left, so network time only ever makes the check stricter.
+    A TTL of 0 means the master grants no lease and there is nothing to check.
+    """
+    if lease_ttl_ms <= 0:
+        return float("inf")
+    return started + lease_ttl_ms / 1000.0
+
+
+def verify_lease(key: str, deadline: float) -> None:
+    """Raise LEASE_EXPIRED when the read finished after its lease ran out."""
+    if time.monotonic() > deadline:
+        raise LeaseExpired(f"{key!r}: the read finished after its lease expired")
+
+
+def verify_checksum(key: str, data: memoryview, expected: int | None) -> None:
+    """Raise CHECKSUM_MISMATCH unless `data` hashes to `expected` (None: nothing recorded)."""
+    if expected is not None:
+        got = checksum(data)
+        if got != expected:
+            raise ChecksumMismatch(
+                f"{key!r}: read bytes hash to {got:#018x}, PutEnd recorded {expected:#018x}"
+            )

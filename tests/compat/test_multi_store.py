@@ -1,0 +1,53 @@
+"""Two stores in one process, each contributing a segment (Mooncake's replicated-store test).
+
+With replica_num=2 every object has a replica in each segment, so closing one store (which
+unmounts its segment and drops the replicas in it) must leave every object readable through the
+other. With replicas on one segment only, about half the keys would be lost, so a placement that
+ignores replica_num fails this test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+N = 24
+
+
+def test_replicas_on_two_segments_survive_closing_one(backend: Any) -> None:
+    first = backend.store()
+    second = backend.store()
+    assert first.get_hostname() != second.get_hostname()
+    cfg = backend.module.ReplicateConfig()
+    cfg.replica_num = 2
+    keys = [f"rep-{i}" for i in range(N)]
+    values = [f"value {i} ".encode() * (i + 1) for i in range(N)]
+    assert first.put_batch(keys, values, cfg) == 0
+    assert second.get_batch(keys) == values
+    assert first.close() == 0
+    assert second.get_batch(keys) == values
+    for k, v in zip(keys, values, strict=True):
+        assert second.get(k) == v
+        assert second.get_size(k) == len(v)
+
+
+def test_without_replication_closing_a_store_loses_its_objects(backend: Any) -> None:
+    """The control for the test above: the closed segment really takes its replicas with it."""
+    first = backend.store()
+    second = backend.store(segment=0)  # a pure client: every replica lands in `first`
+    keys = [f"single-{i}" for i in range(N)]
+    assert first.put_batch(keys, [b"x"] * N) == 0
+    assert second.batch_is_exist(keys) == [1] * N
+    assert first.close() == 0
+    assert second.get_batch(keys) == [b""] * N
+
+
+def test_preferred_segment_places_the_replica_there(backend: Any) -> None:
+    first = backend.store()
+    second = backend.store()
+    cfg = backend.module.ReplicateConfig()
+    cfg.preferred_segments = [second.get_hostname()]
+    keys = [f"pref-{i}" for i in range(N)]
+    assert first.put_batch(keys, [b"p"] * N, cfg) == 0
+    # Every replica sits in `second`'s segment, so closing `first` loses nothing.
+    assert first.close() == 0
+    assert second.get_batch(keys) == [b"p"] * N

@@ -1,1 +1,24 @@
-"""kvpool.client (see its README or module docstring once written)."""
+"""kvpool.client: the `Store` API, the node runtime, and the embedded pool.
+
+Layers inside the package (each module imports only those above it)::
+
+    replicate.py   ReplicateConfig: validated placement/pin settings → ReplicateConfigMsg
+    replica.py     replica choice (local memory first), checksum and lease checks
+    node.py        NodeRuntime: client id, master connection, segments + TransferServer,
+                   heartbeat (Ping, remount on NEED_REMOUNT, reconnect with backoff)
+    store.py       Store: put/get lifecycles over a NodeRuntime and a TransferEngine
+    aio.py         AsyncStore: the Store's methods as coroutines (a private thread pool)
+    embedded.py    EmbeddedPool: `kvpool master` + `kvpool node` as owned child processes
+
+May import: kvpool.errors, kvpool.config, kvpool.protocol, kvpool.rpc, kvpool.transfer. Never the
+master, the engine-side cache, the compat layer or the CLI (import-linter checks it). The
+lifecycles are described in docs/parts/client.md.
+"""
+
+from __future__ import annotations
+
+from kvpool.client.aio import AsyncStore
+from kvpool.client.replicate import ReplicateConfig, SoftPinAction
+from kvpool.client.store import HealthStatus, Store
+
+__all__ = ["AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store"]

@@ -1,0 +1,88 @@
+"""`kvpool up`: the embedded default, a master and one storage node on this machine.
+
+It prints the address to connect to (`Store(master="HOST:PORT")`, also as the usual
+`listening on HOST:PORT` line) and then one live status line (segments, clients, objects, memory
+used), redrawn in place on a terminal. Ctrl-C (or SIGTERM) stops the node, which unmounts and
+frees its segment, then the master: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import click
+
+from kvpool.client.embedded import EmbeddedPool, PoolSpec
+from kvpool.config import format_size, parse_duration, parse_size
+from kvpool.errors import KVPoolError
+from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.rpc.client import RpcClient
+
+__all__ = ["status_line", "up"]
+
+
+def status_line(reply: StatsReply) -> str:
+    """One line summing up a pool (what `kvpool up` keeps redrawing)."""
+    hosts = {s.host_id for s in reply.segments}
+    pct = 100.0 * reply.used / reply.capacity if reply.capacity else 0.0
+    return (
+        f"segments {len(reply.segments)} on {len(hosts)} host(s) | clients {len(reply.clients)} | "
+        f"objects {reply.objects} ({reply.processing} being written) | "
+        f"memory {format_size(reply.used)} / {format_size(reply.capacity)} ({pct:.1f}%) | "
+        f"up {reply.uptime_s:.0f} s"
+    )
+
+
+@click.command()
+@click.option("--segment-size", default="1GiB", show_default=True, help="Memory of the node.")
+@click.option("--port", default=50051, show_default=True, help="Master port (0: any free one).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--client-ttl", default=None, help="Expire silent clients after this (e.g. 10s).")
+@click.option("--refresh", default="1s", show_default=True, help="Status line refresh period.")
+def up(*, segment_size: str, port: int, host: str, client_ttl: str | None, refresh: str) -> None:
+    """Run a master and one node here until Ctrl-C."""
+    size = parse_size(segment_size, name="--segment-size")
+    period = parse_duration(refresh, name="--refresh", minimum=0.05)
+    ttl = parse_duration(client_ttl, name="--client-ttl") if client_ttl else None
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    pool = EmbeddedPool(PoolSpec(segment_size=size, host=host, port=port, client_ttl=ttl))
+    try:
+        try:
+            click.echo(f"starting a master and a node with {format_size(size)} ...")
+            address = pool.start()
+        except KVPoolError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f'kvpool is up: connect with kvpool.Store(master="{address}")')
+        click.echo(f"listening on {address}")
+        _watch(pool, address, period, stop)
+    finally:
+        pool.close()
+    click.echo("\nkvpool up: stopped (node unmounted, master gone)")
+
+
+def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Event) -> None:
+    tty = sys.stdout.isatty()
+    last = ""
+    with RpcClient(address, response_type=Response, timeout=max(period, 2.0)) as rpc:
+        while not stop.wait(period):
+            if not pool.alive():
+                click.echo("\none of the pool's processes exited; stopping", err=True)
+                return
+            try:
+                line = status_line(rpc.call_as(Stats(), StatsReply))
+            except KVPoolError as exc:
+                line = f"master not answering: {exc}"
+            if tty:
+                click.echo("\r" + line.ljust(len(last)), nl=False)
+            elif line.split("| up", maxsplit=1)[0] != last.split("| up", maxsplit=1)[0]:
+                click.echo(line)  # in a log, only when something changed
+            last = line

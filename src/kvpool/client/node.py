@@ -1,0 +1,307 @@
+"""The node runtime: this process's membership in a pool, its segments, and its heartbeat.
+
+Every process that talks to a master is a *client* of it, and a client that mounts memory is
+also a *node*. `NodeRuntime` owns what that takes, in one place, for both the `Store` (which
+may mount a segment with `segment_size > 0`) and the storage-only `kvpool node` command:
+
+* the control-plane connection (`RpcClient`) and this process's `client_id` (uuid4 hex);
+* registration: `ReMountSegment(client_id, host_id, segments)`, sent at start (with no segments
+  for a pure client), after every mount, and again whenever a Ping answers NEED_REMOUNT (the
+  master restarted or expired us), so the master's view of our segments heals itself;
+* the segments (`SegmentMemory`, pre-faulted memfds) and the `TransferServer` that serves them
+  to other hosts (started lazily with the first segment);
+* the heartbeat thread (`Heartbeat`): a Ping every `interval` (1 s, injectable for tests); after
+  `max_failures` (3) failed pings in a row it reconnects (a fresh `RpcClient`: the master may
+  have restarted at the same address) and keeps trying with exponential backoff up to
+  `max_backoff`; a successful Ping resets it.
+
+`close()` is idempotent and undoes everything in reverse: stop the heartbeat, unmount every
+segment at the master (best effort: a dead master cannot be told, and it will expire us after
+`client_ttl` anyway), stop serving, unmap the memory, close the connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvpool.config import parse_size
+from kvpool.errors import InvalidParams, KVPoolError, RpcError, StoreClosed, raise_for_code
+from kvpool.protocol.messages import (
+    ClientId,
+    ClientStatus,
+    HostId,
+    MountSegment,
+    Ping,
+    PingReply,
+    ReMountSegment,
+    Reply,
+    Response,
+    SegmentInfo,
+    SegmentName,
+    UnmountSegment,
+)
+from kvpool.rpc.client import RpcClient
+from kvpool.transfer.hostid import host_id
+from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.server import TransferServer
+
+__all__ = ["Heartbeat", "HeartbeatStats", "NodeRuntime"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RPC_TIMEOUT_S = 10.0
+MIN_SEGMENT_SIZE = 1 << 12
+"""Mooncake refuses segments under 1 KiB; a page is the least that makes sense with mmap."""
+
+
+@dataclass(slots=True)
+class HeartbeatStats:
+    """What the heartbeat saw (read by health checks, status lines and tests)."""
+
+    pings: int = 0
+    failures: int = 0
+    """Failed pings in a row right now."""
+    total_failures: int = 0
+    remounts: int = 0
+    reconnects: int = 0
+    last_ok: float = 0.0
+    """time.monotonic() of the last successful Ping (0: none yet)."""
+
+
+class Heartbeat:
+    """A daemon thread that pings the master for one `NodeRuntime`; see the module docstring.
+
+    The thread is the only caller of `NodeRuntime.remount()` and `NodeRuntime.reconnect()`
+    besides `start()`, so recovery never races with itself.
+    """
+
+    def __init__(
+        self,
+        node: NodeRuntime,
+        interval: float = 1.0,
+        max_failures: int = 3,
+        max_backoff: float = 8.0,
+    ) -> None:
+        if interval <= 0:
+            raise InvalidParams(f"heartbeat interval must be > 0 s, got {interval}")
+        self.node = node
+        self.interval = interval
+        self.max_failures = max_failures
+        self.max_backoff = max(max_backoff, interval)
+        self.stats = HeartbeatStats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"kvpool-heartbeat-{node.client_id[:8]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stop.wait(delay):
+            delay = self.beat()
+
+    def beat(self) -> float:
+        """One ping (and whatever recovery it calls for); returns the delay before the next."""
+        st = self.stats
+        try:
+            reply = self.node.ping()
+        except KVPoolError as exc:
+            st.failures += 1
+            st.total_failures += 1
+            log.debug("ping %d failed: %s", st.failures, exc)
+            if st.failures < self.max_failures:
+                return self.interval
+            if st.failures == self.max_failures:
+                log.warning("%d pings failed; reconnecting to %s", st.failures, self.node.master)
+            with contextlib.suppress(KVPoolError):
+                self.node.reconnect()
+                st.reconnects += 1
+            over = st.failures - self.max_failures
+            return float(min(self.interval * 2.0 ** min(over, 16), self.max_backoff))
+        st.pings += 1
+        if st.failures:
+            log.info("master %s answers again after %d failed pings", self.node.master, st.failures)
+        st.failures = 0
+        st.last_ok = time.monotonic()
+        if reply.client_status == ClientStatus.NEED_REMOUNT:
+            try:
+                self.node.remount()
+                st.remounts += 1
+                log.info("remounted %d segment(s) at %s", len(self.node.segments), self.node.master)
+            except KVPoolError as exc:
+                log.warning("remount failed (will retry on the next ping): %s", exc)
+        return self.interval
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+
+class NodeRuntime:
+    """This process as a member of the pool at `master` (see the module docstring).
+
+    Thread-safe: mounts, remounts and close are serialised by one lock; `rpc` may be used by
+    any thread (the RPC client pipelines concurrent calls).
+    """
+
+    def __init__(
+        self,
+        master: str,
+        *,
+        host: str = "127.0.0.1",
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
+        heartbeat_interval: float = 1.0,
+        cluster_id: str = "kvpool",
+        name: str = "kvpool-client",
+    ) -> None:
+        if not isinstance(master, str) or ":" not in master:
+            raise InvalidParams(f"master: expected 'host:port', got {master!r}")
+        self.master = master
+        self.host = host
+        self.name = name
+        self.client_id = ClientId(uuid.uuid4().hex)
+        self.host_id = HostId(host_id())
+        self._rpc_timeout = rpc_timeout
+        self._cluster_id = cluster_id
+        self._lock = threading.RLock()
+        self._closed = False
+        self.segments: dict[SegmentName, tuple[SegmentMemory, SegmentInfo]] = {}
+        self._server: TransferServer | None = None
+        self.rpc = self._connect()
+        self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
+
+    def _connect(self) -> RpcClient:
+        return RpcClient(
+            self.master,
+            response_type=Response,
+            cluster_id=self._cluster_id,
+            client_name=self.name,
+            timeout=self._rpc_timeout,
+        )
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> NodeRuntime:
+        """Register with the master (raises RpcError when it is unreachable), start pinging."""
+        self.remount()
+        self.heartbeat.stats.last_ok = time.monotonic()
+        self.heartbeat.start()
+        return self
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this client is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def ping(self) -> PingReply:
+        reply = self.rpc.call_as(Ping(self.client_id), PingReply)
+        raise_for_code(reply.code, "Ping")
+        return reply
+
+    def remount(self) -> None:
+        """(Re)register this client with all of its segments (idempotent at the master)."""
+        with self._lock:
+            infos = [info for _, info in self.segments.values()]
+        reply = self.rpc.call_as(ReMountSegment(self.client_id, self.host_id, infos), Reply)
+        raise_for_code(reply.code, f"ReMountSegment of {len(infos)} segment(s)")
+
+    def reconnect(self) -> None:
+        """Replace the control-plane connection (calls in flight on the old one fail)."""
+        with self._lock:
+            if self._closed:
+                return
+            old, self.rpc = self.rpc, self._connect()
+        old.close()
+
+    # -------------------------------------------------------------- segments
+
+    def mount(
+        self, size: int | str, on_created: Callable[[SegmentMemory], None] | None = None
+    ) -> SegmentMemory:
+        """Create, serve and mount a new segment of `size` bytes; returns its memory.
+
+        `on_created(mem)` runs after the memory exists and before the master is told (the
+        Store attaches it to its engine there). Nothing is left behind when this fails.
+        """
+        nbytes = parse_size(size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
+        with self._lock:
+            self.check_open()
+            if self._server is None:
+                self._server = TransferServer(host=self.host, port=0)
+            server = self._server
+            name = SegmentName(f"{server.endpoint}/{len(self.segments)}")
+            mem = SegmentMemory.create(name, nbytes)
+            try:
+                server.add_segment(mem)
+                if on_created is not None:
+                    on_created(mem)
+                info = SegmentInfo(
+                    name=SegmentName(mem.name),
+                    size=mem.size,
+                    host_id=self.host_id,
+                    endpoint=server.endpoint,
+                    shm_path=mem.shm_path,
+                    client_id=self.client_id,
+                )
+                reply = self.rpc.call_as(MountSegment(self.client_id, self.host_id, info), Reply)
+                raise_for_code(reply.code, f"MountSegment {name}")
+            except BaseException:
+                mem.close()
+                raise
+            self.segments[info.name] = (mem, info)
+        log.info("mounted segment %s (%d bytes) at %s", info.name, info.size, self.master)
+        return mem
+
+    def unmount(self, name: SegmentName) -> None:
+        """Unmount one segment at the master, then stop serving it and unmap it."""
+        with self._lock:
+            entry = self.segments.pop(name, None)
+        if entry is None:
+            raise InvalidParams(f"segment {name!r} is not mounted by this process")
+        mem, _ = entry
+        try:
+            reply = self.rpc.call_as(UnmountSegment(self.client_id, name), Reply)
+            if reply.code != 0:
+                log.warning("UnmountSegment %s answered %d", name, reply.code)
+        except RpcError as exc:
+            log.warning("could not unmount %s at %s: %s", name, self.master, exc)
+        finally:
+            mem.close()
+
+    @property
+    def endpoint(self) -> str | None:
+        """`host:port` of this process's transfer server (None before the first mount)."""
+        return self._server.endpoint if self._server is not None else None
+
+    def close(self) -> None:
+        """Stop pinging, unmount and free every segment, close the connection. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.heartbeat.stop()
+        for name in list(self.segments):
+            with contextlib.suppress(Exception):
+                self.unmount(name)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.rpc.close()
+
+    def __enter__(self) -> NodeRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,774 @@
+"""`Store`: the synchronous, thread-safe client of a kvpool pool (`kvpool.Store`).
+
+A Store owns three things: a `NodeRuntime` (its client id, the control-plane connection to the
+master, its heartbeat and, with `segment_size > 0`, a segment of this process's memory mounted
+into the pool), a `TransferEngine` (the data plane: memcpy for its own segment, a mapping of the
+owner's shared memory on this host, TCP to other hosts), and a cache of segment locations.
+
+Put (`put`, `upsert`, `put_from` and the batch forms)
+    PutStart (or UpsertStart) at the master allocates the replicas → the value is written into
+    every replica, all in one engine batch (in parallel) → PutEnd with the value's xxh3_64
+    makes it readable. If any replica's write fails the Store sends PutRevoke, which frees the
+    space: a failed put leaves no trace. A put whose key exists answers False (insert-if-absent,
+    as Mooncake); `upsert` overwrites. Batches use one BatchPutStart and one BatchPutEnd (plus
+    one BatchPutRevoke for the keys whose writes failed) for the whole batch and report each
+    key's outcome as an `ErrorCode`.
+
+Get (`get`, `get_into`, the batch forms)
+    GetReplicaList grants a read lease and names the replicas → the first COMPLETE memory
+    replica on this host is read, else the first complete one; a replica whose read fails (or
+    whose bytes fail the checksum) is skipped for the next → the xxh3_64 recorded at PutEnd is
+    verified (CHECKSUM_MISMATCH; `verify_checksum=False` turns it off) → a read that finished
+    after its lease expired is refused (LEASE_EXPIRED). Batches use one BatchGetReplicaList and
+    one engine batch for all first choices.
+
+Values are copied once, straight between the caller's memory and segment memory: `put` writes
+from the value's own buffer, `get` allocates its result once and reads into it, `put_from` and
+`get_into` use memory registered with `register_buffer` (the zero-copy API, as Mooncake's).
+
+Errors: bad input raises `InvalidParams` before anything is sent; master outcomes become the
+exception of their code (`ObjectNotFound`, `NoSpace`, `ObjectHasLease`, ...); a call after
+`close()` raises `StoreClosed` (the real Mooncake segfaults there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import Final, Literal, TypeVar
+
+from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, NodeRuntime
+from kvpool.client.replica import (
+    checksum,
+    lease_deadline,
+    order_replicas,
+    verify_checksum,
+    verify_lease,
+)
+from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
+from kvpool.config import parse_size
+from kvpool.errors import (
+    ChecksumMismatch,
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    StoreClosed,
+    TransferError,
+    error_for_code,
+    raise_for_code,
+)
+from kvpool.protocol.messages import (
+    BatchExistKey,
+    BatchExistReply,
+    BatchGetReplicaList,
+    BatchPutEnd,
+    BatchPutRevoke,
+    BatchPutStart,
+    BatchPutStartReply,
+    BatchRemove,
+    BatchReplicaListReply,
+    BatchReply,
+    BatchUpsertStart,
+    CountReply,
+    ExistKey,
+    ExistReply,
+    GetReplicaList,
+    GetSegment,
+    GetSize,
+    PutEnd,
+    PutRevoke,
+    PutStart,
+    PutStartReply,
+    Remove,
+    RemoveAll,
+    RemoveByRegex,
+    ReplicaDesc,
+    ReplicaListReply,
+    Reply,
+    SegmentName,
+    SegmentReply,
+    SizeReply,
+    TenantId,
+    UpsertStart,
+)
+from kvpool.transfer.engine import TransferEngine
+from kvpool.transfer.location import SegmentLocation
+from kvpool.transfer.registration import buffer_address, byte_view
+from kvpool.transfer.request import TransferOp, TransferRequest
+
+__all__ = ["HealthStatus", "Store"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_KEY_BYTES: Final = 4096
+"""Longer keys are refused (INVALID_PARAMS): keys are names, not payloads."""
+DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
+_PROTOCOLS: Final = ("auto", "shm", "tcp")
+
+
+class HealthStatus(IntEnum):
+    """`Store.health_check()` (Mooncake's numbers: 0 healthy, 1 closed, 2 master unreachable)."""
+
+    HEALTHY = 0
+    CLOSED = 1
+    MASTER_UNREACHABLE = 2
+
+
+Buffer = object
+"""Anything with the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap, ...)."""
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidParams(f"key: expected a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidParams("key: the empty string is not a key")
+    if len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidParams(f"key: {len(key.encode())} bytes, over the {MAX_KEY_BYTES}-byte limit")
+    return key
+
+
+def _check_keys(keys: object, *, unique: bool) -> list[str]:
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise InvalidParams(f"keys: expected a list of str, got {type(keys).__name__}")
+    out = [_check_key(k) for k in keys]
+    if unique and len(set(out)) != len(out):
+        raise InvalidParams("keys: a write batch names the same key twice")
+    return out
+
+
+def _value_view(value: object, what: str = "value") -> memoryview:
+    mv = byte_view(value, what=what)
+    if mv.nbytes == 0:
+        raise InvalidParams(f"{what}: zero-length values are not stored")
+    return mv
+
+
+def _reply(reply: object, kind: type[T]) -> T:
+    if not isinstance(reply, kind):
+        raise KVPoolError(
+            f"expected {kind.__name__}, got {type(reply).__name__}", ErrorCode.DESERIALIZE_FAIL
+        )
+    return reply
+
+
+class Store:
+    """A client of the pool at `master` (see the module docstring); use as a context manager.
+
+    Arguments (Mooncake's `setup`, in Python form):
+        master: "host:port" of the master.
+        segment_size: bytes ("4GiB" or an int) of this process's memory to contribute to the
+            pool; 0 for a pure client.
+        local_buffer_size: accepted for Mooncake compatibility. kvpool needs no staging
+            buffer (values move straight between your memory and the segment), so it only
+            has to be a valid size.
+        host: the address this process's transfer server binds (only with a segment).
+        tenant: the namespace of every key of this Store.
+        protocol: "auto" (memcpy / shared memory on this host, TCP otherwise), "shm" or "tcp"
+            (force TCP, for benchmarks and tests).
+        verify_checksum: check every read against the checksum recorded at PutEnd.
+        rpc_timeout, transfer_timeout: seconds before a control call / a transfer gives up.
+        heartbeat_interval: seconds between Pings (1 s; tests shorten it).
+        cluster_id: must match the master's.
+    """
+
+    def __init__(
+        self,
+        master: str = "127.0.0.1:50051",
+        *,
+        segment_size: int | str = 0,
+        local_buffer_size: int | str = 0,
+        host: str = "127.0.0.1",
+        tenant: str = "default",
+        protocol: str = "auto",
+        verify_checksum: bool = True,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
+        transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        heartbeat_interval: float = 1.0,
+        cluster_id: str = "kvpool",
+    ) -> None:
+        self._closed = True  # until fully set up, so close() from a failed __init__ is safe
+        seg_bytes = parse_size(segment_size, name="segment_size")
+        parse_size(local_buffer_size, name="local_buffer_size")
+        if protocol not in _PROTOCOLS:
+            raise InvalidParams(f"protocol: {protocol!r} is not one of {', '.join(_PROTOCOLS)}")
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidParams(f"tenant: expected a non-empty str, got {tenant!r}")
+        if transfer_timeout <= 0:
+            raise InvalidParams(f"transfer_timeout: {transfer_timeout!r} must be > 0 s")
+        self.master = master
+        self.tenant = TenantId(tenant)
+        self.protocol: Literal["auto", "shm", "tcp"] = protocol  # type: ignore[assignment]
+        self.verify_checksum = verify_checksum
+        self.transfer_timeout = float(transfer_timeout)
+        self._locations: dict[str, SegmentLocation] = {}
+        self._loc_lock = threading.Lock()
+        self._node = NodeRuntime(
+            master,
+            host=host,
+            rpc_timeout=rpc_timeout,
+            heartbeat_interval=heartbeat_interval,
+            cluster_id=cluster_id,
+            name="kvpool-store",
+        )
+        self._engine: TransferEngine | None = None
+        try:
+            self._engine = TransferEngine(self._resolve, protocol=self.protocol)
+            self._node.start()
+            if seg_bytes > 0:
+                self._node.mount(seg_bytes, on_created=self._engine.attach_local)
+        except BaseException:
+            self._teardown()
+            raise
+        self._client_id = self._node.client_id
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def client_id(self) -> str:
+        return self._node.client_id
+
+    @property
+    def segments(self) -> list[str]:
+        """Names of the segments this Store mounted."""
+        return list(self._node.segments)
+
+    def close(self) -> None:
+        """Unmount this process's segments, stop the heartbeat and every thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+
+    def _teardown(self) -> None:
+        # The node unmounts first (the master stops handing out our segment), then the engine
+        # lets go of peer mappings and sockets.
+        self._node.close()
+        if self._engine is not None:
+            self._engine.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            log.warning("Store of %s was not closed; closing it now", self.master)
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def _open(self) -> TransferEngine:
+        if self._closed or self._engine is None:
+            raise StoreClosed("this Store is closed")
+        return self._engine
+
+    def health_check(self) -> HealthStatus:
+        """HEALTHY when the master answers a Ping now, CLOSED after close(), else
+        MASTER_UNREACHABLE."""
+        if self._closed:
+            return HealthStatus.CLOSED
+        try:
+            self._node.ping()
+        except KVPoolError:
+            return HealthStatus.MASTER_UNREACHABLE
+        return HealthStatus.HEALTHY
+
+    # ------------------------------------------------------------------ segments
+
+    def _resolve(self, name: str) -> SegmentLocation:
+        """The engine's resolver: where segment `name` lives (cached; asks the master once)."""
+        loc = self._locations.get(name)
+        if loc is not None:
+            return loc
+        reply = _reply(self._node.rpc.call(GetSegment(SegmentName(name))), SegmentReply)
+        raise_for_code(reply.code, f"segment {name!r}")
+        info = reply.segment
+        if info is None:
+            raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
+        loc = SegmentLocation(info.name, info.size, info.host_id, info.endpoint, info.shm_path)
+        with self._loc_lock:
+            self._locations[name] = loc
+        return loc
+
+    def _forget(self, name: str) -> None:
+        """Drop what we know of a segment after a failed transfer (it may have been remounted
+        elsewhere or its owner died); the next use asks the master again."""
+        with self._loc_lock:
+            self._locations.pop(name, None)
+        if self._engine is not None:
+            self._engine.forget(name)
+
+    def _is_local(self, segment: SegmentName) -> bool:
+        try:
+            return self._resolve(segment).host_id == self._node.host_id
+        except KVPoolError:
+            return False
+
+    # ------------------------------------------------------------------ buffers
+
+    def register_buffer(self, buffer: Buffer) -> None:
+        """Register memory for `put_from` / `get_into` (kept alive until unregistered)."""
+        self._open().register(buffer)
+
+    def unregister_buffer(self, buffer: Buffer) -> None:
+        """Undo `register_buffer` (the same object, or any view starting at its address)."""
+        self._open().unregister(buffer)
+
+    def _registered(self, buffer: Buffer, *, writable: bool, what: str) -> memoryview:
+        mv = byte_view(buffer, writable=writable, what=what)
+        if mv.nbytes == 0:
+            raise InvalidParams(f"{what}: the buffer is empty")
+        if self._open().registry.find(buffer_address(mv), mv.nbytes) is None:
+            raise InvalidParams(
+                f"{what}: {mv.nbytes} bytes at {buffer_address(mv):#x} are not inside memory "
+                "registered with register_buffer()"
+            )
+        return mv
+
+    # ------------------------------------------------------------------ transfers
+
+    def _transfer(self, reqs: list[TransferRequest]) -> list[ErrorCode]:
+        """Run `reqs` as one engine batch (in parallel); one code per request."""
+        if not reqs:
+            return []
+        engine = self._open()
+        if len(reqs) == 1:
+            # One request: run it in this thread (no hand-off to a copy thread, which costs
+            # more than a small copy); the engine raises its code.
+            try:
+                engine.transfer(reqs, self.transfer_timeout)
+                return [ErrorCode.OK]
+            except TransferError as exc:
+                codes = [exc.code]
+        else:
+            codes = engine.submit(reqs, self.transfer_timeout).result(self.transfer_timeout)
+        for req, code in zip(reqs, codes, strict=True):
+            if code != ErrorCode.OK:
+                log.debug(
+                    "transfer %s %s@%d failed: %s", req.op.name, req.segment, req.offset, code
+                )
+                self._forget(req.segment)
+        return codes
+
+    # ------------------------------------------------------------------ put
+
+    def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> bool:
+        """Store `value` under `key` unless the key exists. True: stored; False: the key
+        already existed and nothing was overwritten."""
+        return self._put_one(_check_key(key), _value_view(value), config, upsert=False)
+
+    def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> None:
+        """Store `value` under `key`, replacing any value it had."""
+        self._put_one(_check_key(key), _value_view(value), config, upsert=True)
+
+    def put_from(self, key: str, buffer: Buffer, config: ReplicateConfig | None = None) -> bool:
+        """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
+        return self._put_one(
+            _check_key(key),
+            self._registered(buffer, writable=False, what="put_from buffer"),
+            config,
+            upsert=False,
+        )
+
+    def _put_one(
+        self, key: str, mv: memoryview, config: ReplicateConfig | None, *, upsert: bool
+    ) -> bool:
+        self._open()
+        cfg = (config or DEFAULT_CONFIG).to_msg()
+        rpc = self._node.rpc
+        cid = self._node.client_id
+        start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
+        rep = _reply(rpc.call(start), PutStartReply)
+        if rep.code == ErrorCode.OBJECT_ALREADY_EXISTS and not upsert:
+            return False
+        raise_for_code(rep.code, key)
+        code = self._check_replicas(rep.replicas, mv.nbytes)
+        if code == ErrorCode.OK:
+            reqs = [
+                TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in rep.replicas
+            ]
+            codes = self._transfer(reqs)
+            code = next((c for c in codes if c != ErrorCode.OK), ErrorCode.OK)
+        if code != ErrorCode.OK:
+            self._revoke([key])
+            raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
+        end = _reply(rpc.call(PutEnd(cid, key, checksum(mv), self.tenant)), Reply)
+        raise_for_code(end.code, key)
+        return True
+
+    @staticmethod
+    def _check_replicas(replicas: Sequence[ReplicaDesc], size: int) -> ErrorCode:
+        if not replicas:
+            return ErrorCode.NO_AVAILABLE_HANDLE
+        for r in replicas:
+            if r.size != size:
+                return ErrorCode.INVALID_REPLICA
+        return ErrorCode.OK
+
+    def _revoke(self, keys: list[str]) -> None:
+        """Best effort: free what PutStart took. If the master cannot be reached it revokes
+        the put itself (put_start_discard_timeout, or when this client expires)."""
+        rpc = self._node.rpc
+        try:
+            if len(keys) == 1:
+                rpc.call(PutRevoke(self._node.client_id, keys[0], self.tenant))
+            elif keys:
+                rpc.call(BatchPutRevoke(self._node.client_id, keys, self.tenant))
+        except KVPoolError as exc:
+            log.warning("PutRevoke of %d key(s) failed: %s", len(keys), exc)
+
+    def batch_put(
+        self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
+    ) -> list[ErrorCode]:
+        """Put every (key, value); per key: OK (stored), OBJECT_ALREADY_EXISTS (kept the old
+        value) or why it failed. Partial success is possible; failed keys leave no trace."""
+        ks = _check_keys(keys, unique=True)
+        views = self._batch_views(ks, values, _value_view)
+        return self._put_batch(ks, views, config, upsert=False)
+
+    def batch_upsert(
+        self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
+    ) -> list[ErrorCode]:
+        """Upsert every (key, value); per key OK or why it failed."""
+        ks = _check_keys(keys, unique=True)
+        views = self._batch_views(ks, values, _value_view)
+        return self._put_batch(ks, views, config, upsert=True)
+
+    def batch_put_from(
+        self, keys: Sequence[str], buffers: Sequence[Buffer], config: ReplicateConfig | None = None
+    ) -> list[ErrorCode]:
+        """`batch_put` from registered buffers, zero-copy."""
+        ks = _check_keys(keys, unique=True)
+        views = self._batch_views(
+            ks, buffers, lambda b: self._registered(b, writable=False, what="put_from buffer")
+        )
+        return self._put_batch(ks, views, config, upsert=False)
+
+    @staticmethod
+    def _batch_views(
+        keys: list[str], values: Sequence[Buffer], view: Callable[[Buffer], memoryview]
+    ) -> list[memoryview]:
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+            raise InvalidParams(f"values: expected a list of buffers, got {type(values).__name__}")
+        if len(values) != len(keys):
+            raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
+        return [view(v) for v in values]
+
+    def _put_batch(
+        self,
+        keys: list[str],
+        views: list[memoryview],
+        config: ReplicateConfig | None,
+        *,
+        upsert: bool,
+    ) -> list[ErrorCode]:
+        self._open()
+        if not keys:
+            return []
+        cfg_obj = config or DEFAULT_CONFIG
+        cfg_obj.check_batch(len(keys))
+        cfg = cfg_obj.to_msg()
+        rpc = self._node.rpc
+        cid = self._node.client_id
+        sizes = [mv.nbytes for mv in views]
+        kind = BatchUpsertStart if upsert else BatchPutStart
+        rep = _reply(rpc.call(kind(cid, keys, sizes, cfg, self.tenant)), BatchPutStartReply)
+        if len(rep.results) != len(keys):
+            raise KVPoolError(
+                f"BatchPutStart answered {len(rep.results)} results for {len(keys)} keys",
+                ErrorCode.RPC_FAIL,
+            )
+        out = [ErrorCode.of(r.code) for r in rep.results]
+        reqs: list[TransferRequest] = []
+        owner: list[int] = []
+        for i, r in enumerate(rep.results):
+            if out[i] != ErrorCode.OK:
+                continue
+            out[i] = self._check_replicas(r.replicas, sizes[i])
+            if out[i] != ErrorCode.OK:
+                continue
+            for d in r.replicas:
+                reqs.append(TransferRequest(TransferOp.WRITE, views[i], d.segment, d.offset))
+                owner.append(i)
+        started = [i for i, r in enumerate(rep.results) if r.code == ErrorCode.OK]
+        try:
+            codes = self._transfer(reqs)
+        except BaseException:
+            self._revoke([keys[i] for i in started])
+            raise
+        for i, code in zip(owner, codes, strict=True):
+            if code != ErrorCode.OK and out[i] == ErrorCode.OK:
+                out[i] = code
+        good = [i for i in started if out[i] == ErrorCode.OK]
+        bad = [i for i in started if out[i] != ErrorCode.OK]
+        if bad:
+            self._revoke([keys[i] for i in bad])
+        if good:
+            end = rpc.call(
+                BatchPutEnd(
+                    cid, [keys[i] for i in good], [checksum(views[i]) for i in good], self.tenant
+                )
+            )
+            codes_end = _reply(end, BatchReply).codes
+            for i, c in zip(good, codes_end, strict=True):
+                out[i] = ErrorCode.of(c)
+        return out
+
+    # ------------------------------------------------------------------ get
+
+    def get(self, key: str) -> bytearray:
+        """The value of `key`, read into a buffer allocated once for it (a bytearray, which
+        compares equal to the bytes that were put). Raises `ObjectNotFound`."""
+        key = _check_key(key)
+        self._open()
+        started = time.monotonic()
+        rl = _reply(self._node.rpc.call(GetReplicaList(key, self.tenant)), ReplicaListReply)
+        raise_for_code(rl.code, key)
+        out = bytearray(rl.size)
+        self._read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
+        return out
+
+    def get_into(self, key: str, buffer: Buffer) -> int:
+        """Read `key` into the registered `buffer` (zero-copy); returns the value's size.
+        A buffer smaller than the value is INVALID_PARAMS and nothing is read."""
+        key = _check_key(key)
+        mv = self._registered(buffer, writable=True, what="get_into buffer")
+        started = time.monotonic()
+        rl = _reply(self._node.rpc.call(GetReplicaList(key, self.tenant)), ReplicaListReply)
+        raise_for_code(rl.code, key)
+        if rl.size > mv.nbytes:
+            raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
+        self._read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
+        return rl.size
+
+    def _read(
+        self,
+        key: str,
+        rl: ReplicaListReply,
+        dest: memoryview,
+        deadline: float,
+        skip: ReplicaDesc | None = None,
+    ) -> None:
+        """Read the object of `rl` into `dest`, trying replicas in order (see the module
+        docstring); raises the failure of the last replica tried."""
+        order = order_replicas(rl.replicas, self._is_local)
+        if skip is not None:
+            order = [r for r in order if r is not skip]
+        if not order and skip is None:
+            raise error_for_code(ErrorCode.REPLICA_IS_NOT_READY, f"{key!r}: no readable replica")
+        failure: KVPoolError = TransferError(f"{key!r}: every replica failed")
+        for r in order:
+            code = self._transfer([TransferRequest(TransferOp.READ, dest, r.segment, r.offset)])[0]
+            if code != ErrorCode.OK:
+                failure = error_for_code(code, f"{key!r}: reading replica on {r.segment} failed")
+                continue
+            if self.verify_checksum:
+                try:
+                    verify_checksum(key, dest, rl.checksum)
+                except ChecksumMismatch as exc:
+                    failure = exc
+                    continue
+            verify_lease(key, deadline)
+            return
+        raise failure
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:
+        """The values of `keys`, None for each key that does not exist. Any other per-key
+        failure (transfer, checksum, lease) raises once the whole batch is done."""
+        ks = _check_keys(keys, unique=False)
+        self._open()
+        if not ks:
+            return []
+        started = time.monotonic()
+        results = self._replica_lists(ks)
+        out: list[bytearray | None] = [None] * len(ks)
+        dests: list[memoryview | None] = [None] * len(ks)
+        for i, rl in enumerate(results):
+            if rl.code == ErrorCode.OK:
+                buf = bytearray(rl.size)
+                out[i] = buf
+                dests[i] = memoryview(buf)
+        codes = self._read_batch(ks, results, dests, started)
+        first: KVPoolError | None = None
+        for i, code in enumerate(codes):
+            if code == ErrorCode.OBJECT_NOT_FOUND:
+                out[i] = None
+            elif code != ErrorCode.OK:
+                out[i] = None
+                first = first or error_for_code(code, f"{ks[i]!r}")
+        if first is not None:
+            raise first
+        return out
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Buffer]) -> list[int]:
+        """Read each key into its registered buffer; per key the bytes read, or a negative
+        `ErrorCode` value (OBJECT_NOT_FOUND, INVALID_PARAMS for a buffer too small, ...),
+        as Mooncake's batch_get_into."""
+        ks = _check_keys(keys, unique=False)
+        self._open()
+        if isinstance(buffers, str | bytes) or not isinstance(buffers, Sequence):
+            raise InvalidParams("buffers: expected a list of registered buffers")
+        if len(buffers) != len(ks):
+            raise InvalidParams(f"{len(ks)} keys but {len(buffers)} buffers")
+        views = [self._registered(b, writable=True, what="get_into buffer") for b in buffers]
+        if not ks:
+            return []
+        started = time.monotonic()
+        results = self._replica_lists(ks)
+        dests: list[memoryview | None] = [None] * len(ks)
+        early: dict[int, ErrorCode] = {}
+        for i, rl in enumerate(results):
+            if rl.code != ErrorCode.OK:
+                continue
+            if rl.size > views[i].nbytes:
+                early[i] = ErrorCode.INVALID_PARAMS
+            else:
+                dests[i] = views[i][: rl.size]
+        codes = self._read_batch(ks, results, dests, started)
+        out: list[int] = []
+        for i, code in enumerate(codes):
+            final = early.get(i, code)
+            out.append(results[i].size if final == ErrorCode.OK else int(final))
+        return out
+
+    def _replica_lists(self, keys: list[str]) -> list[ReplicaListReply]:
+        reply = self._node.rpc.call(BatchGetReplicaList(keys, self.tenant))
+        results = _reply(reply, BatchReplicaListReply).results
+        if len(results) != len(keys):
+            raise KVPoolError(
+                f"BatchGetReplicaList answered {len(results)} results for {len(keys)} keys",
+                ErrorCode.RPC_FAIL,
+            )
+        return results
+
+    def _read_batch(
+        self,
+        keys: list[str],
+        results: list[ReplicaListReply],
+        dests: list[memoryview | None],
+        started: float,
+    ) -> list[ErrorCode]:
+        """Read every key that has a destination: first choices in one engine batch, then the
+        keys whose first choice failed one by one through their other replicas."""
+        codes = [ErrorCode.of(rl.code) for rl in results]
+        reqs: list[TransferRequest] = []
+        owner: list[tuple[int, ReplicaDesc]] = []
+        for i, rl in enumerate(results):
+            dest = dests[i]
+            if dest is None:
+                if codes[i] == ErrorCode.OK:
+                    codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
+                continue
+            order = order_replicas(rl.replicas, self._is_local)
+            if not order:
+                codes[i] = ErrorCode.REPLICA_IS_NOT_READY
+                continue
+            reqs.append(TransferRequest(TransferOp.READ, dest, order[0].segment, order[0].offset))
+            owner.append((i, order[0]))
+        done = self._transfer(reqs)
+        for (i, first), code in zip(owner, done, strict=True):
+            rl = results[i]
+            dest = dests[i]
+            assert dest is not None
+            deadline = lease_deadline(started, rl.lease_ttl_ms)
+            try:
+                if code != ErrorCode.OK:
+                    raise error_for_code(code, keys[i])
+                if self.verify_checksum:
+                    verify_checksum(keys[i], dest, rl.checksum)
+                verify_lease(keys[i], deadline)
+            except KVPoolError as exc:
+                codes[i] = exc.code
+                if exc.code != ErrorCode.LEASE_EXPIRED:
+                    try:
+                        self._read(keys[i], rl, dest, deadline, skip=first)
+                        codes[i] = ErrorCode.OK
+                    except KVPoolError as exc2:
+                        codes[i] = exc2.code if len(rl.replicas) > 1 else exc.code
+        return codes
+
+    # ------------------------------------------------------------------ queries
+
+    def exists(self, key: str) -> bool:
+        """Whether `key` has a readable value (grants a read lease, as Mooncake's)."""
+        key = _check_key(key)
+        self._open()
+        rep = _reply(self._node.rpc.call(ExistKey(key, self.tenant)), ExistReply)
+        raise_for_code(rep.code, key)
+        return rep.exists
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        ks = _check_keys(keys, unique=False)
+        self._open()
+        if not ks:
+            return []
+        rep = _reply(self._node.rpc.call(BatchExistKey(ks, self.tenant)), BatchExistReply)
+        out = []
+        for k, r in zip(ks, rep.results, strict=True):
+            if r.code not in (ErrorCode.OK, ErrorCode.OBJECT_NOT_FOUND):
+                raise_for_code(r.code, k)
+            out.append(r.exists and r.code == ErrorCode.OK)
+        return out
+
+    def get_size(self, key: str) -> int:
+        """The size in bytes of `key`'s value; raises `ObjectNotFound`."""
+        key = _check_key(key)
+        self._open()
+        rep = _reply(self._node.rpc.call(GetSize(key, self.tenant)), SizeReply)
+        raise_for_code(rep.code, key)
+        return rep.size
+
+    # ------------------------------------------------------------------ remove
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """Remove `key`. Raises `ObjectNotFound`, or `ObjectHasLease` while a reader holds a
+        lease on it (unless `force`)."""
+        key = _check_key(key)
+        self._open()
+        rep = _reply(self._node.rpc.call(Remove(key, bool(force), self.tenant)), Reply)
+        raise_for_code(rep.code, key)
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[ErrorCode]:
+        """Remove every key; per key OK or why not (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...)."""
+        ks = _check_keys(keys, unique=False)
+        self._open()
+        if not ks:
+            return []
+        rep = _reply(self._node.rpc.call(BatchRemove(ks, bool(force), self.tenant)), BatchReply)
+        return [ErrorCode.of(c) for c in rep.codes]
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every object of this tenant (leased ones only with `force`); returns how
+        many were removed."""
+        self._open()
+        rep = _reply(self._node.rpc.call(RemoveAll(bool(force), self.tenant)), CountReply)
+        raise_for_code(rep.code, "RemoveAll")
+        return rep.count
+
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        """Remove the keys in which `pattern` (Python `re`) is found; returns the count."""
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidParams(
+                f"pattern: expected a non-empty regular expression, got {pattern!r}"
+            )
+        import re
+
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidParams(f"pattern {pattern!r}: {exc}") from exc
+        self._open()
+        rep = _reply(
+            self._node.rpc.call(RemoveByRegex(pattern, bool(force), self.tenant)), CountReply
+        )
+        raise_for_code(rep.code, f"RemoveByRegex {pattern!r}")
+        return rep.count

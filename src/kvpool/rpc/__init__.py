@@ -1,1 +1,45 @@
-"""kvpool.rpc (see its README or module docstring once written)."""
+"""kvpool.rpc: moves `kvpool.protocol` frames over TCP. It knows no service.
+
+Layer: imports `kvpool.protocol`, `kvpool.errors`, `kvpool.config`; never a service package
+(master, transfer, client, ...). A service hands the server its request union and a handler,
+and hands the clients its response union.
+
+```
+ RpcClient (sync, thread-safe) ─┐                     ┌─ RpcServer (asyncio Protocol, uvloop)
+ AsyncRpcClient (asyncio)  ─────┼── frames over TCP ──┤    handler(request, conn) -> reply
+                                │   Hello / Welcome   │    or awaitable of a reply (a task)
+                                └── request ids ──────┘  ServerThread: a server on its own loop
+```
+
+Modules:
+
+* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure,
+  error replies for bad input; the loop that runs it owns all of its state.
+* `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
+  its own); `call`, `call_many`, `call_as`.
+* `aio`: `AsyncRpcClient`, the same calls as coroutines.
+* `thread`: `ServerThread`, a server in a background thread (tests, embedding the master).
+* `loop`: `new_event_loop()` / `run()`, uvloop when installed.
+* `bench`: the generic round-trip benchmark every RPC service can reuse.
+
+Faults versus outcomes: a connection fault is `RpcError` (RPC_FAIL / RPC_TIMEOUT) and the next
+call reconnects; an `ErrorReply` raises the exception for its code; service outcomes are fields
+of the service's replies and are never raised here.
+"""
+
+from kvpool.rpc.aio import AsyncRpcClient
+from kvpool.rpc.client import RpcClient, parse_address
+from kvpool.rpc.loop import new_event_loop, run
+from kvpool.rpc.server import Connection, RpcServer
+from kvpool.rpc.thread import ServerThread
+
+__all__ = [
+    "AsyncRpcClient",
+    "Connection",
+    "RpcClient",
+    "RpcServer",
+    "ServerThread",
+    "new_event_loop",
+    "parse_address",
+    "run",
+]

@@ -32,7 +32,7 @@ from typing import Any, Final, NewType, Union, cast, get_args, get_origin
 
 import msgspec
 
-from kvpool.errors import ErrorCode, InvalidParams, KVPoolError
+from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed
 from kvpool.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_FLAG,
@@ -313,7 +313,7 @@ class RpcServer:
     async def start(self) -> None:
         """Bind and listen (an `OSError` when the address is taken). Idempotent."""
         if self._closed:
-            raise KVPoolError("server was closed", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+            raise StoreClosed("server was closed")
         if self._server is not None:
             return
         loop = asyncio.get_running_loop()
@@ -339,7 +339,7 @@ class RpcServer:
     def address(self) -> tuple[str, int]:
         """(host, port) actually bound; valid after `start()`."""
         if self._address is None:
-            raise KVPoolError("server not started", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+            raise StoreClosed("server not started")
         return self._address
 
     @property

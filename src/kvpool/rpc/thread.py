@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeVar
 
-from kvpool.errors import ErrorCode, KVPoolError
+from kvpool.errors import KVPoolError, StoreClosed
 from kvpool.rpc.loop import new_event_loop
 from kvpool.rpc.server import RpcServer
 
@@ -81,9 +81,7 @@ class ServerThread:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
-            raise KVPoolError(
-                "server thread is not running", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
-            )
+            raise StoreClosed("server thread is not running")
         return self._loop
 
     @property

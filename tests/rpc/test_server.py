@@ -1,0 +1,260 @@
+"""The server against raw sockets: what a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
+from kvpool.protocol.framing import ERROR_FLAG, ErrorReply, encode_frame
+from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello, Welcome
+from kvpool.rpc.client import RpcClient
+from kvpool.rpc.server import RpcServer
+from kvpool.rpc.thread import ServerThread
+from kvtest.procs import wait_until
+from rpc.rpc_testkit import (
+    CLUSTER,
+    Add,
+    RawConn,
+    Response,
+    Say,
+    Sleep,
+    Slept,
+    Sum,
+    Unknown,
+    make_server,
+)
+
+SMALL_LIMIT = 4096
+
+
+@pytest.fixture
+def small_server() -> Iterator[ServerThread]:
+    """A server that accepts frames of at most SMALL_LIMIT bytes."""
+    st = ServerThread(make_server(max_frame_bytes=SMALL_LIMIT)).start()
+    try:
+        yield st
+    finally:
+        st.stop()
+
+
+def _still_serves(server: ServerThread) -> None:
+    with RpcClient(server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
+        assert c.call(Add(20, 22)) == Sum(42)
+
+
+def test_handshake_welcome(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        welcome = raw.hello()
+        assert welcome == Welcome(PROTOCOL_VERSION, CLUSTER, server.server.server_name)
+        raw.request(1, Add(1, 2))
+        assert raw.recv_reply() == (1, Sum(3))
+
+
+@pytest.mark.parametrize(
+    ("cluster", "version", "code"),
+    [
+        ("other-cluster", PROTOCOL_VERSION, ErrorCode.ILLEGAL_CLIENT),
+        (CLUSTER, PROTOCOL_VERSION + 1, ErrorCode.INVALID_VERSION),
+        (CLUSTER, 0, ErrorCode.INVALID_VERSION),
+    ],
+)
+def test_handshake_refusals_answer_then_close(
+    server: ServerThread, cluster: str, version: int, code: ErrorCode
+) -> None:
+    with RawConn(server.endpoint) as raw:
+        refusal = raw.hello(cluster, version)
+        assert isinstance(refusal, ErrorReply)
+        assert refusal.code == code
+        assert raw.closed_by_peer()
+    _still_serves(server)
+
+
+def test_a_request_before_the_hello_is_refused(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.request(0, Add(1, 1))
+        _, reply = raw.recv_reply()
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
+        assert raw.closed_by_peer()
+
+
+def test_a_hello_with_a_nonzero_id_is_refused(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.request(5, Hello(PROTOCOL_VERSION, CLUSTER))
+        rid, reply = raw.recv_reply()
+        assert rid == 5
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
+        assert raw.closed_by_peer()
+
+
+def test_undecodable_payload_gets_deserialize_fail_and_the_connection_goes_on(
+    server: ServerThread,
+) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(encode_frame(7, b"\xc1\xc1\xc1"))  # 0xc1 is never valid msgpack
+        rid, reply = raw.recv_reply()
+        assert rid == 7
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.DESERIALIZE_FAIL
+        raw.request(8, Add(1, 1))
+        assert raw.recv_reply() == (8, Sum(2))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [Unknown(3), Hello(PROTOCOL_VERSION, CLUSTER), {"a": 1}, [1, 2, 3], "Add", None],
+)
+def test_valid_msgpack_that_is_no_known_request_gets_invalid_params(
+    server: ServerThread, message: object
+) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(encode_frame(9, msgspec.msgpack.encode(message)))
+        rid, reply = raw.recv_reply()
+        assert rid == 9
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
+        raw.request(10, Add(2, 2))
+        assert raw.recv_reply() == (10, Sum(4))
+
+
+@pytest.mark.parametrize("request_id", [0, ERROR_FLAG | 3])
+def test_reserved_request_ids_are_refused(server: ServerThread, request_id: int) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.request(request_id, Add(1, 1))
+        _, reply = raw.recv_reply()
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
+        raw.request(11, Add(1, 1))
+        assert raw.recv_reply() == (11, Sum(2))
+
+
+def test_oversized_frame_gets_buffer_overflow_then_close_and_others_are_served(
+    small_server: ServerThread,
+) -> None:
+    with RawConn(small_server.endpoint) as raw, RawConn(small_server.endpoint) as bystander:
+        raw.hello()
+        bystander.hello()
+        # Only the header: the server must refuse on the length alone, not wait for the body.
+        raw.send(struct.pack("<IQ", SMALL_LIMIT + 1, 77))
+        rid, reply = raw.recv_reply()
+        assert rid == 77
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.BUFFER_OVERFLOW
+        assert raw.closed_by_peer()
+        bystander.request(1, Say("x" * 1000))
+        assert bystander.recv_reply()[0] == 1
+    _still_serves(small_server)
+
+
+def test_huge_length_prefix_does_not_make_the_server_allocate(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(struct.pack("<IQ", 0xFFFFFFFF, 1))
+        _, reply = raw.recv_reply()
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.BUFFER_OVERFLOW
+        assert raw.closed_by_peer()
+    _still_serves(server)
+
+
+def test_too_short_length_prefix_closes_the_connection(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(struct.pack("<I", 3))
+        _, reply = raw.recv_reply()
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
+        assert raw.closed_by_peer()
+    _still_serves(server)
+
+
+def test_a_slow_request_does_not_hold_back_later_ones(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(
+            encode_frame(1, msgspec.msgpack.encode(Sleep(0.5, 1)))
+            + encode_frame(2, msgspec.msgpack.encode(Add(1, 1)))
+        )
+        assert raw.recv_reply() == (2, Sum(2))
+        assert raw.recv_reply() == (1, Slept(1))
+
+
+def test_pipelined_requests_in_one_write_are_all_answered(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.send(
+            b"".join(encode_frame(i, msgspec.msgpack.encode(Add(i, 1))) for i in range(1, 301))
+        )
+        replies = dict(raw.recv_reply() for _ in range(300))
+        assert replies == {i: Sum(i + 1) for i in range(1, 301)}
+
+
+def test_a_peer_that_never_reads_is_throttled_not_buffered(server: ServerThread) -> None:
+    # Each Say echoes 64 KiB back. Without back-pressure the server would read everything
+    # and queue the replies in memory; with it, it stops reading and our sends stall.
+    frame = encode_frame(1, msgspec.msgpack.encode(Say("z" * 65536)))
+    pushed = 0
+    limit = 256 << 20
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.sock.setblocking(False)
+        deadline = time.monotonic() + 30
+        stalled = False
+        while pushed < limit and time.monotonic() < deadline:
+            try:
+                pushed += raw.sock.send(frame[pushed % len(frame) :])
+            except BlockingIOError:
+                _, writable, _ = select.select([], [raw.sock], [], 0.5)
+                if not writable:
+                    stalled = True
+                    break
+        assert stalled, f"pushed {pushed} bytes without the server pushing back"
+        assert pushed < 128 << 20
+        _still_serves(server)
+    wait_until(lambda: server.server.connection_count == 0, what="throttled peer gone")
+
+
+def test_server_close_is_idempotent_and_refuses_restart() -> None:
+    import asyncio
+
+    from kvpool.rpc.loop import new_event_loop
+
+    async def main() -> None:
+        srv = make_server()
+        await srv.start()
+        await srv.start()  # idempotent
+        port = srv.address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        await srv.close()
+        await srv.close()
+        with pytest.raises(StoreClosed):
+            await srv.start()
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(main())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"port": -1},
+        {"port": 70000},
+        {"cluster_id": ""},
+        {"request_type": int | str | list[int] | list[str]},
+        {"max_frame_bytes": 3},
+    ],
+)
+def test_server_arguments_are_validated(kwargs: dict[str, object]) -> None:
+    args: dict[str, object] = {"request_type": Add, "cluster_id": "c"}
+    args.update(kwargs)
+    with pytest.raises(InvalidParams):
+        RpcServer(lambda r, c: r, **args)  # type: ignore[arg-type]
+
+
+def test_server_address_before_start_is_an_error() -> None:
+    with pytest.raises(StoreClosed, match="not started"):
+        _ = make_server().address

@@ -1,0 +1,105 @@
+"""The one interface every system measured by `kvpool bench compare` implements.
+
+A driver wraps one way of storing bytes (kvpool over shared memory, kvpool over TCP, Mooncake,
+Redis, or a physical limit such as memcpy) behind the same six calls, so that the timing loop,
+the interleaving, the verification, the table and the JSON are written once
+(`kvpool.bench.peers.workload` and `kvpool.bench.peers.report`).
+
+Threading and ownership: the harness calls a driver from one thread only, in this order:
+`setup()` once, then any number of `put` / `get` / `batch_put` / `batch_get` / `reset`, then
+`teardown()` exactly once (also when `setup` failed half-way, and when the run is interrupted).
+A driver owns every process, socket and buffer it makes and releases all of them in `teardown`,
+which must be idempotent.
+
+Failure model: a system that is not installed raises `Unavailable` from `setup` (the run goes
+on without it and the table says how to install it). Anything else that goes wrong, a failed
+put, a missing key, a short read, raises `BenchError`: a benchmark that cannot do its job stops
+loudly instead of reporting a number.
+"""
+
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+__all__ = ["BenchError", "Driver", "Unavailable", "override"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# `typing.override` is new in 3.12 and kvpool supports 3.11, where typing_extensions is not a
+# dependency; at run time the decorator only marks intent, so a no-op stands in for it there.
+if sys.version_info >= (3, 12):
+    from typing import override
+elif TYPE_CHECKING:
+    from typing_extensions import override
+else:
+
+    def override(func: _F) -> _F:
+        return func
+
+
+class Unavailable(Exception):
+    """The system cannot run here; `install` is the command that would make it available."""
+
+    def __init__(self, reason: str, install: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.install = install
+
+
+class BenchError(RuntimeError):
+    """The measured system failed an operation or returned wrong bytes."""
+
+
+class Driver(ABC):
+    """One measured system, reached one way (`system` / `path` name the rows it produces)."""
+
+    #: Row label: "kvpool", "mooncake", "redis", "limit".
+    system: str = ""
+    #: How the bytes travel: "shm", "tcp", "memcpy", "socket".
+    path: str = ""
+
+    @property
+    def label(self) -> str:
+        """`system/path`, how the table and the progress bar name this driver."""
+        return f"{self.system}/{self.path}"
+
+    @abstractmethod
+    def setup(self, capacity: int) -> None:
+        """Start what the system needs; afterwards it must hold `capacity` bytes of values.
+
+        May block for seconds (process start-up). Raises `Unavailable` when the system is not
+        installed, `BenchError` when it is installed but does not start.
+        """
+
+    @abstractmethod
+    def put(self, key: str, value: memoryview) -> None:
+        """Store `value` under `key`, which is absent (the harness `reset`s before reusing keys)."""
+
+    @abstractmethod
+    def get(self, key: str, out: memoryview) -> memoryview | bytes:
+        """The value of `key`: either written into `out` (return the filled prefix) or returned.
+
+        `out` is a writable buffer at least as large as the value; a driver whose API returns a
+        new object may ignore it. A miss raises `BenchError`.
+        """
+
+    @abstractmethod
+    def batch_put(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        """Store every value under its key in as few round trips as the system allows."""
+
+    @abstractmethod
+    def batch_get(
+        self, keys: Sequence[str], outs: Sequence[memoryview]
+    ) -> Sequence[memoryview | bytes]:
+        """The values of `keys`, in order, each as `get` would return it."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Remove every key stored so far, so that the same keys can be put again."""
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Release everything `setup` made. Idempotent; safe after a failed `setup`."""

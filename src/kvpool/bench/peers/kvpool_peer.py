@@ -1,0 +1,120 @@
+"""kvpool itself, measured the way a user on one host meets it.
+
+The driver starts its own `kvpool master` and one `kvpool node` (the segment lives in that
+second process, as in a real deployment where the inference process is only a client), then
+opens a `kvpool.Store(master=..., segment_size=0, protocol=...)` in the benchmark process:
+
+* path "shm": `protocol="auto"`, which on one host maps the node's shared-memory segment and
+  copies with one memcpy per value (the default path);
+* path "tcp": `protocol="tcp"`, which sends the bytes through the node's transfer server over
+  loopback TCP, as between hosts.
+
+It uses the buffer APIs (`put_from`, `get_into`, `batch_put`, `batch_get_into`), the fastest way
+a user can call the Store, just as the Mooncake driver uses Mooncake's faster API.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.bench.peers.base import BenchError, Driver, Unavailable, override
+from kvpool.bench.peers.children import Child
+
+__all__ = ["KvpoolDriver"]
+
+_STARTUP_S = 60.0
+
+
+def _store_class() -> Any:
+    """`kvpool.Store`, or `Unavailable` while the client or its commands are not built."""
+    import importlib.util
+
+    try:
+        from kvpool.client import Store  # type: ignore[attr-defined,unused-ignore]
+    except ImportError as exc:
+        raise Unavailable(f"kvpool.client not available ({exc})") from exc
+    for module in ("kvpool.cli.master", "kvpool.cli.node"):
+        if importlib.util.find_spec(module) is None:
+            raise Unavailable(f"kvpool.client not available ({module} is not built yet)")
+    return Store
+
+
+class KvpoolDriver(Driver):
+    system = "kvpool"
+
+    def __init__(self, path: str) -> None:
+        if path not in ("shm", "tcp"):
+            raise ValueError(f"kvpool path must be 'shm' or 'tcp', not {path!r}")
+        self.path = path
+        self._children: list[Child] = []
+        self._store: Any = None
+
+    @override
+    def setup(self, capacity: int) -> None:
+        store_cls = _store_class()
+        deadline = time.monotonic() + _STARTUP_S
+        master = self._start(["master", "--host", "127.0.0.1", "--port", "0"], "kvpool master")
+        m = master.wait_line(r"listening on (\S+):(\d+)", timeout=_STARTUP_S)
+        address = f"{m.group(1)}:{m.group(2)}"
+        # Twice what is held at once, so the allocator never runs out in the middle of a fill.
+        node = self._start(
+            ["node", "--master", address, "--segment-size", str(2 * capacity)], "kvpool node"
+        )
+        node.wait_line(r"listening on", timeout=max(1.0, deadline - time.monotonic()))
+        protocol = "auto" if self.path == "shm" else "tcp"
+        self._store = store_cls(master=address, segment_size=0, protocol=protocol)
+
+    def _start(self, args: list[str], name: str) -> Child:
+        child = Child([sys.executable, "-m", "kvpool", *args], name=name)
+        self._children.append(child)
+        return child
+
+    def _client(self) -> Any:
+        if self._store is None:
+            raise BenchError("kvpool used before setup")
+        return self._store
+
+    @override
+    def put(self, key: str, value: memoryview) -> None:
+        if self._client().put_from(key, value) is False:
+            raise BenchError(f"kvpool put_from {key!r} failed")
+
+    @override
+    def get(self, key: str, out: memoryview) -> memoryview:
+        n = self._client().get_into(key, out)
+        if not isinstance(n, int) or n < 0:
+            raise BenchError(f"kvpool get_into {key!r} returned {n!r}")
+        return out[:n]
+
+    @override
+    def batch_put(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        result = self._client().batch_put(list(keys), list(values))
+        if result is False or (isinstance(result, list) and not all(result)):
+            raise BenchError(f"kvpool batch_put failed: {result!r}")
+
+    @override
+    def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> list[memoryview]:
+        sizes = self._client().batch_get_into(list(keys), list(outs))
+        if len(sizes) != len(keys):
+            raise BenchError(f"kvpool batch_get_into: {len(sizes)} results for {len(keys)} keys")
+        got: list[memoryview] = []
+        for key, n, out in zip(keys, sizes, outs, strict=True):
+            if not isinstance(n, int) or n < 0:
+                raise BenchError(f"kvpool batch_get_into {key!r} returned {n!r}")
+            got.append(out[:n])
+        return got
+
+    @override
+    def reset(self) -> None:
+        self._client().remove_all(force=True)
+
+    @override
+    def teardown(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+        while self._children:  # the node before the master it reports to
+            self._children.pop().stop()

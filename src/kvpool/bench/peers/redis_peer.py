@@ -1,0 +1,136 @@
+"""Redis as a peer: the store many users would pick instead of a KV-cache pool.
+
+The driver starts its own Debian `redis-server` on a free loopback port with no persistence
+(`--save "" --appendonly no`), and talks to it from one redis-py client with the hiredis
+parser, as a user would: `SET` / `GET` for single values, one pipelined round trip of `SET`s
+for a batch put and one `MGET` for a batch get. `reset` is `FLUSHALL SYNC`.
+
+Redis always returns a new `bytes` for a value (there is no read-into-buffer API), so a get
+pays for that allocation and copy; that is part of what a user of Redis gets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvpool.bench.peers.base import BenchError, Driver, Unavailable, override
+from kvpool.bench.peers.children import Child, free_port
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["RedisDriver", "find_redis_server"]
+
+_INSTALL_SERVER = "apt-get install redis-server"
+_INSTALL_CLIENT = "pip install 'kvpool[redis]'"
+
+
+def find_redis_server() -> str | None:
+    """Path of the redis-server binary (Debian puts it in /usr/bin, some images in /usr/sbin)."""
+    found = shutil.which("redis-server")
+    if found is not None:
+        return found
+    for candidate in ("/usr/bin/redis-server", "/usr/sbin/redis-server"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class RedisDriver(Driver):
+    system = "redis"
+    path = "tcp"
+
+    def __init__(self) -> None:
+        self._child: Child | None = None
+        self._client: redis.Redis | None = None
+
+    @override
+    def setup(self, capacity: int) -> None:
+        try:
+            import redis
+        except ImportError as exc:
+            raise Unavailable(f"redis-py is not installed ({exc})", _INSTALL_CLIENT) from exc
+        try:
+            import hiredis  # noqa: F401  (redis-py picks its parser up when importable)
+        except ImportError as exc:
+            raise Unavailable(f"hiredis is not installed ({exc})", _INSTALL_CLIENT) from exc
+        binary = find_redis_server()
+        if binary is None:
+            raise Unavailable("redis-server is not installed", _INSTALL_SERVER)
+        port = free_port()
+        # maxmemory well above what the run stores, so Redis never evicts a value we read back.
+        self._child = Child(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+                "--maxmemory",
+                str(4 * capacity),
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            name="redis-server",
+        )
+        self._child.wait_line(r"Ready to accept connections", timeout=30)
+        self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=60)
+        if not self._client.ping():
+            raise BenchError("redis-server does not answer PING")
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            raise BenchError("redis used before setup")
+        return self._client
+
+    @override
+    def put(self, key: str, value: memoryview) -> None:
+        if not self._redis().set(key, value):
+            raise BenchError(f"redis SET {key!r} failed")
+
+    @override
+    def get(self, key: str, out: memoryview) -> bytes:
+        value = self._redis().get(key)
+        if not isinstance(value, bytes):
+            raise BenchError(f"redis GET {key!r}: missing")
+        return value
+
+    @override
+    def batch_put(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        pipe = self._redis().pipeline(transaction=False)
+        for key, value in zip(keys, values, strict=True):
+            pipe.set(key, value)
+        if not all(pipe.execute()):
+            raise BenchError("redis pipelined SET failed")
+
+    @override
+    def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> list[bytes]:
+        values = self._redis().mget(keys)
+        result: list[bytes] = []
+        for key, value in zip(keys, values, strict=True):
+            if not isinstance(value, bytes):
+                raise BenchError(f"redis MGET {key!r}: missing")
+            result.append(value)
+        return result
+
+    @override
+    def reset(self) -> None:
+        self._redis().flushall(asynchronous=False)
+
+    @override
+    def teardown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._child is not None:
+            self._child.stop()
+            self._child = None

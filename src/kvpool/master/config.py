@@ -1,0 +1,137 @@
+"""Settings of the master: one frozen, validated dataclass, named like Mooncake's master flags.
+
+Durations are seconds (floats), sizes bytes. `kvpool master` maps each flag onto one field
+(flag > environment > default); tests build `MasterConfig(...)` directly. Validation raises
+`InvalidParams` naming the field and the offending value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvpool.errors import InvalidParams
+
+__all__ = ["AllocationStrategy", "EvictionMode", "MasterConfig"]
+
+
+class AllocationStrategy(StrEnum):
+    """How PutStart picks segments for an object's replicas (after `preferred_segments`)."""
+
+    RANDOM = "random"
+    """A uniformly random segment with room (Mooncake's default)."""
+    FREE_RATIO_FIRST = "free_ratio_first"
+    """The segments with the largest free fraction first (evens out fill levels)."""
+    LOCAL_FIRST = "local_first"
+    """Segments on the writing client's host first (same-host shm copies), then random."""
+
+
+class EvictionMode(StrEnum):
+    """What reclaim may do to an object that has to leave memory (used by the reclaim hooks)."""
+
+    CACHE = "cache"
+    """Objects are a cache: an evicted object is dropped (recomputed on miss)."""
+    POOL = "pool"
+    """Objects must not be lost: eviction moves them (to another node or to disk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    """Every setting of the master, with Mooncake's defaults."""
+
+    host: str = "127.0.0.1"
+    """Address the RPC server binds (loopback unless told otherwise)."""
+    port: int = 50051
+    """RPC port; 0 picks a free one (tests)."""
+    cluster_id: str = "kvpool"
+    """Checked in the RPC handshake, so clients of another pool are refused."""
+    default_kv_lease_ttl: float = 10.0
+    """Seconds of read lease granted by GetReplicaList / ExistKey / GetSize."""
+    default_kv_soft_pin_ttl: float = 30 * 60.0
+    """Seconds of soft pin when a put asks for ENABLE without a TTL."""
+    max_kv_soft_pin_ttl: float = 24 * 3600.0
+    """Largest soft-pin TTL a put may ask for (more is INVALID_PARAMS)."""
+    allow_evict_soft_pinned_objects: bool = True
+    """Whether reclaim may evict soft-pinned objects as a last resort."""
+    eviction_high_watermark_ratio: float = 0.9
+    """Used fraction of memory above which background reclaim starts."""
+    eviction_ratio: float = 0.05
+    """Fraction of objects one reclaim round aims to free."""
+    eviction_mode: EvictionMode = EvictionMode.CACHE
+    """Drop evicted objects (cache) or keep them elsewhere (pool)."""
+    client_ttl: float = 10.0
+    """Seconds without a Ping after which a client is expired."""
+    put_start_discard_timeout: float = 30.0
+    """Age after which an unfinished PutStart may be preempted by a new PutStart of its key."""
+    put_start_release_timeout: float = 600.0
+    """Age after which the space of an unfinished (or preempted) PutStart is released."""
+    allocation_strategy: AllocationStrategy = AllocationStrategy.RANDOM
+    """How segments are chosen for new replicas."""
+    num_shards: int = 64
+    """Metadata shards (by xxh3 of (tenant, key)); reclaim keeps its lists per shard."""
+    alignment: int = 64
+    """Byte alignment of every replica's offset and size inside a segment."""
+    max_replicas: int = 16
+    """Largest replica_num a put may ask for."""
+    monitor_interval: float = 1.0
+    """Seconds between runs of the liveness monitor and the stale-PutStart release."""
+    sweep_batch: int = 20_000
+    """Objects examined per event-loop turn when sweeping replicas of dead segments."""
+    seed: int | None = None
+    """Seed of the placement RNG (None: from the OS), for reproducible tests."""
+
+    def __post_init__(self) -> None:
+        _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)
+        _positive("default_kv_soft_pin_ttl", self.default_kv_soft_pin_ttl, allow_zero=True)
+        _positive("max_kv_soft_pin_ttl", self.max_kv_soft_pin_ttl, allow_zero=True)
+        if self.default_kv_soft_pin_ttl > self.max_kv_soft_pin_ttl:
+            raise InvalidParams(
+                f"default_kv_soft_pin_ttl ({self.default_kv_soft_pin_ttl} s) exceeds "
+                f"max_kv_soft_pin_ttl ({self.max_kv_soft_pin_ttl} s)"
+            )
+        for name in ("eviction_high_watermark_ratio", "eviction_ratio"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0 or math.isnan(v):
+                raise InvalidParams(f"{name} must be within [0, 1], got {v!r}")
+        _positive("client_ttl", self.client_ttl)
+        _positive("put_start_discard_timeout", self.put_start_discard_timeout, allow_zero=True)
+        _positive("put_start_release_timeout", self.put_start_release_timeout, allow_zero=True)
+        if self.put_start_release_timeout < self.put_start_discard_timeout:
+            raise InvalidParams(
+                f"put_start_release_timeout ({self.put_start_release_timeout} s) must be at "
+                f"least put_start_discard_timeout ({self.put_start_discard_timeout} s)"
+            )
+        _positive("monitor_interval", self.monitor_interval)
+        if not 0 <= self.port <= 65535:
+            raise InvalidParams(f"port must be within [0, 65535], got {self.port}")
+        if self.num_shards < 1:
+            raise InvalidParams(f"num_shards must be >= 1, got {self.num_shards}")
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise InvalidParams(f"alignment must be a power of two, got {self.alignment}")
+        if self.max_replicas < 1:
+            raise InvalidParams(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if self.sweep_batch < 1:
+            raise InvalidParams(f"sweep_batch must be >= 1, got {self.sweep_batch}")
+        # Strings are accepted for the enums (flags, tests) and stored as the enum member.
+        try:
+            object.__setattr__(
+                self, "allocation_strategy", AllocationStrategy(self.allocation_strategy)
+            )
+        except ValueError:
+            choices = ", ".join(s.value for s in AllocationStrategy)
+            raise InvalidParams(
+                f"unknown allocation_strategy {self.allocation_strategy!r} (one of {choices})"
+            ) from None
+        try:
+            object.__setattr__(self, "eviction_mode", EvictionMode(self.eviction_mode))
+        except ValueError:
+            raise InvalidParams(
+                f"unknown eviction_mode {self.eviction_mode!r} (cache or pool)"
+            ) from None
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidParams(f"{name} must be {bound} seconds, got {value!r}")

@@ -1,0 +1,108 @@
+"""The seam between the master service and reclaim (eviction): two narrow protocols.
+
+`ReclaimHooks` is what the service calls; `kvpool.master.reclaim` implements it (seed 001's
+active/inactive lists, background and direct reclaim). `NoopReclaimHooks` is the default: the
+pool then only ever frees space through Remove, PutRevoke and client expiry.
+
+`ReclaimTarget` is what the hooks may call back into; `MasterService` implements it.
+
+Threading and blocking: everything here runs on the master's event loop, inside the request
+being served, so every hook must be quick (O(1) per call, no I/O, no awaiting). The hooks own
+`ObjectMeta.reclaim` (a free slot for list links or flags); the service never reads it. The
+service calls:
+
+* `on_replica_complete(obj, replica)` for each replica PutEnd made readable;
+* `on_access(obj)` on each read that found the object readable (GetReplicaList, ExistKey,
+  GetSize and their batch forms);
+* `on_object_removed(obj)` exactly once when an object leaves the index for any reason (Remove,
+  PutRevoke, expiry of its client or segment, eviction, preemption of a stale PutStart);
+* `reclaim_for(bytes_needed)` once when PutStart (or UpsertStart) found no room; the hook frees
+  what it can (through `ReclaimTarget.evict`) and answers the bytes it freed; PutStart then
+  retries its allocation once;
+* `tick(now)` from a background task every `MasterConfig`-defined interval (kswapd's chance to
+  reclaim above the high watermark).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvpool.master.config import MasterConfig
+    from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+
+__all__ = ["NoopReclaimHooks", "ReclaimHooks", "ReclaimTarget"]
+
+
+class ReclaimTarget(Protocol):
+    """The service as seen by the reclaim hooks."""
+
+    @property
+    def config(self) -> MasterConfig: ...
+
+    @property
+    def index(self) -> ObjectIndex:
+        """The sharded objects (read only: change them through `evict`)."""
+        ...
+
+    def now(self) -> float:
+        """The master clock, in seconds (the same clock leases use)."""
+        ...
+
+    def memory_usage(self) -> tuple[int, int]:
+        """(capacity, used) bytes over all mounted segments."""
+        ...
+
+    def evictable(self, obj: ObjectMeta, now: float) -> bool:
+        """Complete, not hard-pinned, lease expired, still indexed (soft pin is the hooks' call)."""
+        ...
+
+    def evict(self, obj: ObjectMeta) -> int:
+        """Drop `obj`'s memory replicas (the object goes when none is left); bytes freed.
+
+        Call only when `evictable(obj, now)` is true. Calls `on_object_removed` when the object
+        leaves the index.
+        """
+        ...
+
+
+class ReclaimHooks(Protocol):
+    """What the service tells reclaim; see the module docstring for when each is called."""
+
+    def attach(self, target: ReclaimTarget) -> None:
+        """Called once, when the service is built, before any other hook."""
+        ...
+
+    def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None: ...
+
+    def on_access(self, obj: ObjectMeta) -> None: ...
+
+    def on_object_removed(self, obj: ObjectMeta) -> None: ...
+
+    def reclaim_for(self, bytes_needed: int) -> int:
+        """Free at least `bytes_needed` if possible; answer the bytes actually freed."""
+        ...
+
+    def tick(self, now: float) -> None: ...
+
+
+class NoopReclaimHooks:
+    """No reclaim at all: the default, and the base class to override only what is needed."""
+
+    def attach(self, target: ReclaimTarget) -> None:
+        pass
+
+    def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
+        pass
+
+    def on_access(self, obj: ObjectMeta) -> None:
+        pass
+
+    def on_object_removed(self, obj: ObjectMeta) -> None:
+        pass
+
+    def reclaim_for(self, bytes_needed: int) -> int:
+        return 0
+
+    def tick(self, now: float) -> None:
+        pass

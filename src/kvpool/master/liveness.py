@@ -1,0 +1,106 @@
+"""Client liveness: who is registered, when each client was last heard of, and what it holds.
+
+A client registers by ReMountSegment (or MountSegment) and then pings every second; each Ping
+pushes its deadline to now + `client_ttl`. The master's monitor calls `expired(now)` every
+`monitor_interval` and the service expires those clients (unmounts their segments, revokes
+their in-flight PutStarts). A Ping from a client not in the table answers NEED_REMOUNT.
+
+In-flight PutStarts are tracked per client id even for clients that never registered (a pure
+reader-writer without segments), so `expire` and the stale-PutStart release both find them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvpool.protocol.messages import ClientId, ClientStats, HostId, SegmentName
+
+if TYPE_CHECKING:
+    from kvpool.master.metadata import ObjectMeta
+
+__all__ = ["ClientRecord", "ClientTable"]
+
+
+class ClientRecord:
+    """A registered client: its host, its liveness deadline and its mounted segment names."""
+
+    __slots__ = ("client_id", "deadline", "host_id", "segments")
+
+    def __init__(self, client_id: ClientId, host_id: HostId, deadline: float) -> None:
+        self.client_id = client_id
+        self.host_id = host_id
+        self.deadline = deadline
+        self.segments: dict[SegmentName, None] = {}
+
+
+class ClientTable:
+    """Registered clients, plus in-flight PutStarts by client (registered or not)."""
+
+    __slots__ = ("_clients", "_ttl", "in_flight")
+
+    def __init__(self, client_ttl: float) -> None:
+        self._ttl = client_ttl
+        self._clients: dict[ClientId, ClientRecord] = {}
+        # client id -> objects it has PutStart-ed and not yet ended or revoked (insertion order).
+        self.in_flight: dict[ClientId, dict[ObjectMeta, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def get(self, client_id: ClientId) -> ClientRecord | None:
+        return self._clients.get(client_id)
+
+    def register(self, client_id: ClientId, host_id: HostId, now: float) -> ClientRecord:
+        """Add the client (or refresh it): registration counts as a ping."""
+        rec = self._clients.get(client_id)
+        if rec is None:
+            rec = self._clients[client_id] = ClientRecord(client_id, host_id, now + self._ttl)
+        else:
+            rec.deadline = now + self._ttl
+            if host_id:
+                rec.host_id = host_id
+        return rec
+
+    def ping(self, client_id: ClientId, now: float) -> bool:
+        """Refresh a known client's deadline; False when the client is unknown."""
+        rec = self._clients.get(client_id)
+        if rec is None:
+            return False
+        rec.deadline = now + self._ttl
+        return True
+
+    def expired(self, now: float) -> list[ClientRecord]:
+        """Clients whose deadline has passed (still in the table; `forget` removes them)."""
+        return [c for c in self._clients.values() if c.deadline <= now]
+
+    def forget(self, client_id: ClientId) -> None:
+        self._clients.pop(client_id, None)
+
+    def add_in_flight(self, obj: ObjectMeta) -> None:
+        bucket = self.in_flight.get(obj.client_id)
+        if bucket is None:
+            self.in_flight[obj.client_id] = {obj: None}
+        else:
+            bucket[obj] = None
+
+    def drop_in_flight(self, obj: ObjectMeta) -> None:
+        bucket = self.in_flight.get(obj.client_id)
+        if bucket is not None:
+            bucket.pop(obj, None)
+            if not bucket:
+                del self.in_flight[obj.client_id]
+
+    def in_flight_of(self, client_id: ClientId) -> list[ObjectMeta]:
+        return list(self.in_flight.get(client_id, ()))
+
+    def stats(self, now: float) -> list[ClientStats]:
+        return [
+            ClientStats(
+                c.client_id,
+                c.host_id,
+                len(c.segments),
+                max(0.0, c.deadline - now),
+                len(self.in_flight.get(c.client_id, ())),
+            )
+            for c in self._clients.values()
+        ]

@@ -1,0 +1,226 @@
+"""Object metadata: the per-object and per-replica records, and the sharded index of them.
+
+Built for a million objects in a few hundred bytes each:
+
+* `ObjectMeta` and `Replica` are slotted records (no per-instance dict). The key string is
+  stored once: the index's dict key and `ObjectMeta.key` are the same object.
+* An object's replicas are a tuple (one pointer and no spare capacity, unlike a list).
+* A replica's id is not stored: it is derived from the segment's mount number and the offset,
+  which together are unique among live replicas.
+* Shards are plain dicts `key -> ObjectMeta`, one per (tenant, shard). The shard of a key is
+  `xxh3_64(key, seed=xxh3_64(tenant)) % num_shards`: stable across processes and runs (never
+  Python's salted `hash()`), and it depends on the tenant as well as the key. `group_id` plays
+  no part in it.
+
+The index only stores and finds; every rule about what may change lives in `service.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import xxhash
+
+from kvpool.master.segments import Segment
+from kvpool.protocol.messages import (
+    ClientId,
+    ReplicaDesc,
+    ReplicaKind,
+    ReplicaStatus,
+    TenantId,
+)
+
+__all__ = ["ObjectIndex", "ObjectMeta", "Replica"]
+
+_COMPLETE = ReplicaStatus.COMPLETE
+_MEMORY = ReplicaKind.MEMORY
+# Replica ids pack the segment's mount number above the offset (segments up to 2**44 bytes).
+_ID_SHIFT = 44
+
+
+class Replica:
+    """One copy of an object's bytes: `size` of the object at `offset` of `segment`."""
+
+    __slots__ = ("kind", "offset", "segment", "status")
+
+    def __init__(
+        self, segment: Segment, offset: int, status: ReplicaStatus, kind: ReplicaKind = _MEMORY
+    ) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.status = status
+        self.kind = kind
+
+    @property
+    def replica_id(self) -> int:
+        return (self.segment.number << _ID_SHIFT) | self.offset
+
+    def readable(self) -> bool:
+        """COMPLETE and on a segment that is still mounted."""
+        return self.status is _COMPLETE and self.segment.alive
+
+    def desc(self, size: int) -> ReplicaDesc:
+        seg = self.segment
+        return ReplicaDesc(
+            (seg.number << _ID_SHIFT) | self.offset,
+            self.kind,
+            self.status,
+            seg.name,
+            self.offset,
+            size,
+            seg.endpoint,
+        )
+
+
+class ObjectMeta:
+    """Everything the master knows about one object.
+
+    Times are in the master clock's seconds. `lease_deadline`: no Remove or eviction before it.
+    `soft_pin_ttl` is what PutStart asked for; `soft_pin_deadline` is set at PutEnd (a soft
+    pin runs from first readability and reads do not extend it). `complete` is False from
+    PutStart (or an in-place UpsertStart) until PutEnd. `reclaim` belongs to the reclaim hooks
+    (list links, flags); the service never reads it.
+    """
+
+    __slots__ = (
+        "checksum",
+        "client_id",
+        "complete",
+        "group_id",
+        "hard_pin",
+        "key",
+        "lease_deadline",
+        "put_start_time",
+        "reclaim",
+        "replicas",
+        "shard",
+        "size",
+        "soft_pin_deadline",
+        "soft_pin_ttl",
+        "tenant",
+    )
+
+    # Positional on purpose: built once per put, on the hot path.
+    def __init__(  # noqa: PLR0917
+        self,
+        key: str,
+        tenant: TenantId,
+        shard: int,
+        size: int,
+        client_id: ClientId,
+        replicas: tuple[Replica, ...],
+        put_start_time: float,
+        soft_pin_ttl: float | None,
+        hard_pin: bool,
+        group_id: str,
+    ) -> None:
+        self.key = key
+        self.tenant = tenant
+        self.shard = shard
+        self.size = size
+        self.client_id = client_id
+        self.replicas = replicas
+        self.put_start_time = put_start_time
+        self.soft_pin_ttl = soft_pin_ttl
+        self.soft_pin_deadline: float | None = None
+        self.hard_pin = hard_pin
+        self.group_id = group_id
+        self.checksum: int | None = None
+        self.lease_deadline = 0.0
+        self.complete = False
+        self.reclaim: object = None
+
+    def readable_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if r.status is _COMPLETE and r.segment.alive]
+
+    def has_live_replica(self) -> bool:
+        """Whether any replica (complete or still being written) is on a mounted segment."""
+        return any(r.segment.alive for r in self.replicas)
+
+    def __repr__(self) -> str:
+        return (
+            f"ObjectMeta({self.tenant}/{self.key!r}, size={self.size}, "
+            f"replicas={len(self.replicas)}, complete={self.complete})"
+        )
+
+
+class ObjectIndex:
+    """Objects by (tenant, key) in `num_shards` dicts per tenant."""
+
+    __slots__ = ("_count", "_num_shards", "_tenant_seed", "_tenants")
+
+    def __init__(self, num_shards: int) -> None:
+        self._num_shards = num_shards
+        self._tenants: dict[str, list[dict[str, ObjectMeta]]] = {}
+        self._tenant_seed: dict[str, int] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def num_shards(self) -> int:
+        return self._num_shards
+
+    def shard_of(self, tenant: str, key: str) -> int:
+        """The stable shard index of (tenant, key)."""
+        seed = self._tenant_seed.get(tenant)
+        if seed is None:
+            seed = self._tenant_seed[tenant] = xxhash.xxh3_64_intdigest(tenant.encode())
+        return int(xxhash.xxh3_64_intdigest(key.encode(), seed)) % self._num_shards
+
+    def shard_map(self, tenant: str, key: str) -> dict[str, ObjectMeta] | None:
+        """The dict that holds (or would hold) `key`; None if the tenant has no objects yet."""
+        shards = self._tenants.get(tenant)
+        if shards is None:
+            return None
+        return shards[self.shard_of(tenant, key)]
+
+    def get(self, tenant: str, key: str) -> ObjectMeta | None:
+        shards = self._tenants.get(tenant)
+        if shards is None:
+            return None
+        return shards[self.shard_of(tenant, key)].get(key)
+
+    def insert(self, obj: ObjectMeta) -> None:
+        """Add `obj` (its shard already computed); the key must not be present."""
+        shards = self._tenants.get(obj.tenant)
+        if shards is None:
+            shards = self._tenants[obj.tenant] = [{} for _ in range(self._num_shards)]
+        shards[obj.shard][obj.key] = obj
+        self._count += 1
+
+    def replace(self, old: ObjectMeta, new: ObjectMeta) -> None:
+        """Put `new` in the slot of `old` (same tenant and key)."""
+        self._tenants[old.tenant][old.shard][old.key] = new
+
+    def discard(self, obj: ObjectMeta) -> bool:
+        """Remove `obj` if it is still the one indexed under its key."""
+        shards = self._tenants.get(obj.tenant)
+        if shards is None:
+            return False
+        shard = shards[obj.shard]
+        if shard.get(obj.key) is not obj:
+            return False
+        del shard[obj.key]
+        self._count -= 1
+        return True
+
+    def tenants(self) -> list[str]:
+        return list(self._tenants)
+
+    def snapshot(self, tenant: str | None = None) -> list[ObjectMeta]:
+        """Every object (of one tenant, or all), copied out so the caller may mutate the index
+        while walking the list (stale entries are recognised by `discard` returning False)."""
+        out: list[ObjectMeta] = []
+        names = [tenant] if tenant is not None else list(self._tenants)
+        for t in names:
+            for shard in self._tenants.get(t, ()):
+                out.extend(shard.values())
+        return out
+
+    def shard_objects(self, tenant: str, shard: int) -> Iterator[ObjectMeta]:
+        """The objects of one shard (for the reclaim hooks; do not mutate while iterating)."""
+        shards = self._tenants.get(tenant)
+        if shards is not None:
+            yield from shards[shard].values()

@@ -1,0 +1,133 @@
+"""Mounted segments: who owns each, where its bytes are reached, and its offset allocator.
+
+A `Segment` record lives from mount to unmount. Unmounting flips `alive` off and drops the
+allocator; replicas keep pointing at the dead record, which is how every reader knows in O(1)
+that such a replica is gone (the master sweeps them out of the metadata in the background).
+Mounting the same name again creates a *new* record with a new `number`, so a replica of the
+old mount can never be mistaken for one of the new.
+"""
+
+from __future__ import annotations
+
+from kvpool.master.allocator import OffsetAllocator
+from kvpool.protocol.messages import ClientId, HostId, SegmentInfo, SegmentName, SegmentStats
+
+__all__ = ["Segment", "SegmentTable"]
+
+
+class Segment:
+    """One mounted memory segment (a slotted record: there are few, but replicas point here)."""
+
+    __slots__ = (
+        "alive",
+        "allocator",
+        "client_id",
+        "endpoint",
+        "host_id",
+        "name",
+        "number",
+        "objects",
+        "shm_path",
+        "size",
+    )
+
+    def __init__(
+        self,
+        *,
+        number: int,
+        name: SegmentName,
+        size: int,
+        client_id: ClientId,
+        host_id: HostId,
+        endpoint: str,
+        shm_path: str,
+        alignment: int,
+    ) -> None:
+        self.number = number
+        self.name = name
+        self.size = size
+        self.client_id = client_id
+        self.host_id = host_id
+        self.endpoint = endpoint
+        self.shm_path = shm_path
+        self.allocator = OffsetAllocator(size, alignment)
+        self.alive = True
+        self.objects = 0  # replicas currently allocated here
+
+    def same_mount(self, info: SegmentInfo, client_id: ClientId, host_id: HostId) -> bool:
+        """Whether mounting `info` again would describe exactly this segment (idempotence)."""
+        return (
+            info.size == self.size
+            and client_id == self.client_id
+            and (info.host_id or host_id) == self.host_id
+            and info.endpoint == self.endpoint
+            and info.shm_path == self.shm_path
+        )
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(
+            self.name, self.size, self.host_id, self.endpoint, self.shm_path, self.client_id
+        )
+
+    def stats(self) -> SegmentStats:
+        return SegmentStats(
+            self.name,
+            self.client_id,
+            self.host_id,
+            self.endpoint,
+            self.allocator.capacity,
+            self.allocator.allocated,
+            self.objects,
+        )
+
+
+class SegmentTable:
+    """The live segments by name, plus a list of them for placement (kept in mount order)."""
+
+    __slots__ = ("_alignment", "_by_name", "_next_number", "live")
+
+    def __init__(self, alignment: int) -> None:
+        self._alignment = alignment
+        self._by_name: dict[SegmentName, Segment] = {}
+        self._next_number = 1
+        self.live: list[Segment] = []
+
+    def get(self, name: SegmentName) -> Segment | None:
+        return self._by_name.get(name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def mount(self, info: SegmentInfo, client_id: ClientId, host_id: HostId) -> Segment:
+        """A new live segment; the caller has checked that `info.name` is not mounted."""
+        seg = Segment(
+            number=self._next_number,
+            name=info.name,
+            size=info.size,
+            client_id=client_id,
+            host_id=info.host_id or host_id,
+            endpoint=info.endpoint,
+            shm_path=info.shm_path,
+            alignment=self._alignment,
+        )
+        self._next_number += 1
+        self._by_name[seg.name] = seg
+        self.live.append(seg)
+        return seg
+
+    def unmount(self, seg: Segment) -> None:
+        """Take `seg` out of the pool: unreadable and unallocatable from now on."""
+        seg.alive = False
+        del self._by_name[seg.name]
+        self.live.remove(seg)
+        # Every range of the segment goes with it; nothing may be freed into it again.
+        seg.allocator = OffsetAllocator(0, self._alignment)
+        seg.objects = 0
+
+    def capacity(self) -> tuple[int, int]:
+        """(capacity, used) bytes over all live segments."""
+        cap = used = 0
+        for seg in self.live:
+            cap += seg.allocator.capacity
+            used += seg.allocator.allocated
+        return cap, used

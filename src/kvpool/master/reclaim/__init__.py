@@ -1,0 +1,39 @@
+"""Reclaim for the master's memory: Linux-style active/inactive lists, kswapd, direct reclaim.
+
+See README.md in this directory for the lists, the state machine, isolation, kswapd versus
+direct reclaim, group commit, and the cache and pool eviction modes. Layers, bottom up:
+
+    records.py   EvictInfo (one per COMPLETE memory replica), ListState
+    lists.py     ReclaimLists: one shard's active/inactive lists under its lock, O(1) each op
+    base.py      ReclaimTarget (what the engine asks the metadata), Verdict
+    config.py    ReclaimConfig, EvictionMode
+    engine.py    ReclaimEngine: online hooks, kswapd_step, direct_reclaim (group commit)
+    softpin.py   soft-pin request rules and the deadline index that expires pins
+    kswapd.py    the asyncio task that runs kswapd and pin expiry in the master's loop
+    simulated.py SimulatedPool: an in-memory ReclaimTarget for tests and benchmarks
+    adapter.py   the ReclaimTarget over the master service's metadata
+
+Imports nothing of the master outside this package except through adapter.py.
+"""
+
+from kvpool.master.reclaim.base import ReclaimTarget, Verdict
+from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
+from kvpool.master.reclaim.engine import ReclaimEngine, ReclaimResult, ReclaimStats
+from kvpool.master.reclaim.lists import ReclaimLists
+from kvpool.master.reclaim.records import EvictInfo, ListState
+from kvpool.master.reclaim.softpin import SoftPinIndex, resolve_soft_pin_ttl
+
+__all__ = [
+    "EvictInfo",
+    "EvictionMode",
+    "ListState",
+    "ReclaimConfig",
+    "ReclaimEngine",
+    "ReclaimLists",
+    "ReclaimResult",
+    "ReclaimStats",
+    "ReclaimTarget",
+    "SoftPinIndex",
+    "Verdict",
+    "resolve_soft_pin_ttl",
+]

@@ -1,0 +1,539 @@
+"""The reclaim engine: heat tracking on the online path, kswapd and direct reclaim off it.
+
+`ReclaimEngine` owns one `ReclaimLists` per metadata shard and drives them against a
+`ReclaimTarget` (the metadata owner). Three kinds of callers:
+
+* the online path (PutEnd → `on_complete`, a read hit → `on_access`, Remove → `on_remove`):
+  O(1) under one shard's list lock, no scan, no I/O, no metadata lookup;
+* kswapd (`kswapd_step`, run by `kswapd.Kswapd` in the master's event loop, or by a benchmark
+  between operations): woken when used bytes pass the high watermark or after an allocation
+  failure, it reclaims toward the low watermark in bounded steps, shrinking active (balance)
+  and then inactive;
+* direct reclaim (`direct_reclaim`, from PutStart when allocation failed): synchronous,
+  inactive lists only, so that a burst of puts cannot scatter the hot set. Concurrent callers
+  share one pass (group commit): the first becomes the leader and reclaims the sum of what
+  everyone waiting asked for; the others wait for that pass and retry their allocation.
+
+A pass splits its byte target across shards by their share of resident bytes (a deficit
+round robin: a shard owed less than one average record carries the debt to the next pass, so a
+4 KiB direct reclaim visits one shard, not all of them). Per shard it isolates batches from the
+tail of inactive, asks the target about each record outside the list lock, and evicts, keeps
+(rotates) or drops the record. Work per evicted object does not depend on how many objects
+are resident; only on how many ineligible records had to be looked at.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Generic
+
+import xxhash
+
+from kvpool.master.reclaim.base import ReclaimTarget, Verdict
+from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
+from kvpool.master.reclaim.lists import ReclaimLists
+from kvpool.master.reclaim.records import EvictInfo, K, ListState
+
+__all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
+
+log = logging.getLogger(__name__)
+
+_GROUP_RESULTS_KEPT = 64
+
+
+@dataclass(slots=True)
+class ReclaimStats:
+    """Counters since start (exported by the master as metrics; plain ints, approximate only
+    when several threads run passes at once)."""
+
+    kswapd_steps: int = 0
+    direct_calls: int = 0
+    direct_passes: int = 0
+    direct_refused: int = 0
+    isolated: int = 0
+    evicted: int = 0
+    evicted_bytes: int = 0
+    dropped: int = 0
+    soft_pinned_evicted: int = 0
+    swap_outs_started: int = 0
+    swap_outs_moved: int = 0
+    swap_outs_failed: int = 0
+    swap_outs_refused: int = 0
+    stale: int = 0
+    kept_referenced: int = 0
+    kept_leased: int = 0
+    kept_busy: int = 0
+    kept_soft_pinned: int = 0
+    parked_hard_pinned: int = 0
+    promoted: int = 0
+    demoted_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True, frozen=True)
+class ReclaimResult:
+    """What one pass did: bytes freed now, bytes whose swap-out started, records looked at."""
+
+    freed: int = 0
+    pending: int = 0
+    scanned: int = 0
+
+    def __add__(self, other: ReclaimResult) -> ReclaimResult:
+        return ReclaimResult(
+            self.freed + other.freed, self.pending + other.pending, self.scanned + other.scanned
+        )
+
+
+def hash_shard_of(num_shards: int) -> Callable[[object], int]:
+    """A stable (never Python's `hash()`) shard function over `repr(key)`, for standalone use."""
+
+    def shard_of(key: object) -> int:
+        return xxhash.xxh3_64_intdigest(repr(key).encode()) % num_shards
+
+    return shard_of
+
+
+class ReclaimEngine(Generic[K]):
+    """Per-shard active/inactive lists plus kswapd and direct reclaim over a `ReclaimTarget`."""
+
+    def __init__(
+        self,
+        target: ReclaimTarget[K],
+        config: ReclaimConfig | None = None,
+        *,
+        num_shards: int = 64,
+        shard_of: Callable[[K], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self.target = target
+        self.config = config or ReclaimConfig()
+        self.clock = clock
+        self.stats = ReclaimStats()
+        self._shards: list[ReclaimLists[K]] = [ReclaimLists(i) for i in range(num_shards)]
+        self._shard_of: Callable[[K], int] = shard_of or hash_shard_of(num_shards)
+        self._deficit = [0.0] * num_shards
+        self._cursor = 0
+        self._migrating: dict[EvictInfo[K], None] = {}
+        self._migrating_bytes = 0
+        self._kswapd_wanted = False
+        self.wakeup: Callable[[], None] | None = None
+        """Called (from the online path) when kswapd should run; set by `kswapd.Kswapd`."""
+        self._local = threading.local()
+        # Group commit of direct reclaim: callers add their need to the open group; one leader
+        # at a time takes the whole group and runs one pass for it.
+        self._gc = threading.Condition(threading.Lock())
+        self._gc_open = 0
+        self._gc_pending = 0
+        self._gc_leader = False
+        self._gc_done = -1
+        self._gc_freed: dict[int, int] = {}
+        self._gc_waiting = 0
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    def shard(self, index: int) -> ReclaimLists[K]:
+        return self._shards[index]
+
+    def shard_of(self, key: K) -> int:
+        return self._shard_of(key)
+
+    def records_of(self, key: K) -> list[EvictInfo[K]]:
+        """The current generation's records of `key` (empty when none)."""
+        return self._shards[self._shard_of(key)].records_of(key)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(s.resident_bytes for s in self._shards)
+
+    @property
+    def resident_count(self) -> int:
+        return sum(s.resident_count for s in self._shards)
+
+    @property
+    def migrating_bytes(self) -> int:
+        """Bytes of replicas whose swap-out has started and not reported yet."""
+        return self._migrating_bytes
+
+    # ------------------------------------------------------------------ online path
+
+    def on_complete(
+        self,
+        key: K,
+        replica_id: int,
+        size: int,
+        *,
+        generation: int = 0,
+        hard_pinned: bool = False,
+    ) -> EvictInfo[K]:
+        """PutEnd made a memory replica COMPLETE: it enters the head of inactive. Idempotent."""
+        shard = self._shard_of(key)
+        rec = EvictInfo(key, replica_id, generation, size, shard)
+        rec = self._shards[shard].add(rec, unevictable=hard_pinned)
+        if not self._kswapd_wanted and self._above_high():
+            self._kswapd_wanted = True
+            if self.wakeup is not None:
+                self.wakeup()
+        return rec
+
+    def on_access(self, key: K) -> None:
+        """A read hit: first touch marks referenced, a second one while inactive promotes."""
+        shard = self._shards[self._shard_of(key)]
+        if shard.mark_accessed(key):
+            self.stats.promoted += 1
+
+    def on_remove(self, key: K, generation: int | None = None) -> int:
+        """The object (of `generation`, if given) was removed: unlink its records. Idempotent."""
+        return len(self._shards[self._shard_of(key)].remove(key, generation))
+
+    # ------------------------------------------------------------------ kswapd
+
+    def kswapd_wanted(self) -> bool:
+        """True when kswapd should run: above the high watermark, or an allocation failed."""
+        return self._kswapd_wanted or self._above_high()
+
+    def kswapd_step(self) -> ReclaimResult:
+        """Reclaim at most `config.kswapd_step_bytes` toward the low watermark.
+
+        Returns an empty result (and stops wanting to run) once used bytes, less those already
+        being swapped out, are at or below the low watermark, or when a step made no progress.
+        """
+        cap = self.target.capacity_bytes()
+        excess = (
+            self.target.used_bytes()
+            - self._migrating_bytes
+            - math.floor(cap * self.config.low_watermark_ratio)
+        )
+        if excess <= 0:
+            self._kswapd_wanted = False
+            return ReclaimResult()
+        self.stats.kswapd_steps += 1
+        result = self._run_pass(min(excess, self.config.kswapd_step_bytes), shrink_active=True)
+        if result.freed + result.pending == 0:
+            self._kswapd_wanted = False
+            log.info("kswapd: nothing reclaimable (%d bytes above the low watermark)", excess)
+        return result
+
+    def kswapd_pass(self, target_bytes: int | None = None) -> ReclaimResult:
+        """Run kswapd to completion: down to the low watermark, or exactly `target_bytes`."""
+        if target_bytes is not None:
+            return self._run_pass(target_bytes, shrink_active=True)
+        total = ReclaimResult()
+        while True:
+            step = self.kswapd_step()
+            if step.freed + step.pending == 0:
+                return total
+            total = total + step
+
+    # ------------------------------------------------------------------ direct reclaim
+
+    def direct_reclaim(self, bytes_needed: int) -> int:
+        """PutStart could not allocate `bytes_needed`: reclaim from inactive lists now.
+
+        Returns the bytes freed by the pass that served this call (shared with the calls it
+        grouped). Returns 0 without reclaiming when called from inside a reclaim pass on this
+        thread (a swap-out allocating its destination) or inside `no_direct_reclaim()`, so
+        reclaim can never recurse into itself. Also wakes kswapd.
+        """
+        if getattr(self._local, "no_direct", False):
+            self.stats.direct_refused += 1
+            return 0
+        self._kswapd_wanted = True
+        if self.wakeup is not None:
+            self.wakeup()
+        with self._gc:
+            self.stats.direct_calls += 1
+            self._gc_pending += max(0, bytes_needed)
+            group = self._gc_open
+            while self._gc_done < group and self._gc_leader:
+                self._gc_waiting += 1
+                try:
+                    self._gc.wait()
+                finally:
+                    self._gc_waiting -= 1
+            if self._gc_done >= group:
+                # A leader's pass already covered this caller's group.
+                return self._gc_freed.get(group, 0)
+            self._gc_leader = True
+            total, self._gc_pending = self._gc_pending, 0
+            self._gc_open = group + 1
+        freed = 0
+        try:
+            self.stats.direct_passes += 1
+            freed = self._run_pass(total, shrink_active=False).freed
+        finally:
+            with self._gc:
+                self._gc_freed[group] = freed
+                self._gc_freed.pop(group - _GROUP_RESULTS_KEPT, None)
+                self._gc_done = group
+                self._gc_leader = False
+                self._gc.notify_all()
+        return freed
+
+    @contextmanager
+    def no_direct_reclaim(self) -> Iterator[None]:
+        """Within this block, `direct_reclaim` on this thread returns 0 (paths that would loop:
+        batch reads, a swap-out writing to a remote node)."""
+        before = getattr(self._local, "no_direct", False)
+        self._local.no_direct = True
+        try:
+            yield
+        finally:
+            self._local.no_direct = before
+
+    def direct_waiters(self) -> int:
+        """Callers currently parked behind a direct-reclaim leader (for tests and status)."""
+        with self._gc:
+            return self._gc_waiting
+
+    # ------------------------------------------------------------------ swap-out completion
+
+    def on_swap_out_done(self, rec: EvictInfo[K], moved: bool) -> None:
+        """A swap-out started by this engine finished: `moved` (source freed) or failed."""
+        lists = self._shards[rec.shard]
+        # Tracked here rather than by state: the object may have been removed meanwhile.
+        self._untrack_migration(rec)
+        if moved:
+            lists.end_migration(rec, moved=True)
+            self.stats.swap_outs_moved += 1
+            self.stats.evicted += 1
+            self.stats.evicted_bytes += rec.size
+        else:
+            lists.end_migration(rec, moved=False)
+            self.stats.swap_outs_failed += 1
+
+    def _untrack_migration(self, rec: EvictInfo[K]) -> None:
+        if rec in self._migrating:
+            del self._migrating[rec]
+            self._migrating_bytes -= rec.size
+
+    # ------------------------------------------------------------------ one pass
+
+    def _above_high(self) -> bool:
+        cap = self.target.capacity_bytes()
+        return cap > 0 and self.target.used_bytes() > cap * self.config.high_watermark_ratio
+
+    def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
+        if total <= 0:
+            return ReclaimResult()
+        before = getattr(self._local, "no_direct", False)
+        self._local.no_direct = True
+        try:
+            result = ReclaimResult()
+            exhausted: set[int] = set()
+            for index, quota in self._split(total):
+                got = self._shrink_shard(self._shards[index], quota, shrink_active)
+                result = result + got
+                moved = got.freed + got.pending
+                if moved < quota:
+                    exhausted.add(index)
+                # An overshoot (records are whole) counts against the shard's next share.
+                self._deficit[index] -= max(0, moved - quota)
+            # Shards that could not meet their quota (pinned, leased, empty) leave a shortfall;
+            # the others, largest first, cover it in one more round.
+            short = total - result.freed - result.pending
+            if short > 0:
+                rest = sorted(
+                    (s for s in self._shards if s.shard not in exhausted and s.resident_bytes > 0),
+                    key=lambda s: -s.resident_bytes,
+                )
+                for lists in rest:
+                    got = self._shrink_shard(lists, short, shrink_active)
+                    result = result + got
+                    short -= got.freed + got.pending
+                    if short <= 0:
+                        break
+            return result
+        finally:
+            self._local.no_direct = before
+
+    def _split(self, total: int) -> list[tuple[int, int]]:
+        """Shard quotas proportional to resident bytes (seed 001: used_i / sum(used)).
+
+        A shard owed less than one average record keeps its share as a debt (`_deficit`) for a
+        later pass instead of being visited for a sliver; when nothing reaches that grain, the
+        shard owed most takes the whole amount. Over many passes each shard gives in
+        proportion to its usage, and a small direct reclaim touches one shard.
+        """
+        used = [s.resident_bytes for s in self._shards]
+        total_used = sum(used)
+        if total_used <= 0:
+            return []
+        count = sum(s.resident_count for s in self._shards)
+        grain = min(float(total), total_used / max(1, count))
+        quotas: list[tuple[int, int]] = []
+        assigned = 0
+        n = len(used)
+        deficit = self._deficit
+        best = -1
+        for j in range(n):
+            i = (self._cursor + j) % n
+            if used[i] <= 0:
+                deficit[i] = 0.0
+                continue
+            d = deficit[i] + total * used[i] / total_used
+            if d >= grain and assigned < total:
+                q = min(math.ceil(d), total - assigned)
+                quotas.append((i, q))
+                assigned += q
+                d -= q
+            deficit[i] = d
+            if best < 0 or d > deficit[best]:
+                best = i
+        if assigned < total and best >= 0:
+            q = total - assigned
+            quotas.append((best, q))
+            deficit[best] -= q
+        self._cursor = (self._cursor + 1) % n
+        return quotas
+
+    def _shrink_shard(
+        self, lists: ReclaimLists[K], quota: int, shrink_active: bool
+    ) -> ReclaimResult:
+        cfg = self.config
+        if shrink_active:
+            self._balance(lists, quota)
+        result = self._shrink_inactive(lists, quota)
+        got = result.freed + result.pending
+        if shrink_active and got < quota and lists.active_bytes > 0:
+            # Inactive could not cover the quota: age active harder (two looks per record, so
+            # referenced ones lose their second chance) and try inactive once more.
+            n_active = lists.counts()[0]
+            demoted, _ = lists.shrink_active(quota - got, 2 * n_active, cfg.isolate_batch)
+            self.stats.demoted_bytes += demoted
+            result = result + self._shrink_inactive(lists, quota - got)
+        return result
+
+    def _balance(self, lists: ReclaimLists[K], quota: int) -> None:
+        """kswapd only: demote from active so that active <= inactive_ratio * inactive, and so
+        that inactive holds at least this pass's quota."""
+        ratio = self.config.inactive_ratio
+        excess = (lists.active_bytes - ratio * lists.inactive_bytes) / (1.0 + ratio)
+        want = max(excess, float(quota - lists.inactive_bytes))
+        if want <= 0 or lists.active_bytes <= 0:
+            return
+        n_active = lists.counts()[0]
+        demoted, _ = lists.shrink_active(math.ceil(want), n_active, self.config.isolate_batch)
+        self.stats.demoted_bytes += demoted
+
+    def _shrink_inactive(self, lists: ReclaimLists[K], quota: int) -> ReclaimResult:
+        """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
+        moving, looking at each record present at the start at most once."""
+        cfg = self.config
+        target = self.target
+        stats = self.stats
+        cache_mode = cfg.mode is EvictionMode.CACHE
+        budget = lists.counts()[1]
+        now = self.clock()
+        freed = pending = scanned = 0
+        deferred: list[tuple[EvictInfo[K], int]] = []
+        avg = max(1, lists.resident_bytes // max(1, lists.resident_count))
+        while freed + pending < quota and scanned < budget:
+            # Isolate about as many as the rest of the quota needs (at least one, at most a
+            # batch): a 4 KiB direct reclaim should not isolate and put back 31 bystanders.
+            want = -(-(quota - freed - pending) // avg)
+            n = min(cfg.isolate_batch, budget - scanned, max(1, want))
+            epoch, batch = lists.isolate_inactive(n)
+            if not batch:
+                break
+            stats.isolated += len(batch)
+            keep: list[EvictInfo[K]] = []
+            stop = len(batch)
+            for pos, rec in enumerate(batch):
+                if freed + pending >= quota:
+                    stop = pos
+                    break
+                scanned += 1
+                if rec.state is not ListState.ISOLATED:
+                    continue  # removed while isolated; already retired
+                if rec.referenced:
+                    # Touched once since it came to inactive: one more trip through inactive
+                    # (bit cleared) to earn the second touch that promotes it. Linux keeps a
+                    # once-referenced mapped folio the same way (FOLIOREF_KEEP).
+                    rec.referenced = False
+                    stats.kept_referenced += 1
+                    keep.append(rec)
+                    continue
+                verdict = target.inspect(rec, now)
+                if verdict is Verdict.STALE:
+                    stats.stale += 1
+                    lists.forget(rec)
+                elif verdict is Verdict.HARD_PINNED:
+                    stats.parked_hard_pinned += 1
+                    lists.park_unevictable(rec, epoch)
+                elif verdict is Verdict.LEASED:
+                    stats.kept_leased += 1
+                    keep.append(rec)
+                elif verdict is Verdict.BUSY:
+                    stats.kept_busy += 1
+                    keep.append(rec)
+                elif verdict is Verdict.SOFT_PINNED and cache_mode:
+                    if cfg.allow_evict_soft_pinned:
+                        deferred.append((rec, epoch))
+                    else:
+                        stats.kept_soft_pinned += 1
+                        keep.append(rec)
+                else:
+                    f, p = self._evict(lists, rec, epoch, verdict)
+                    if f == 0 and p == 0 and rec.state is ListState.ISOLATED:
+                        keep.append(rec)
+                    freed += f
+                    pending += p
+            lists.putback(keep, epoch, ListState.INACTIVE)
+            if stop < len(batch):
+                lists.putback(batch[stop:], epoch, ListState.INACTIVE, at_tail=True)
+        # Cache mode: soft-pinned objects go last, only when the rest did not cover the quota.
+        for rec, epoch in deferred:
+            if freed + pending < quota and rec.state is ListState.ISOLATED:
+                verdict = target.inspect(rec, now)
+                if verdict is Verdict.SOFT_PINNED:
+                    f, _ = self._evict(lists, rec, epoch, verdict)
+                    if f:
+                        stats.soft_pinned_evicted += 1
+                        freed += f
+                        continue
+            if rec.state is ListState.ISOLATED:
+                stats.kept_soft_pinned += 1
+                lists.putback([rec], epoch, ListState.INACTIVE)
+        return ReclaimResult(freed, pending, scanned)
+
+    def _evict(
+        self, lists: ReclaimLists[K], rec: EvictInfo[K], epoch: int, verdict: Verdict
+    ) -> tuple[int, int]:
+        """Carry out the eviction of one isolated record; returns (freed, pending) bytes."""
+        stats = self.stats
+        if self.config.mode is EvictionMode.CACHE or verdict is Verdict.DROPPABLE:
+            freed = self.target.drop(rec)
+            if lists.forget(rec) or freed:
+                if freed:
+                    stats.dropped += 1
+                    stats.evicted += 1
+                    stats.evicted_bytes += freed
+                else:
+                    stats.stale += 1
+            return freed, 0
+        # Pool mode, a primary or soft-pinned replica: move it out before freeing anything.
+        if not lists.start_migration(rec, epoch):
+            return 0, 0
+        self._migrating[rec] = None
+        self._migrating_bytes += rec.size
+        if self.target.swap_out(rec):
+            stats.swap_outs_started += 1
+            return 0, rec.size
+        stats.swap_outs_refused += 1
+        self._untrack_migration(rec)
+        lists.end_migration(rec, moved=False)
+        return 0, 0

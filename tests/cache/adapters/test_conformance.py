@@ -24,7 +24,7 @@ from kvpool.cache.memory import MemoryLayout, MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
 from kvtest.procs import wait_until
 
-ADAPTER_KINDS = ["mock", "fs"]  # more kinds join as their adapters land
+ADAPTER_KINDS = ["mock", "fs", "fault"]  # more kinds join as their adapters land
 
 PLUGIN_SOURCE = '''
 from kvpool.cache.adapters.mock import MockAdapter

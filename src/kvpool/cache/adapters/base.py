@@ -48,7 +48,15 @@ from kvpool.cache.keys import ObjectKey
 from kvpool.cache.memory import MemoryObj
 from kvpool.errors import InvalidParams
 
-__all__ = ["EventFd", "L2Adapter", "L2TaskId", "StoreResult", "check_task_args", "override"]
+__all__ = [
+    "EventFd",
+    "L2Adapter",
+    "L2TaskId",
+    "StoreResult",
+    "check_task_args",
+    "drain_event_fd",
+    "override",
+]
 
 # typing.override arrived in 3.12; on 3.11 the marker is only for the type checker.
 if TYPE_CHECKING:
@@ -115,6 +123,14 @@ class EventFd:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def drain_event_fd(fd: int) -> int:
+    """Read and reset an eventfd someone else owns; 0 if it was not signalled or is closed."""
+    try:
+        return os.eventfd_read(fd)
+    except OSError:  # BlockingIOError (not signalled) or EBADF (closed under us)
+        return 0
 
 
 def check_task_args(keys: Sequence[ObjectKey], objects: Sequence[MemoryObj] | None = None) -> None:

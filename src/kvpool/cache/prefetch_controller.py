@@ -1,0 +1,402 @@
+"""PrefetchController: bring the longest loadable prefix of a request's keys from L2 into L1.
+
+One thread runs every request through a small state machine (seed 003 "Prefetch flow"):
+
+    QUEUED ─(fewer than max_in_flight running)─▶ LOOKUP
+      submit_lookup_and_lock_task on EVERY adapter; wait for all of them
+    LOOKUP ─▶ LOAD
+      1. PrefetchPolicy.select_load_plan → validated (disjoint, within the lookups)
+      2. trim_load_plan_to_prefix        → keys after the first gap are not loaded
+      3. L1.reserve_write(prefix, temporary=True); re-trim at the first key L1 refused
+      4. phase-1 unlock: keys found and locked in L2 that the plan does not use
+      5. submit_load_task per adapter into the reserved L1 objects; wait for all
+    LOAD ─▶ DONE
+      6. phase-2 unlock: every planned key
+      7. prefix of loaded keys → L1.finish_write_and_reserve_read (atomic write→read lock)
+      8. the rest of the reservations → L1.abort_write (failed or beyond the prefix)
+      9. request.result = prefix hits (the caller's L1 read locks are on exactly those keys)
+
+A failed or short load only shortens the prefix: objects whose bit is not set are discarded,
+never shown to the engine. Every L2 lock taken by a lookup is released exactly once (phase 1 or
+phase 2, or by `release_in_flight` at shutdown), which the controller tests check against the
+mock adapter's lock table.
+
+Only this thread calls the adapters' lookup/load/unlock methods and the request state; callers
+talk to it through `submit` (a queue and an eventfd) and `PrefetchRequest.done`.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from itertools import count
+
+from kvpool.cache.adapters.base import EventFd, L2Adapter, L2TaskId, drain_event_fd
+from kvpool.cache.bitmap import Bitmap
+from kvpool.cache.keys import ObjectKey
+from kvpool.cache.l1 import L1Manager, L1Status
+from kvpool.cache.memory import MemoryLayout, MemoryObj
+from kvpool.cache.policy import (
+    AdapterDescriptor,
+    DefaultPrefetchPolicy,
+    PrefetchPolicy,
+    trim_load_plan_to_prefix,
+    validate_load_plan,
+)
+from kvpool.errors import InvalidParams, StoreClosed
+
+__all__ = ["PrefetchController", "PrefetchRequest", "PrefetchStats", "RequestPhase"]
+
+logger = logging.getLogger(__name__)
+
+POLL_TIMEOUT_MS = 500
+DEFAULT_MAX_IN_FLIGHT = 8
+
+
+class RequestPhase(Enum):
+    QUEUED = "queued"
+    LOOKUP = "lookup"
+    LOAD = "load"
+    DONE = "done"
+
+
+class PrefetchRequest:
+    """One prefetch; `result` (prefix hits) is set once, then `done` is set."""
+
+    __slots__ = (
+        "done",
+        "id",
+        "keys",
+        "layout",
+        "load_results",
+        "load_tasks",
+        "lookup_results",
+        "lookup_tasks",
+        "objs",
+        "phase",
+        "plan",
+        "prefix",
+        "result",
+    )
+
+    def __init__(self, request_id: int, keys: list[ObjectKey], layout: MemoryLayout) -> None:
+        self.id = request_id
+        self.keys = keys
+        self.layout = layout
+        self.phase = RequestPhase.QUEUED
+        self.lookup_tasks: dict[int, L2TaskId] = {}
+        self.lookup_results: dict[int, Bitmap] = {}
+        self.plan: dict[int, Bitmap] = {}
+        self.load_tasks: dict[int, L2TaskId] = {}
+        self.load_results: dict[int, Bitmap] = {}
+        self.objs: list[MemoryObj] = []
+        self.prefix = 0
+        self.result: int | None = None
+        self.done = threading.Event()
+
+
+@dataclass(slots=True)
+class PrefetchStats:
+    requests: int = 0
+    completed: int = 0
+    keys_requested: int = 0
+    keys_found: int = 0  # in some adapter's lookup
+    keys_planned: int = 0  # after trimming to the prefix and reserving L1
+    keys_loaded: int = 0  # in the final prefix
+    load_failures: int = 0  # planned keys that did not load
+    l1_refusals: int = 0  # prefix cut because L1 could not reserve a key
+    plan_errors: int = 0
+    max_in_flight_seen: int = 0
+
+
+class PrefetchController:
+    """Owns one thread, a request eventfd and a stop eventfd; see the module docstring."""
+
+    def __init__(
+        self,
+        l1: L1Manager,
+        adapters: Sequence[L2Adapter],
+        descriptors: Sequence[AdapterDescriptor],
+        policy: PrefetchPolicy,
+        *,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 1
+        ):
+            raise InvalidParams(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self._l1 = l1
+        self._adapters = list(adapters)
+        self._descriptors = list(descriptors)
+        self._policy = policy
+        self._max_in_flight = max_in_flight
+        self._lock = threading.Lock()
+        self._pending: deque[PrefetchRequest] = deque()
+        self._running: dict[int, PrefetchRequest] = {}
+        self._ids = count(1)
+        self._wake = EventFd()
+        self._stop = EventFd()
+        self._stats = PrefetchStats()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="kvpool-prefetch-controller", daemon=True
+            )
+            self._thread.start()
+
+    # -- callers ----------------------------------------------------------------------------
+
+    def submit(self, keys: Sequence[ObjectKey], layout: MemoryLayout) -> PrefetchRequest:
+        """Queue a prefetch of `keys` (all of one layout); returns at once."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("the prefetch controller is closed")
+            req = PrefetchRequest(next(self._ids), list(keys), layout)
+            self._pending.append(req)
+            self._stats.requests += 1
+            self._stats.keys_requested += len(req.keys)
+        self._wake.notify()
+        return req
+
+    def stats(self) -> PrefetchStats:
+        with self._lock:
+            return replace(self._stats)
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # -- thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = select.poll()
+        adapter_fds: set[int] = set()
+        for a in self._adapters:
+            for fd in (a.get_lookup_and_lock_event_fd(), a.get_load_event_fd()):
+                adapter_fds.add(fd)
+                poller.register(fd, select.POLLIN)
+        poller.register(self._wake.fileno(), select.POLLIN)
+        poller.register(self._stop.fileno(), select.POLLIN)
+        while True:
+            events = poller.poll(POLL_TIMEOUT_MS)
+            if self._stop.drain():
+                return
+            self._wake.drain()
+            for fd, _ in events:
+                if fd in adapter_fds:
+                    drain_event_fd(fd)
+            try:
+                self._step()
+            except Exception:  # the thread must survive a bad request; it fails alone
+                logger.exception("prefetch controller iteration failed")
+
+    def _step(self) -> None:
+        """Admit queued requests and advance every running one as far as results allow."""
+        self._admit()
+        for req in list(self._running.values()):
+            try:
+                if req.phase is RequestPhase.LOOKUP:
+                    self._poll_lookups(req)
+                if req.phase is RequestPhase.LOAD:
+                    self._poll_loads(req)
+            except Exception:
+                logger.exception("prefetch request %d failed; answering 0 hits", req.id)
+                self._abandon(req)
+        if self._pending and len(self._running) < self._max_in_flight:
+            self._wake.notify()  # requests finished this step; admit more on the next one
+
+    def _admit(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or len(self._running) >= self._max_in_flight:
+                    return
+                req = self._pending.popleft()
+                self._running[req.id] = req
+                self._stats.max_in_flight_seen = max(
+                    self._stats.max_in_flight_seen, len(self._running)
+                )
+            req.phase = RequestPhase.LOOKUP
+            n = len(req.keys)
+            for idx, a in enumerate(self._adapters):
+                try:
+                    req.lookup_tasks[idx] = a.submit_lookup_and_lock_task(req.keys)
+                except Exception as exc:
+                    logger.warning("lookup submit to adapter %d failed: %s", idx, exc)
+                    req.lookup_results[idx] = Bitmap(n)
+            self._poll_lookups(req)
+            if req.phase is RequestPhase.LOAD:
+                self._poll_loads(req)
+
+    def _poll_lookups(self, req: PrefetchRequest) -> None:
+        for idx, tid in list(req.lookup_tasks.items()):
+            bm = self._adapters[idx].query_lookup_and_lock_result(tid)
+            if bm is not None:
+                del req.lookup_tasks[idx]
+                req.lookup_results[idx] = bm if bm.size == len(req.keys) else Bitmap(len(req.keys))
+        if not req.lookup_tasks:
+            self._plan_and_load(req)
+
+    def _plan_and_load(self, req: PrefetchRequest) -> None:
+        n = len(req.keys)
+        found = Bitmap(n)
+        for bm in req.lookup_results.values():
+            found = found | bm
+        try:
+            plan = self._policy.select_load_plan(req.keys, req.lookup_results, self._descriptors)
+            validate_load_plan(plan, req.lookup_results, n)
+        except Exception as exc:
+            logger.error("prefetch policy gave a bad plan (%s); using the default policy", exc)
+            with self._lock:
+                self._stats.plan_errors += 1
+            plan = DefaultPrefetchPolicy().select_load_plan(
+                req.keys, req.lookup_results, self._descriptors
+            )
+        plan, p = trim_load_plan_to_prefix(plan, n)
+
+        # Reserve temporary L1 objects for the prefix; a refusal (L1 full, or the key already
+        # being written by someone else) cuts the prefix there.
+        res = self._l1.reserve_write(req.keys[:p], req.layout, temporary=True) if p else []
+        q = next((i for i, r in enumerate(res) if r.status is not L1Status.OK), p)
+        if q < p:
+            with self._lock:
+                self._stats.l1_refusals += 1
+            late = [req.keys[i] for i in range(q, p) if res[i].status is L1Status.OK]
+            if late:
+                self._l1.abort_write(late)
+            plan = {idx: bm.prefix(q) for idx, bm in plan.items() if bm.prefix(q).any()}
+        req.objs = [r.obj for r in res[:q] if r.obj is not None]
+        req.prefix = q
+        req.plan = plan
+
+        # Phase-1 unlock: what each adapter found and locked but will not load.
+        for idx, bm in req.lookup_results.items():
+            unused = bm.without(plan.get(idx, Bitmap(n)))
+            if unused.any():
+                self._unlock(idx, unused.gather(req.keys))
+        with self._lock:
+            self._stats.keys_found += found.popcount()
+            self._stats.keys_planned += q
+
+        req.phase = RequestPhase.LOAD
+        for idx, bm in plan.items():
+            idxs = bm.indices()
+            try:
+                req.load_tasks[idx] = self._adapters[idx].submit_load_task(
+                    [req.keys[i] for i in idxs], [req.objs[i] for i in idxs]
+                )
+            except Exception as exc:
+                logger.warning("load submit to adapter %d failed: %s", idx, exc)
+                req.load_results[idx] = Bitmap(len(idxs))
+
+    def _poll_loads(self, req: PrefetchRequest) -> None:
+        for idx, tid in list(req.load_tasks.items()):
+            bm = self._adapters[idx].query_load_result(tid)
+            if bm is not None:
+                del req.load_tasks[idx]
+                req.load_results[idx] = bm
+        if not req.load_tasks:
+            self._finalize(req)
+
+    def _finalize(self, req: PrefetchRequest) -> None:
+        n = len(req.keys)
+        # Phase-2 unlock: every key the plan used, loaded or not.
+        loaded = Bitmap(n)
+        for idx, bm in req.plan.items():
+            idxs = bm.indices()
+            self._unlock(idx, [req.keys[i] for i in idxs])
+            sub = req.load_results.get(idx, Bitmap(len(idxs)))
+            # Map the adapter's per-task bitmap back to request positions; ignore any bit an
+            # adapter reports outside its task.
+            for j, i in enumerate(idxs):
+                if j < sub.size and sub.test(j):
+                    loaded.set(i)
+        q = loaded.prefix(req.prefix).count_leading_ones()
+        res = self._l1.finish_write_and_reserve_read(req.keys[:q]) if q else []
+        good = next((i for i, r in enumerate(res) if r.status is not L1Status.OK), q)
+        if good < q:  # a reservation expired under us: those bytes are not trusted
+            self._l1.finish_read(
+                [req.keys[i] for i in range(good, q) if res[i].status is L1Status.OK]
+            )
+        self._l1.abort_write(req.keys[good : req.prefix])
+        with self._lock:
+            self._stats.keys_loaded += good
+            self._stats.load_failures += req.prefix - q
+        self._complete(req, good)
+
+    def _unlock(self, idx: int, keys: list[ObjectKey]) -> None:
+        if not keys:
+            return
+        try:
+            self._adapters[idx].submit_unlock(keys)
+        except Exception as exc:  # the adapter promises eventual success; log and move on
+            logger.error("unlock of %d keys on adapter %d raised: %s", len(keys), idx, exc)
+
+    def _complete(self, req: PrefetchRequest, hits: int) -> None:
+        req.phase = RequestPhase.DONE
+        req.result = hits
+        with self._lock:
+            self._running.pop(req.id, None)
+            self._stats.completed += 1
+        req.done.set()
+
+    def _abandon(self, req: PrefetchRequest) -> None:
+        """Release everything a request holds and answer 0 hits (shutdown, internal error)."""
+        n = len(req.keys)
+        if req.phase is RequestPhase.LOOKUP:
+            for idx, bm in req.lookup_results.items():
+                if bm.any():
+                    self._unlock(idx, bm.gather(req.keys))
+            # Lookups still in flight: their locks are released when the adapter closes.
+        elif req.phase is RequestPhase.LOAD:
+            for idx, bm in req.plan.items():
+                self._unlock(idx, bm.gather(req.keys) if bm.size == n else [])
+            if req.prefix:
+                self._l1.abort_write(req.keys[: req.prefix])
+        self._complete(req, 0)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._stop.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            if self._thread.is_alive():  # pragma: no cover
+                logger.error("prefetch controller thread did not stop")
+            self._thread = None
+
+    def release_in_flight(self) -> None:
+        """Answer every queued and running request with 0 hits, releasing its locks."""
+        with self._lock:
+            pending = list(self._pending)
+            self._pending.clear()
+        for req in pending:
+            self._complete(req, 0)
+        for req in list(self._running.values()):
+            try:
+                self._abandon(req)
+            except StoreClosed:
+                self._complete(req, 0)
+
+    def close(self) -> None:
+        if self._wake.closed:
+            return
+        self.stop()
+        self.release_in_flight()
+        self._wake.close()
+        self._stop.close()

@@ -76,6 +76,8 @@ class MasterConfig:
     """Largest replica_num a put may ask for."""
     monitor_interval: float = 1.0
     """Seconds between runs of the liveness monitor and the stale-PutStart release."""
+    reclaim_interval: float = 0.05
+    """Seconds between reclaim ticks (`ReclaimHooks.tick`, kswapd's chance to act)."""
     sweep_batch: int = 20_000
     """Objects examined per event-loop turn when sweeping replicas of dead segments."""
     seed: int | None = None
@@ -103,6 +105,7 @@ class MasterConfig:
                 f"least put_start_discard_timeout ({self.put_start_discard_timeout} s)"
             )
         _positive("monitor_interval", self.monitor_interval)
+        _positive("reclaim_interval", self.reclaim_interval)
         if not 0 <= self.port <= 65535:
             raise InvalidParams(f"port must be within [0, 65535], got {self.port}")
         if self.num_shards < 1:

@@ -1,0 +1,200 @@
+"""`kvpool master`: run the metadata master of a pool until SIGINT / SIGTERM.
+
+Flags carry Mooncake's master flag names (dashes for underscores) and defaults. Durations take
+units ("10s", "500ms", "30min"; a bare number is seconds), sizes take "4GiB" forms. It binds
+127.0.0.1 unless `--host` says otherwise, prints `kvpool master listening on HOST:PORT` once it
+serves (the line tests and `kvpool up` wait for), and on SIGINT or SIGTERM closes every
+connection and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import click
+
+from kvpool.config import parse_duration
+from kvpool.errors import KVPoolError
+from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
+from kvpool.master.server import MasterServer
+from kvpool.rpc.loop import run
+
+__all__ = ["master"]
+
+
+def _to_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """Click callback: a duration flag ("10s", "500ms", a bare number of seconds) in seconds."""
+    try:
+        return parse_duration(value, name=f"--{(param.name or '').replace('_', '-')}")
+    except KVPoolError as exc:
+        raise click.BadParameter(exc.message) from exc
+
+
+def _ratio() -> click.FloatRange:
+    return click.FloatRange(0.0, 1.0)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", default=50051, show_default=True, type=click.IntRange(0, 65535), help="RPC port."
+)
+@click.option("--cluster-id", default="kvpool", show_default=True, help="Pool identity.")
+@click.option(
+    "--default-kv-lease-ttl",
+    default="10s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Read lease granted by every get / exist.",
+)
+@click.option(
+    "--default-kv-soft-pin-ttl",
+    default="30min",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Soft pin of a put asking ENABLE without a TTL.",
+)
+@click.option(
+    "--max-kv-soft-pin-ttl",
+    default="24h",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Largest soft-pin TTL a put may ask for.",
+)
+@click.option(
+    "--allow-evict-soft-pinned-objects/--no-allow-evict-soft-pinned-objects",
+    default=True,
+    show_default=True,
+    help="May reclaim evict soft-pinned objects as a last resort.",
+)
+@click.option(
+    "--eviction-high-watermark-ratio",
+    default=0.9,
+    show_default=True,
+    type=_ratio(),
+    help="Used fraction above which background reclaim runs.",
+)
+@click.option(
+    "--eviction-ratio",
+    default=0.05,
+    show_default=True,
+    type=_ratio(),
+    help="Fraction of objects one reclaim round aims to free.",
+)
+@click.option(
+    "--eviction-mode",
+    default="cache",
+    show_default=True,
+    type=click.Choice([m.value for m in EvictionMode]),
+    help="cache: evicted objects are dropped; pool: they are moved, never lost.",
+)
+@click.option(
+    "--client-ttl",
+    default="10s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A client silent this long is expired (segments unmounted).",
+)
+@click.option(
+    "--put-start-discard-timeout",
+    default="30s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Age after which an unfinished put may be preempted by a new put of its key.",
+)
+@click.option(
+    "--put-start-release-timeout",
+    default="600s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Age after which the space of an unfinished put is released.",
+)
+@click.option(
+    "--allocation-strategy",
+    default="random",
+    show_default=True,
+    type=click.Choice([s.value for s in AllocationStrategy]),
+    help="How segments are chosen for new replicas.",
+)
+@click.option(
+    "--num-shards", default=64, show_default=True, type=click.IntRange(1), help="Metadata shards."
+)
+@click.option(
+    "--alignment",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Byte alignment of replicas in a segment (a power of two).",
+)
+def master(
+    *,
+    host: str,
+    port: int,
+    cluster_id: str,
+    default_kv_lease_ttl: float,
+    default_kv_soft_pin_ttl: float,
+    max_kv_soft_pin_ttl: float,
+    allow_evict_soft_pinned_objects: bool,
+    eviction_high_watermark_ratio: float,
+    eviction_ratio: float,
+    eviction_mode: str,
+    client_ttl: float,
+    put_start_discard_timeout: float,
+    put_start_release_timeout: float,
+    allocation_strategy: str,
+    num_shards: int,
+    alignment: int,
+) -> None:
+    """Run the master on HOST:PORT until SIGINT or SIGTERM."""
+    try:
+        config = MasterConfig(
+            host=host,
+            port=port,
+            cluster_id=cluster_id,
+            default_kv_lease_ttl=default_kv_lease_ttl,
+            default_kv_soft_pin_ttl=default_kv_soft_pin_ttl,
+            max_kv_soft_pin_ttl=max_kv_soft_pin_ttl,
+            allow_evict_soft_pinned_objects=allow_evict_soft_pinned_objects,
+            eviction_high_watermark_ratio=eviction_high_watermark_ratio,
+            eviction_ratio=eviction_ratio,
+            eviction_mode=EvictionMode(eviction_mode),
+            client_ttl=client_ttl,
+            put_start_discard_timeout=put_start_discard_timeout,
+            put_start_release_timeout=put_start_release_timeout,
+            allocation_strategy=AllocationStrategy(allocation_strategy),
+            num_shards=num_shards,
+            alignment=alignment,
+        )
+    except KVPoolError as exc:
+        raise click.UsageError(exc.message) from exc
+    try:
+        run(_serve(config))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
+async def _serve(config: MasterConfig) -> None:
+    server = MasterServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        host, port = server.address
+        click.echo(f"kvpool master listening on {host}:{port}")
+        sys.stdout.flush()
+        await stop.wait()
+        click.echo("kvpool master: stopping")
+    finally:
+        await server.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -433,82 +433,100 @@ class ReclaimEngine(Generic[K]):
         """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
         moving, looking at each record present at the start at most once."""
         cfg = self.config
-        target = self.target
-        stats = self.stats
-        cache_mode = cfg.mode is EvictionMode.CACHE
         budget = lists.counts()[1]
         now = self.clock()
         freed = pending = scanned = 0
         deferred: list[tuple[EvictInfo[K], int]] = []
         avg = max(1, lists.resident_bytes // max(1, lists.resident_count))
-        while freed + pending < quota and scanned < budget:
-            # Isolate about as many as the rest of the quota needs (at least one, at most a
-            # batch): a 4 KiB direct reclaim should not isolate and put back 31 bystanders.
-            want = -(-(quota - freed - pending) // avg)
-            n = min(cfg.isolate_batch, budget - scanned, max(1, want))
-            epoch, batch = lists.isolate_inactive(n)
-            if not batch:
-                break
-            stats.isolated += len(batch)
-            keep: list[EvictInfo[K]] = []
-            stop = len(batch)
-            for pos, rec in enumerate(batch):
-                if freed + pending >= quota:
-                    stop = pos
+        try:
+            while freed + pending < quota and scanned < budget:
+                # Isolate about as many as the rest of the quota needs (at least one, at most
+                # a batch): a 4 KiB direct reclaim should not isolate and put back bystanders.
+                want = -(-(quota - freed - pending) // avg)
+                n = min(cfg.isolate_batch, budget - scanned, max(1, want))
+                epoch, batch = lists.isolate_inactive(n)
+                if not batch:
                     break
-                scanned += 1
-                if rec.state is not ListState.ISOLATED:
-                    continue  # removed while isolated; already retired
-                if rec.referenced:
-                    # Touched once since it came to inactive: one more trip through inactive
-                    # (bit cleared) to earn the second touch that promotes it. Linux keeps a
-                    # once-referenced mapped folio the same way (FOLIOREF_KEEP).
-                    rec.referenced = False
-                    stats.kept_referenced += 1
-                    keep.append(rec)
-                    continue
-                verdict = target.inspect(rec, now)
-                if verdict is Verdict.STALE:
-                    stats.stale += 1
-                    lists.forget(rec)
-                elif verdict is Verdict.HARD_PINNED:
-                    stats.parked_hard_pinned += 1
-                    lists.park_unevictable(rec, epoch)
-                elif verdict is Verdict.LEASED:
-                    stats.kept_leased += 1
-                    keep.append(rec)
-                elif verdict is Verdict.BUSY:
-                    stats.kept_busy += 1
-                    keep.append(rec)
-                elif verdict is Verdict.SOFT_PINNED and cache_mode:
-                    if cfg.allow_evict_soft_pinned:
-                        deferred.append((rec, epoch))
-                    else:
-                        stats.kept_soft_pinned += 1
-                        keep.append(rec)
-                else:
-                    f, p = self._evict(lists, rec, epoch, verdict)
-                    if f == 0 and p == 0 and rec.state is ListState.ISOLATED:
-                        keep.append(rec)
-                    freed += f
-                    pending += p
-            lists.putback(keep, epoch, ListState.INACTIVE)
-            if stop < len(batch):
-                lists.putback(batch[stop:], epoch, ListState.INACTIVE, at_tail=True)
-        # Cache mode: soft-pinned objects go last, only when the rest did not cover the quota.
-        for rec, epoch in deferred:
-            if freed + pending < quota and rec.state is ListState.ISOLATED:
-                verdict = target.inspect(rec, now)
-                if verdict is Verdict.SOFT_PINNED:
-                    f, _ = self._evict(lists, rec, epoch, verdict)
-                    if f:
-                        stats.soft_pinned_evicted += 1
+                self.stats.isolated += len(batch)
+                keep: list[EvictInfo[K]] = []
+                pos = 0
+                try:
+                    while pos < len(batch) and freed + pending < quota:
+                        rec = batch[pos]
+                        scanned += 1
+                        f, p = self._check_one(lists, rec, epoch, now, keep=keep, deferred=deferred)
+                        pos += 1
                         freed += f
-                        continue
-            if rec.state is ListState.ISOLATED:
-                stats.kept_soft_pinned += 1
+                        pending += p
+                finally:
+                    # Also on an exception from the target: nothing stays isolated for good.
+                    lists.putback(keep, epoch, ListState.INACTIVE)
+                    lists.putback(batch[pos:], epoch, ListState.INACTIVE, at_tail=True)
+            # Cache mode: soft-pinned objects go last, only if the rest did not cover the quota.
+            while deferred and freed + pending < quota:
+                rec, epoch = deferred.pop(0)
+                if rec.state is ListState.ISOLATED:
+                    if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
+                        f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED)
+                        if f:
+                            self.stats.soft_pinned_evicted += 1
+                            freed += f
+                            continue
+                    deferred.append((rec, epoch))  # changed meanwhile: keep it this time
+                    break
+        finally:
+            for rec, epoch in deferred:
+                self.stats.kept_soft_pinned += 1
                 lists.putback([rec], epoch, ListState.INACTIVE)
         return ReclaimResult(freed, pending, scanned)
+
+    def _check_one(
+        self,
+        lists: ReclaimLists[K],
+        rec: EvictInfo[K],
+        epoch: int,
+        now: float,
+        *,
+        keep: list[EvictInfo[K]],
+        deferred: list[tuple[EvictInfo[K], int]],
+    ) -> tuple[int, int]:
+        """Decide about one isolated record, outside the list lock; (freed, pending) bytes."""
+        stats = self.stats
+        if rec.state is not ListState.ISOLATED:
+            return 0, 0  # removed while isolated; already retired
+        if rec.referenced:
+            # Touched once since it came to inactive: one more trip through inactive (bit
+            # cleared) to earn the second touch that promotes it. Linux keeps a
+            # once-referenced mapped folio the same way (FOLIOREF_KEEP).
+            rec.referenced = False
+            stats.kept_referenced += 1
+            keep.append(rec)
+            return 0, 0
+        verdict = self.target.inspect(rec, now)
+        if verdict is Verdict.STALE:
+            stats.stale += 1
+            lists.forget(rec)
+        elif verdict is Verdict.HARD_PINNED:
+            stats.parked_hard_pinned += 1
+            lists.park_unevictable(rec, epoch)
+        elif verdict is Verdict.LEASED:
+            stats.kept_leased += 1
+            keep.append(rec)
+        elif verdict is Verdict.BUSY:
+            stats.kept_busy += 1
+            keep.append(rec)
+        elif verdict is Verdict.SOFT_PINNED and self.config.mode is EvictionMode.CACHE:
+            if self.config.allow_evict_soft_pinned:
+                deferred.append((rec, epoch))
+            else:
+                stats.kept_soft_pinned += 1
+                keep.append(rec)
+        else:
+            f, p = self._evict(lists, rec, epoch, verdict)
+            if f == 0 and p == 0 and rec.state is ListState.ISOLATED:
+                keep.append(rec)
+            return f, p
+        return 0, 0
 
     def _evict(
         self, lists: ReclaimLists[K], rec: EvictInfo[K], epoch: int, verdict: Verdict

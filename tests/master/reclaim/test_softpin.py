@@ -1,0 +1,79 @@
+"""Soft-pin request rules (seed 000) and the deadline index that expires pins in order."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.errors import ErrorCode, InvalidParams
+from kvpool.master.reclaim import ReclaimConfig, SoftPinIndex, resolve_soft_pin_ttl
+from kvpool.protocol.messages import SoftPinAction
+
+CFG = ReclaimConfig(default_soft_pin_ttl_s=1800.0, max_soft_pin_ttl_s=86400.0)
+
+
+@pytest.mark.parametrize("action", [SoftPinAction.PRESERVE, SoftPinAction.DISABLE])
+def test_preserve_and_disable_resolve_to_ttl_zero(action: SoftPinAction) -> None:
+    assert resolve_soft_pin_ttl(action, None, CFG) == 0.0
+
+
+@pytest.mark.parametrize("action", [SoftPinAction.PRESERVE, SoftPinAction.DISABLE])
+def test_preserve_and_disable_with_a_ttl_are_invalid_params(action: SoftPinAction) -> None:
+    with pytest.raises(InvalidParams) as exc:
+        resolve_soft_pin_ttl(action, 5.0, CFG)
+    assert exc.value.code is ErrorCode.INVALID_PARAMS
+
+
+def test_enable_takes_the_given_ttl_or_the_default() -> None:
+    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, 60.0, CFG) == 60.0
+    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, None, CFG) == 1800.0
+    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, 86400.0, CFG) == 86400.0
+
+
+@pytest.mark.parametrize("ttl", [86400.001, -1.0])
+def test_enable_above_the_maximum_or_negative_is_invalid_params(ttl: float) -> None:
+    with pytest.raises(InvalidParams) as exc:
+        resolve_soft_pin_ttl(SoftPinAction.ENABLE, ttl, CFG)
+    assert exc.value.code is ErrorCode.INVALID_PARAMS
+
+
+def test_config_rejects_a_default_above_the_maximum() -> None:
+    with pytest.raises(InvalidParams, match="exceeds"):
+        ReclaimConfig(default_soft_pin_ttl_s=10.0, max_soft_pin_ttl_s=5.0)
+
+
+def two_shards() -> SoftPinIndex[str]:
+    return SoftPinIndex(2, lambda k: 0 if k.startswith("a") else 1)
+
+
+def test_expiry_runs_in_deadline_order_shard_by_shard_and_only_what_is_due() -> None:
+    index = two_shards()
+    for key, deadline in [("a3", 30.0), ("b1", 10.0), ("a1", 10.0), ("a2", 20.0), ("b9", 90.0)]:
+        index.pin(key, deadline)
+    seen: list[tuple[str, float]] = []
+    assert index.expire(30.0, lambda k, d: seen.append((k, d))) == 4
+    assert seen == [("a1", 10.0), ("a2", 20.0), ("a3", 30.0), ("b1", 10.0)]
+    assert len(index) == 1 and index.deadline("b9") == 90.0
+    assert index.next_deadline() == 90.0
+
+
+def test_a_moved_or_removed_pin_does_not_expire_at_its_old_deadline() -> None:
+    index = two_shards()
+    index.pin("a", 10.0)
+    index.pin("a", 50.0)  # re-pinned: the 10.0 heap entry is stale
+    index.pin("b", 10.0)
+    assert not index.unpin("b", deadline=11.0)  # only the matching deadline unpins
+    assert index.unpin("b", deadline=10.0)
+    seen: list[str] = []
+    assert index.expire(20.0, lambda k, d: seen.append(k)) == 0 and seen == []
+    assert index.deadline("a") == 50.0
+    assert index.expire(50.0, lambda k, d: seen.append(k)) == 1 and seen == ["a"]
+    assert len(index) == 0
+
+
+def test_the_heap_stays_proportional_to_live_pins_under_repinning() -> None:
+    index: SoftPinIndex[str] = SoftPinIndex(1, lambda k: 0)
+    for i in range(10_000):
+        index.pin("hot", float(i))
+    assert len(index) == 1
+    assert len(index._heaps[0]) <= 130  # compacted, not 10,000 stale entries
+    assert index.expire(20_000.0) == 1

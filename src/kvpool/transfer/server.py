@@ -1,0 +1,229 @@
+"""`TransferServer`: serves reads and writes of this process's segments over TCP.
+
+One listener thread accepts; each connection gets its own worker thread that reads requests
+(`kvpool.transfer.wire`) and answers them in order, receiving a write's payload straight into
+the segment mapping (`recv_into` on a memoryview of it) and sending a read's payload straight
+out of it (`sendmsg`). Blocking sockets and a thread per connection suit this: every byte-moving
+call releases the GIL, and a client keeps a few long-lived connections per peer.
+
+Every request is checked against the bounds of a segment mounted here and refused otherwise
+(SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte. A malformed header, a peer that
+half-closes or dies mid-payload ends only that connection. A transfer holds the segment's
+mapping, so a segment removed and closed meanwhile is unmapped only when the transfer ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from typing import Final
+
+from kvpool.errors import ErrorCode, InvalidParams, SegmentError
+from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.request import TransferOp
+from kvpool.transfer.wire import (
+    MAX_NAME,
+    REQ,
+    REQ_MAGIC,
+    RESP,
+    RESP_MAGIC,
+    SocketReader,
+    send_parts,
+)
+
+__all__ = ["TransferServer"]
+
+log = logging.getLogger(__name__)
+
+_READ: Final = int(TransferOp.READ)
+_WRITE: Final = int(TransferOp.WRITE)
+
+
+class TransferServer:
+    """TCP server of the segments added with `add_segment`; listens from construction on."""
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 512
+    ) -> None:
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
+        self._segments: dict[str, tuple[SegmentMemory, int]] = {}
+        self._lock = threading.Lock()
+        self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
+        self._max_connections = max_connections
+        self._closed = False
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(128)
+        except OSError:
+            self._listener.close()
+            raise
+        bound = self._listener.getsockname()
+        self.host = host
+        self.port = int(bound[1])
+        self.endpoint = (
+            f"[{host}]:{self.port}" if family == socket.AF_INET6 else f"{host}:{self.port}"
+        )
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name=f"kvpool-xfer-accept-{self.port}", daemon=True
+        )
+        self._acceptor.start()
+        log.info("transfer server listening on %s", self.endpoint)
+
+    # ---- segments ------------------------------------------------------------------------
+
+    def add_segment(self, mem: SegmentMemory) -> None:
+        """Serve `mem`; SEGMENT_ALREADY_EXISTS when a segment of that name is served."""
+        with self._lock:
+            if mem.name in self._segments:
+                raise SegmentError(
+                    f"segment {mem.name} is already served", ErrorCode.SEGMENT_ALREADY_EXISTS
+                )
+            token = mem.add_close_hook(self._on_segment_close)
+            self._segments[mem.name] = (mem, token)
+
+    def remove_segment(self, name: str) -> None:
+        """Stop serving segment `name` (transfers already running finish); SEGMENT_NOT_FOUND
+        when it is not served."""
+        with self._lock:
+            entry = self._segments.pop(name, None)
+        if entry is None:
+            raise SegmentError(f"segment {name} is not served here")
+        entry[0].remove_close_hook(entry[1])
+
+    def segment_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._segments)
+
+    def _on_segment_close(self, mem: SegmentMemory) -> None:
+        with self._lock:
+            entry = self._segments.get(mem.name)
+            if entry is not None and entry[0] is mem:
+                del self._segments[mem.name]
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop listening, end every connection, join every thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns = list(self._conns.values())
+            segments = list(self._segments.values())
+            self._segments.clear()
+        for mem, token in segments:
+            mem.remove_close_hook(token)
+        # shutdown() wakes a thread blocked in accept()/recv() on Linux; close() alone does not.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._acceptor.join(timeout=5)
+        for sock, _ in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for _, thread in conns:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> TransferServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    # ---- serving -------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self._closed or len(self._conns) >= self._max_connections:
+                    log.warning("transfer server: refusing connection from %s", peer)
+                    sock.close()
+                    if self._closed:
+                        return
+                    continue
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # Blocking, no timeout: clients pool connections that idle between requests.
+                # A peer that dies closes its socket (or keep-alive notices a dead host).
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                key = sock.fileno()
+                thread = threading.Thread(
+                    target=self._serve_connection,
+                    args=(sock, key),
+                    name=f"kvpool-xfer-conn-{self.port}-{key}",
+                    daemon=True,
+                )
+                self._conns[key] = (sock, thread)
+            thread.start()
+
+    def _serve_connection(self, sock: socket.socket, key: int) -> None:
+        reader = SocketReader(sock)
+        scratch = memoryview(bytearray(1 << 20))
+        try:
+            while self._serve_one(sock, reader, scratch):
+                pass
+        except (OSError, ConnectionError) as exc:
+            log.debug("transfer connection ended: %s", exc)
+        except Exception:
+            log.exception("transfer connection failed")
+        finally:
+            with self._lock:
+                self._conns.pop(key, None)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _serve_one(self, sock: socket.socket, reader: SocketReader, scratch: memoryview) -> bool:
+        """Serve one request; False when the connection should end."""
+        if not reader.fill(REQ.size):
+            return False
+        magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
+        if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
+            log.warning("transfer server: malformed request header; closing the connection")
+            send_parts(sock, [RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0)])
+            return False
+        if not reader.fill(name_len):
+            return False
+        name = bytes(reader.take(name_len)).decode("utf-8", "replace")
+        code, mem = self._check(name, offset, length)
+        if mem is None:
+            if op == _WRITE:
+                reader.discard(length, scratch)
+            send_parts(sock, [RESP.pack(RESP_MAGIC, int(code), req_id, 0)])
+            return True
+        try:
+            region = mem.mapping.view[offset : offset + length]
+            if op == _READ:
+                send_parts(sock, [RESP.pack(RESP_MAGIC, 0, req_id, length), region])
+            else:
+                reader.read_into(region)
+                send_parts(sock, [RESP.pack(RESP_MAGIC, 0, req_id, 0)])
+            region.release()
+        finally:
+            mem.mapping.release()
+        return True
+
+    def _check(self, name: str, offset: int, length: int) -> tuple[ErrorCode, SegmentMemory | None]:
+        """The segment to serve (held: release it), or why the request is refused."""
+        with self._lock:
+            entry = self._segments.get(name)
+        if entry is None:
+            return ErrorCode.SEGMENT_NOT_FOUND, None
+        mem = entry[0]
+        if offset > mem.size or length > mem.size - offset:
+            return ErrorCode.INVALID_PARAMS, None
+        if not mem.mapping.acquire():
+            return ErrorCode.SEGMENT_NOT_FOUND, None
+        return ErrorCode.OK, mem

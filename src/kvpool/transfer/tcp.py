@@ -1,0 +1,362 @@
+"""The TCP transport, client side: pooled connections per peer, pipelining, striping.
+
+A batch for one peer becomes a list of pieces. Small batches run on one connection, pipelined
+(up to `window` requests in flight, answers in order). A batch of at least `stripe_bytes` is cut
+into chunks of at most `chunk_bytes` and spread over up to `streams` connections that run in
+parallel, one worker thread each (the caller's thread runs one of them in blocking mode). READ
+payloads are received straight into the caller's buffer; WRITE payloads are sent straight out
+of it (`sendmsg` of header + buffer), so the client side makes no copy either.
+
+Deadlock rule for pipelining: a WRITE payload is never sent while READ answers are still
+unread, because the server may be blocked sending a READ payload we are not reading while we
+block sending a payload it is not reading.
+
+Failure model: a connection that breaks, times out or is aborted fails every piece of its lane
+that has not completed with TRANSFER_FAIL and is closed, never reused. A connection or peer
+failure also tells the engine (`on_peer_failure`) so it drops what it cached about that peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+from kvpool.errors import ErrorCode
+from kvpool.transfer.base import MemoryRegion, Transport
+from kvpool.transfer.future import TransferFuture
+from kvpool.transfer.location import parse_endpoint
+from kvpool.transfer.request import TransferOp
+from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC, SocketReader, send_parts
+
+__all__ = ["Piece", "TcpTransport"]
+
+log = logging.getLogger(__name__)
+
+_READ: Final = int(TransferOp.READ)
+_WRITE: Final = int(TransferOp.WRITE)
+
+
+@dataclass(slots=True)
+class Piece:
+    """A contiguous part of one request: `length` bytes of `view` ⇄ segment `name` @ `offset`."""
+
+    index: int
+    op: int
+    view: memoryview
+    name: bytes
+    offset: int
+    length: int
+
+
+class _Conn:
+    __slots__ = ("broken", "endpoint", "next_id", "reader", "sock")
+
+    def __init__(self, sock: socket.socket, endpoint: str) -> None:
+        self.sock = sock
+        self.endpoint = endpoint
+        self.reader = SocketReader(sock)
+        self.next_id = 1
+        self.broken = False
+
+    def abort(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def stale(self) -> bool:
+        """True when this idle connection became readable: the peer closed or reset it (an
+        idle connection has nothing to read otherwise). poll(0), because a socket with a
+        timeout would make even a MSG_DONTWAIT recv wait first."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class _ProtocolError(ConnectionError):
+    pass
+
+
+class TcpTransport(Transport):
+    """Moves pieces to and from peers' `TransferServer`s."""
+
+    name = "tcp"
+
+    def __init__(
+        self,
+        *,
+        streams: int = 4,
+        stripe_bytes: int = 4 << 20,
+        chunk_bytes: int = 4 << 20,
+        window: int = 16,
+        connect_timeout: float = 5.0,
+        on_peer_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.streams = max(1, streams)
+        self.stripe_bytes = stripe_bytes
+        self.chunk_bytes = max(1 << 16, chunk_bytes)
+        self.window = max(1, window)
+        self.connect_timeout = connect_timeout
+        self._on_peer_failure = on_peer_failure
+        self._idle: dict[str, list[_Conn]] = {}
+        self._active: set[_Conn] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(4, 4 * self.streams), thread_name_prefix="kvpool-tcp"
+        )
+
+    # ---- Transport -----------------------------------------------------------------------
+
+    def register_memory(self, region: MemoryRegion) -> None:
+        """Nothing to pin: sockets read and write any mapped memory."""
+
+    def unregister_memory(self, region: MemoryRegion) -> None:
+        """Nothing was pinned."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            idle = [c for conns in self._idle.values() for c in conns]
+            self._idle.clear()
+            active = list(self._active)
+        for c in idle:
+            c.close()
+        for c in active:  # wake lanes blocked on a slow peer; they fail their pieces
+            c.abort()
+        # Queued lanes still run, fail fast ("transport closed") and complete their futures.
+        self._pool.shutdown(wait=True)
+
+    # ---- running a batch -----------------------------------------------------------------
+
+    def run(
+        self,
+        endpoint: str,
+        pieces: list[Piece],
+        future: TransferFuture,
+        deadline: float,
+        inline: bool,
+    ) -> None:
+        """Start (inline: run) the pieces for `endpoint`; completions go to `future`."""
+        total = sum(p.length for p in pieces)
+        if self.streams > 1 and total >= self.stripe_bytes:
+            pieces = self._split(pieces, future)
+            lanes: list[list[Piece]] = [[] for _ in range(min(self.streams, len(pieces)))]
+            loads = [0] * len(lanes)
+            for p in sorted(pieces, key=lambda p: -p.length):
+                k = loads.index(min(loads))
+                lanes[k].append(p)
+                loads[k] += p.length
+            for lane in lanes:
+                lane.sort(key=lambda p: (p.index, p.offset))
+        else:
+            lanes = [pieces]
+        first = 1 if inline else 0
+        for lane in lanes[first:]:
+            try:
+                self._pool.submit(self._run_lane, endpoint, lane, future, deadline)
+            except RuntimeError:  # pool shut down: the engine is closing
+                self._fail(lane, 0, future, "transfer engine is closed")
+        if inline:
+            self._run_lane(endpoint, lanes[0], future, deadline)
+
+    def _split(self, pieces: list[Piece], future: TransferFuture) -> list[Piece]:
+        out: list[Piece] = []
+        counts: dict[int, int] = {}
+        step = self.chunk_bytes
+        for p in pieces:
+            if p.length <= step:
+                out.append(p)
+                counts[p.index] = counts.get(p.index, 0) + 1
+                continue
+            for start in range(0, p.length, step):
+                n = min(step, p.length - start)
+                out.append(
+                    Piece(p.index, p.op, p.view[start : start + n], p.name, p.offset + start, n)
+                )
+                counts[p.index] = counts.get(p.index, 0) + 1
+        for index, n in counts.items():
+            future.set_pieces(index, n)
+        return out
+
+    def _run_lane(
+        self, endpoint: str, lane: list[Piece], future: TransferFuture, deadline: float
+    ) -> None:
+        if future.aborted:
+            self._fail(lane, 0, future, "aborted")
+            return
+        try:
+            conn = self._checkout(endpoint, deadline)
+        except OSError as exc:
+            self._fail(lane, 0, future, f"cannot connect to {endpoint}: {exc}")
+            self._peer_failed(endpoint)
+            return
+        key = id(conn)
+        progress = [0]
+        if not future.add_abort_hook(key, conn.abort):
+            self._fail(lane, 0, future, "aborted")
+            self._checkin(conn)
+            return
+        try:
+            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            self._pipeline(conn, lane, future, progress)
+        except (OSError, ConnectionError) as exc:
+            conn.broken = True
+            why = "aborted" if future.aborted else f"connection to {endpoint} failed: {exc!r}"
+            self._fail(lane, progress[0], future, why)
+            if not future.aborted and not isinstance(exc, TimeoutError):
+                self._peer_failed(endpoint)
+        finally:
+            future.remove_abort_hook(key)
+            if conn.broken:
+                with self._lock:
+                    self._active.discard(conn)
+                conn.close()
+            else:
+                self._checkin(conn)
+
+    def _pipeline(
+        self, conn: _Conn, lane: list[Piece], future: TransferFuture, progress: list[int]
+    ) -> None:
+        sock = conn.sock
+        in_flight: deque[tuple[Piece, int]] = deque()
+        reads_in_flight = 0
+        headers: list[bytes | memoryview] = []  # READ headers not sent yet: one sendmsg later
+        for p in lane:
+            if future.aborted:
+                raise ConnectionAbortedError("aborted")
+            req_id = conn.next_id
+            conn.next_id += 1
+            hdr = REQ.pack(REQ_MAGIC, p.op, 0, len(p.name), req_id, p.offset, p.length) + p.name
+            if p.op == _WRITE:
+                if headers:
+                    send_parts(sock, headers)
+                    headers = []
+                while reads_in_flight:
+                    reads_in_flight -= self._receive(conn, in_flight, future, progress)
+                send_parts(sock, [hdr, p.view])
+            else:
+                headers.append(hdr)
+                reads_in_flight += 1
+            in_flight.append((p, req_id))
+            if len(in_flight) >= self.window:
+                if headers:
+                    send_parts(sock, headers)
+                    headers = []
+                reads_in_flight -= self._receive(conn, in_flight, future, progress)
+        if headers:
+            send_parts(sock, headers)
+        while in_flight:
+            self._receive(conn, in_flight, future, progress)
+
+    @staticmethod
+    def _receive(
+        conn: _Conn,
+        in_flight: deque[tuple[Piece, int]],
+        future: TransferFuture,
+        progress: list[int],
+    ) -> int:
+        """Read one answer; returns 1 when it answered a READ, else 0."""
+        p, req_id = in_flight[0]
+        if not conn.reader.fill(RESP.size):
+            raise ConnectionResetError("peer closed the connection")
+        magic, status, rid, length = RESP.unpack(conn.reader.take(RESP.size))
+        if magic != RESP_MAGIC or rid != req_id:
+            raise _ProtocolError(f"bad answer (magic {magic!r}, id {rid}, expected {req_id})")
+        if status == 0:
+            if p.op == _READ:
+                if length != p.length:
+                    raise _ProtocolError(f"READ answered {length} bytes, asked {p.length}")
+                conn.reader.read_into(p.view)
+            in_flight.popleft()
+            progress[0] += 1
+            future.complete(p.index, ErrorCode.OK)
+        else:
+            if length:
+                raise _ProtocolError(f"error answer with {length} payload bytes")
+            in_flight.popleft()
+            progress[0] += 1
+            code = ErrorCode.of(status)
+            future.complete(
+                p.index,
+                code,
+                f"{conn.endpoint} refused {p.name.decode(errors='replace')}"
+                f"@{p.offset}+{p.length}: {code.name}",
+            )
+        return 1 if p.op == _READ else 0
+
+    @staticmethod
+    def _fail(lane: list[Piece], start: int, future: TransferFuture, why: str) -> None:
+        for p in lane[start:]:
+            future.complete(p.index, ErrorCode.TRANSFER_FAIL, why)
+
+    # ---- connections ---------------------------------------------------------------------
+
+    def _checkout(self, endpoint: str, deadline: float) -> _Conn:
+        with self._lock:
+            if self._closed:
+                raise OSError(errno.ESHUTDOWN, "transport closed")
+            conns = self._idle.get(endpoint)
+            while conns:
+                conn = conns.pop()
+                if not conn.stale():
+                    self._active.add(conn)
+                    return conn
+                conn.close()
+        host, port = parse_endpoint(endpoint)
+        timeout = max(min(self.connect_timeout, deadline - time.monotonic()), 0.001)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, endpoint)
+        if not self._track(conn):
+            conn.close()
+            raise OSError(errno.ESHUTDOWN, "transport closed")
+        return conn
+
+    def _track(self, conn: _Conn) -> bool:
+        """Count `conn` as in use (close() aborts it); False when the transport closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._active.add(conn)
+            return True
+
+    def _checkin(self, conn: _Conn) -> None:
+        with self._lock:
+            self._active.discard(conn)
+            if not self._closed:
+                conns = self._idle.setdefault(conn.endpoint, [])
+                if len(conns) < 2 * self.streams:
+                    conns.append(conn)
+                    return
+        conn.close()
+
+    def _peer_failed(self, endpoint: str) -> None:
+        with self._lock:
+            conns = self._idle.pop(endpoint, [])
+        for c in conns:
+            c.close()
+        if self._on_peer_failure is not None:
+            self._on_peer_failure(endpoint)
+
+    def drop_peer(self, endpoint: str) -> None:
+        """Close the idle connections to `endpoint` (its owner is gone or moved)."""
+        with self._lock:
+            conns = self._idle.pop(endpoint, [])
+        for c in conns:
+            c.close()

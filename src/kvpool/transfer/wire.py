@@ -1,0 +1,139 @@
+"""The TCP data-plane wire format, and buffered socket I/O that lands payloads in place.
+
+Every message is a fixed little-endian header; payload bytes follow it raw, so the server can
+`recv_into` a write's payload straight into segment memory and `sendmsg` a read's payload
+straight out of it, with no copy in between.
+
+    request  (32 bytes + name): magic b"KVT1" | op u8 (1 READ, 2 WRITE) | flags u8 (0)
+                                | name_len u16 | req_id u64 | offset u64 | length u64
+                                | segment name (UTF-8, name_len bytes)
+                                | WRITE only: `length` payload bytes
+    response (24 bytes):        magic b"KVR1" | status i32 (an ErrorCode) | req_id u64
+                                | length u64 (payload bytes that follow: `length` of an OK
+                                  READ, otherwise 0)
+
+A connection carries requests one after another and the server answers in order, so a client
+may pipeline. A refused WRITE (unknown segment, out of bounds) still has its payload drained so
+the connection stays in step; a malformed header closes the connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = [
+    "MAX_NAME",
+    "REQ",
+    "REQ_MAGIC",
+    "RESP",
+    "RESP_MAGIC",
+    "SocketReader",
+    "send_parts",
+]
+
+REQ: Final = struct.Struct("<4sBBHQQQ")
+RESP: Final = struct.Struct("<4siQQ")
+REQ_MAGIC: Final = b"KVT1"
+RESP_MAGIC: Final = b"KVR1"
+MAX_NAME: Final = 1024
+
+
+class SocketReader:
+    """Reads a socket through a small buffer, but lands large payloads directly in place.
+
+    Headers of pipelined messages arrive together, so one `recv_into` serves many of them;
+    payload bytes already buffered are copied out, and the rest is received straight into the
+    destination view.
+    """
+
+    __slots__ = ("_buf", "_end", "_start", "_view", "sock")
+
+    def __init__(self, sock: socket.socket, capacity: int = 1 << 16) -> None:
+        self.sock = sock
+        self._buf = bytearray(capacity)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def fill(self, n: int) -> bool:
+        """Buffer at least `n` bytes. False on a clean EOF before any of them arrived;
+        ConnectionError on EOF in the middle."""
+        if self._end - self._start >= n:
+            return True
+        if len(self._buf) - self._start < n:
+            # Compact: move what is buffered to the front (rare: headers are small).
+            left = self._end - self._start
+            self._view[:left] = self._view[self._start : self._end]
+            self._start, self._end = 0, left
+            if n > len(self._buf):
+                raise ValueError(f"cannot buffer {n} bytes")
+        while self._end - self._start < n:
+            got = self.sock.recv_into(self._view[self._end :])
+            if got == 0:
+                if self._end == self._start:
+                    return False
+                raise ConnectionError("peer closed the connection in the middle of a message")
+            self._end += got
+        return True
+
+    def take(self, n: int) -> memoryview:
+        """The next `n` buffered bytes (call `fill(n)` first); valid until the next read."""
+        view = self._view[self._start : self._start + n]
+        self._start += n
+        if self._start == self._end:
+            self._start = self._end = 0
+        return view
+
+    def read_into(self, dst: memoryview) -> None:
+        """Fill `dst` completely: buffered bytes first, then straight from the socket."""
+        n = dst.nbytes
+        have = min(self._end - self._start, n)
+        if have:
+            dst[:have] = self._view[self._start : self._start + have]
+            self._start += have
+            if self._start == self._end:
+                self._start = self._end = 0
+        pos = have
+        recv_into = self.sock.recv_into
+        while pos < n:
+            got = recv_into(dst[pos:])
+            if got == 0:
+                raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
+            pos += got
+
+    def discard(self, n: int, scratch: memoryview) -> None:
+        """Read and drop `n` bytes (a refused write's payload)."""
+        have = min(self._end - self._start, n)
+        self._start += have
+        if self._start == self._end:
+            self._start = self._end = 0
+        n -= have
+        while n > 0:
+            got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
+            if got == 0:
+                raise ConnectionError("peer closed the connection inside a payload")
+            n -= got
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
+    """Send every part in order with scatter-gather `sendmsg`, looping over partial sends."""
+    pending = [memoryview(p) if not isinstance(p, memoryview) else p for p in parts]
+    while pending:
+        sent = sock.sendmsg(pending)
+        while sent:
+            head = pending[0]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                pending.pop(0)
+            else:
+                pending[0] = head[sent:]
+                sent = 0
+        while pending and pending[0].nbytes == 0:
+            pending.pop(0)

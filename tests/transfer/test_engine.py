@@ -1,0 +1,357 @@
+"""TransferEngine: strategies, statuses, bounds, concurrency with checksums, peer death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.errors import ErrorCode, InvalidParams, SegmentError, TransferError
+from kvpool.transfer import (
+    RouteKind,
+    SegmentLocation,
+    SegmentMemory,
+    TransferEngine,
+    TransferOp,
+    TransferRequest,
+    TransferServer,
+    host_id,
+    quarantined_count,
+)
+from kvpool.transfer.memory import retry_quarantined
+
+READ, WRITE = TransferOp.READ, TransferOp.WRITE
+Make = Callable[..., TransferEngine]
+Pattern = Callable[[int, int], bytes]
+
+
+def R(buf: object, seg: str, off: int, length: int | None = None) -> TransferRequest:
+    return TransferRequest(READ, buf, seg, off, length)
+
+
+def W(buf: object, seg: str, off: int, length: int | None = None) -> TransferRequest:
+    return TransferRequest(WRITE, buf, seg, off, length)
+
+
+# ---- strategies --------------------------------------------------------------------------
+
+
+def test_local_segment_is_a_memcpy(make_engine: Make) -> None:
+    with SegmentMemory.create("mine", 1 << 20) as mem:
+        eng = make_engine({})
+        eng.attach_local(mem)
+        assert eng.route_kind("mine") is RouteKind.LOCAL
+        eng.transfer([W(b"hello world", "mine", 10)])
+        assert bytes(mem.buffer[10:21]) == b"hello world"
+        out = bytearray(5)
+        eng.transfer([R(out, "/mine", 16)])
+        assert out == b"world"
+
+
+@pytest.mark.parametrize("protocol", ["shm", "tcp", "auto"])
+def test_peer_read_and_write_through_each_protocol(
+    protocol: str, peer: Any, make_engine: Make, fill_pattern: Pattern
+) -> None:
+    eng = make_engine({"peer": peer.location}, protocol)
+    expected = {"shm": RouteKind.SHM, "tcp": RouteKind.TCP, "auto": RouteKind.SHM}[protocol]
+    assert eng.route_kind("peer") is expected
+    out = bytearray(1 << 20)
+    eng.transfer([R(out, "peer", 12345)])
+    assert out == fill_pattern(12345, 1 << 20)
+    data = os.urandom(3 << 20)  # 3 MiB: several pieces over TCP
+    eng.transfer([W(data, "peer", 5 << 20)])
+    back = np.zeros(3 << 20, dtype=np.uint8)
+    eng.transfer([R(back, "peer", 5 << 20)])
+    assert back.tobytes() == data
+
+
+def test_auto_uses_tcp_for_another_host(peer: Any, make_engine: Make) -> None:
+    loc = peer.location
+    elsewhere = SegmentLocation(loc.name, loc.size, "another-host", loc.endpoint, loc.shm_path)
+    eng = make_engine({"peer": elsewhere})
+    assert eng.route_kind("peer") is RouteKind.TCP
+    shm_only = make_engine({"peer": elsewhere}, "shm")
+    with pytest.raises(TransferError):
+        shm_only.transfer([R(bytearray(8), "peer", 0)])
+
+
+def test_auto_falls_back_to_tcp_when_the_shm_path_does_not_verify(
+    peer: Any, make_engine: Make, fill_pattern: Pattern
+) -> None:
+    loc = peer.location
+    wrong = SegmentLocation(loc.name, loc.size, host_id(), loc.endpoint, "/proc/1/fd/0")
+    eng = make_engine({"peer": wrong})
+    assert eng.route_kind("peer") is RouteKind.TCP
+    out = bytearray(100)
+    eng.transfer([R(out, "peer", 7)])
+    assert out == fill_pattern(7, 100)
+
+
+def test_big_tcp_batches_are_striped_over_several_connections(make_engine: Make) -> None:
+    with SegmentMemory.create("big", 32 << 20) as mem, TransferServer() as server:
+        server.add_segment(mem)
+        loc = SegmentLocation("big", mem.size, host_id(), server.endpoint, "")
+        eng = make_engine({"big": loc}, "tcp", tcp_streams=4, chunk_bytes=1 << 20)
+        data = np.random.default_rng(1).integers(0, 256, 24 << 20, dtype=np.uint8)
+        eng.transfer([W(data, "big", 1 << 20)])
+        assert server.connection_count() == 4
+        assert bytes(mem.buffer[1 << 20 : 25 << 20]) == data.tobytes()
+        out = np.empty_like(data)
+        eng.transfer([R(out, "big", 1 << 20)])
+        assert np.array_equal(out, data)
+
+
+# ---- validation and statuses -------------------------------------------------------------
+
+
+def test_malformed_requests_raise_before_anything_moves(make_engine: Make) -> None:
+    with SegmentMemory.create("v", 4096) as mem:
+        eng = make_engine({})
+        eng.attach_local(mem)
+        bad: list[object] = [
+            "not a request",
+            TransferRequest(3, bytearray(4), "v", 0),  # type: ignore[arg-type]
+            R(bytearray(4), "v", -1),
+            R(bytearray(4), "", 0),
+            R(bytearray(4), "/", 0),
+            R(b"read-only", "v", 0),  # READ needs a writable buffer
+            R(bytearray(4), "v", 0, 5),  # longer than the buffer
+            R(bytearray(0), "v", 0),
+            R(12345, "v", 0, 4),  # an address outside registered memory
+        ]
+        for req in bad:
+            with pytest.raises(InvalidParams):
+                eng.submit([W(b"ok", "v", 0), req])  # type: ignore[list-item]
+        assert bytes(mem.buffer[:2]) == b"\0\0"  # nothing moved
+
+
+def test_open_segment_strips_slashes_and_refuses_empty(peer: Any, make_engine: Make) -> None:
+    eng = make_engine({"peer": peer.location})
+    assert eng.open_segment("//peer") == peer.location
+    with pytest.raises(InvalidParams):
+        eng.open_segment("/")
+    with pytest.raises(SegmentError):
+        eng.open_segment("nobody")
+
+
+def test_each_request_has_its_own_status(peer: Any, make_engine: Make) -> None:
+    eng = make_engine({"peer": peer.location}, "tcp")
+    size = peer.location.size
+    fut = eng.submit(
+        [
+            R(bytearray(16), "peer", 0),
+            R(bytearray(16), "nobody", 0),
+            R(bytearray(16), "peer", size - 8),  # crosses the end
+            W(bytearray(16), "peer", size),  # starts at the end
+        ]
+    )
+    assert fut.result(10) == [
+        ErrorCode.OK,
+        ErrorCode.SEGMENT_NOT_FOUND,
+        ErrorCode.INVALID_PARAMS,
+        ErrorCode.INVALID_PARAMS,
+    ]
+    assert fut.done() and fut.status(0) is ErrorCode.OK
+    with pytest.raises(TransferError) as info:
+        fut.raise_for_status()
+    assert info.value.code is ErrorCode.SEGMENT_NOT_FOUND and "request 1" in str(info.value)
+
+
+def test_transfer_names_the_first_failed_request(peer: Any, make_engine: Make) -> None:
+    eng = make_engine({"peer": peer.location})
+    with pytest.raises(TransferError) as info:
+        eng.transfer([R(bytearray(8), "peer", 0), R(bytearray(8), "peer", peer.location.size)])
+    assert info.value.code is ErrorCode.INVALID_PARAMS
+    assert "request 1 (READ peer@" in str(info.value)
+
+
+def test_registered_raw_addresses_can_be_transferred(peer: Any, make_engine: Make) -> None:
+    import ctypes
+
+    eng = make_engine({"peer": peer.location}, "tcp")
+    raw = (ctypes.c_char * 4096)()
+    addr = ctypes.addressof(raw)
+    eng.register(addr, 4096)
+    eng.transfer([W(b"x" * 4096, "peer", 0), R(addr, "peer", 0, 4096)])
+    assert raw.raw == b"x" * 4096
+    eng.unregister(addr)
+    with pytest.raises(InvalidParams):
+        eng.transfer([R(addr, "peer", 0, 4096)])
+
+
+def test_large_async_copies_go_through_the_memcpy_pool(make_engine: Make) -> None:
+    with SegmentMemory.create("pool", 8 << 20) as mem:
+        eng = make_engine({}, inline_copy_bytes=4096)
+        eng.attach_local(mem)
+        data = os.urandom(4 << 20)
+        threads_before = {t.name for t in threading.enumerate()}
+        fut = eng.submit([W(data, "pool", 0), W(b"small", "pool", 5 << 20)])
+        assert fut.wait(10) is ErrorCode.OK
+        assert any(t.name.startswith("kvpool-memcpy") for t in threading.enumerate())
+        assert not any(n.startswith("kvpool-memcpy") for n in threads_before)
+        assert bytes(mem.buffer[: 4 << 20]) == data
+
+
+# ---- concurrency -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["shm", "tcp"])
+def test_many_threads_many_batches_keep_every_byte(
+    protocol: str, spawn_peer: Callable[..., Any], make_engine: Make
+) -> None:
+    peer = spawn_peer("conc", "32MiB", fill=False)
+    eng = make_engine({"conc": peer.location}, protocol, tcp_streams=2, chunk_bytes=1 << 20)
+    threads, batches, per_batch, slot = 8, 6, 4, 256 << 10
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        rng = np.random.default_rng(t)
+        try:
+            for b in range(batches):
+                sizes = rng.integers(1, slot, per_batch)
+                bufs = [rng.integers(0, 256, int(n), dtype=np.uint8) for n in sizes]
+                # Each thread owns its slots, so the bytes read back must be its own.
+                offs = [(t * per_batch + k) * slot for k in range(per_batch)]
+                eng.transfer([W(buf, "conc", off) for buf, off in zip(bufs, offs, strict=True)])
+                outs = [np.zeros_like(buf) for buf in bufs]
+                fut = eng.submit([R(o, "conc", off) for o, off in zip(outs, offs, strict=True)])
+                assert fut.wait(30) is ErrorCode.OK, fut.result()
+                for buf, out in zip(bufs, outs, strict=True):
+                    assert xxhash.xxh3_64_intdigest(out) == xxhash.xxh3_64_intdigest(buf), b
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors[0]
+
+
+# ---- failures ------------------------------------------------------------------------------
+
+
+def test_peer_death_mid_transfer_fails_within_the_timeout(
+    spawn_peer: Callable[..., Any], make_engine: Make
+) -> None:
+    peer = spawn_peer("dying", "64MiB", fill=False)
+    eng = make_engine({"dying": peer.location}, "tcp", timeout=10.0, tcp_streams=1)
+    out = np.empty(64 << 20, dtype=np.uint8)
+    eng.transfer([R(out[:4096], "dying", 0)])  # connected and working
+    outcome: list[BaseException | None] = []
+    started = threading.Event()
+
+    def reader() -> None:
+        try:
+            for _ in range(1000):
+                started.set()
+                eng.transfer([R(out, "dying", 0)])
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=reader)
+    t0 = time.monotonic()
+    t.start()
+    assert started.wait(10)
+    os.kill(peer.pid, signal.SIGKILL)
+    t.join(15)
+    assert not t.is_alive(), "transfer hung after its peer died"
+    assert time.monotonic() - t0 < 12
+    assert isinstance(outcome[0], TransferError)
+    assert outcome[0].code is ErrorCode.TRANSFER_FAIL
+
+
+def test_a_frozen_peer_times_out_with_transfer_fail(
+    spawn_peer: Callable[..., Any], make_engine: Make
+) -> None:
+    peer = spawn_peer("frozen", "4MiB", fill=False)
+    eng = make_engine({"frozen": peer.location}, "tcp", timeout=1.0, abort_grace=0.5)
+    eng.transfer([R(bytearray(16), "frozen", 0)])
+    os.kill(peer.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TransferError) as info:
+            eng.transfer([R(bytearray(4 << 20), "frozen", 0)])
+        assert info.value.code is ErrorCode.TRANSFER_FAIL
+        assert time.monotonic() - t0 < 5
+        fut = eng.submit([R(bytearray(4 << 20), "frozen", 0)], timeout=30)
+        t0 = time.monotonic()
+        assert fut.wait(0.3) is ErrorCode.TRANSFER_FAIL  # wait's own timeout aborts
+        assert time.monotonic() - t0 < 3
+        assert fut.aborted and fut.result() == [ErrorCode.TRANSFER_FAIL]
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+
+
+def test_a_dead_shm_owner_is_forgotten_and_resolved_again(
+    spawn_peer: Callable[..., Any], make_engine: Make, fill_pattern: Pattern
+) -> None:
+    first = spawn_peer("moving", "4MiB")
+    where = {"moving": first.location}
+    calls: list[str] = []
+
+    def resolve(name: str) -> SegmentLocation:
+        calls.append(name)
+        return where[name]
+
+    eng = make_engine(resolve, "auto", liveness_interval=0.0)
+    out = bytearray(64)
+    eng.transfer([R(out, "moving", 0)])
+    assert calls == ["moving"] and eng.route_kind("moving") is RouteKind.SHM
+    first.proc.kill9()
+    with pytest.raises(TransferError) as info:
+        eng.transfer([R(out, "moving", 0)])
+    assert "gone" in str(info.value)
+    second = spawn_peer("moving", "4MiB")  # remounted by a new owner
+    where["moving"] = second.location
+    eng.transfer([R(out, "moving", 100)])
+    assert out == fill_pattern(100, 64)
+    assert calls == ["moving", "moving"]
+
+
+def test_a_held_peer_mapping_survives_forget_until_released(
+    peer: Any, make_engine: Make, fill_pattern: Pattern
+) -> None:
+    eng = make_engine({"peer": peer.location})
+    retry_quarantined()
+    before = quarantined_count()
+    hold = eng.hold_segment("peer")
+    eng.forget("peer")  # e.g. the owner unmounted
+    assert quarantined_count() == before + 1
+    assert bytes(hold.buffer[50:60]) == fill_pattern(50, 10)
+    hold.release()
+    assert quarantined_count() == before
+    with pytest.raises(TransferError):
+        _ = hold.buffer
+
+
+def test_closing_a_local_segment_under_a_transfer_quarantines_it(make_engine: Make) -> None:
+    mem = SegmentMemory.create("busy", 1 << 20)
+    eng = make_engine({})
+    eng.attach_local(mem)
+    hold = eng.hold_segment("busy")
+    mem.close()  # detaches from the engine first, then quarantines the mapping
+    with pytest.raises(TransferError) as info:
+        eng.transfer([R(bytearray(8), "busy", 0)])
+    assert info.value.code is ErrorCode.SEGMENT_NOT_FOUND
+    hold.buffer[0:3] = b"abc"  # still mapped for the holder
+    hold.release()
+    assert mem.mapping.closed
+
+
+def test_closed_engine_refuses_work(make_engine: Make) -> None:
+    eng = make_engine({})
+    eng.close()
+    eng.close()
+    with pytest.raises(TransferError) as info:
+        eng.submit([])
+    assert info.value.code is ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS

@@ -1,0 +1,129 @@
+"""`kvpool status`: ask a master for its Stats and print them as tables (or JSON).
+
+One Stats request: segments (capacity, used, objects), registered clients (segments, in-flight
+puts, time left before expiry), and the object count. `--json` prints one JSON object with the
+same fields (named, not positional), for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import msgspec
+
+from kvpool.config import format_size
+from kvpool.errors import KVPoolError
+from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.rpc.client import RpcClient
+
+__all__ = ["render_table", "stats_to_dict", "status"]
+
+
+def stats_to_dict(reply: StatsReply) -> dict[str, Any]:
+    """The reply as plain named fields (the wire form is positional)."""
+
+    def named(obj: msgspec.Struct) -> dict[str, Any]:
+        return {f: getattr(obj, f) for f in obj.__struct_fields__}
+
+    out = named(reply)
+    out["segments"] = [named(s) for s in reply.segments]
+    out["clients"] = [named(c) for c in reply.clients]
+    return out
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def render_table(address: str, reply: StatsReply) -> str:
+    """The human form: a summary line, then a segments table and a clients table."""
+    lines = [
+        f"master {address}: up {reply.uptime_s:.0f} s, {reply.objects} objects "
+        f"({reply.processing} being written), {format_size(reply.used)} of "
+        f"{format_size(reply.capacity)} used ({_pct(reply.used, reply.capacity)})",
+        "",
+    ]
+    seg_rows = [
+        [
+            s.name,
+            s.client_id,
+            s.host_id,
+            s.endpoint,
+            format_size(s.capacity),
+            format_size(s.used),
+            _pct(s.used, s.capacity),
+            str(s.objects),
+        ]
+        for s in sorted(reply.segments, key=lambda s: s.name)
+    ]
+    lines.append(f"segments: {len(seg_rows)}")
+    if seg_rows:
+        lines += _table(
+            ["SEGMENT", "CLIENT", "HOST", "ENDPOINT", "CAPACITY", "USED", "USE%", "OBJECTS"],
+            seg_rows,
+            right={4, 5, 6, 7},
+        )
+    client_rows = [
+        [c.client_id, c.host_id, str(c.segments), str(c.in_flight_puts), f"{c.ttl_left_s:.1f} s"]
+        for c in sorted(reply.clients, key=lambda c: c.client_id)
+    ]
+    lines += ["", f"clients: {len(client_rows)}"]
+    if client_rows:
+        lines += _table(
+            ["CLIENT", "HOST", "SEGMENTS", "IN-FLIGHT", "TTL LEFT"], client_rows, right={2, 3, 4}
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option(
+    "--master",
+    "address",
+    default="127.0.0.1:50051",
+    show_default=True,
+    help="HOST:PORT of the master.",
+)
+@click.option("--cluster-id", default="kvpool", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option(
+    "--timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds to wait for the master.",
+)
+def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
+    """Show the segments, clients and objects of the pool whose master is at --master."""
+    try:
+        with RpcClient(
+            address,
+            response_type=Response,
+            cluster_id=cluster_id,
+            timeout=timeout,
+            client_name="kvpool-status",
+        ) as rpc:
+            reply = rpc.call_as(Stats(), StatsReply)
+    except KVPoolError as exc:
+        raise click.ClickException(f"cannot get the status of {address}: {exc}") from exc
+    if reply.code != 0:
+        raise click.ClickException(f"master {address} answered code {reply.code}")
+    if as_json:
+        click.echo(json.dumps(stats_to_dict(reply), indent=2))
+    else:
+        click.echo(render_table(address, reply))

@@ -1,0 +1,130 @@
+"""`kvpool master` and `kvpool status` as a user runs them: real child processes, loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from kvpool.protocol import messages as m
+from kvpool.rpc import RpcClient
+from kvtest.procs import kvpool_proc
+
+MASTER_FLAGS = [
+    "--host",
+    "--port",
+    "--cluster-id",
+    "--default-kv-lease-ttl",
+    "--default-kv-soft-pin-ttl",
+    "--max-kv-soft-pin-ttl",
+    "--allow-evict-soft-pinned-objects",
+    "--eviction-high-watermark-ratio",
+    "--eviction-ratio",
+    "--eviction-mode",
+    "--client-ttl",
+    "--put-start-discard-timeout",
+    "--put-start-release-timeout",
+    "--allocation-strategy",
+    "--num-shards",
+]
+
+
+def kvpool(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_master_help_documents_every_mooncake_named_flag() -> None:
+    out = kvpool("master", "--help")
+    assert out.returncode == 0
+    for flag in MASTER_FLAGS:
+        assert flag in out.stdout, flag
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--client-ttl", "soon"], "--client-ttl"),
+        (["--eviction-ratio", "2"], "--eviction-ratio"),
+        (["--allocation-strategy", "nearest"], "--allocation-strategy"),
+        (["--put-start-release-timeout", "1s"], "put_start_release_timeout"),
+        (["--alignment", "48"], "alignment"),
+    ],
+)
+def test_master_refuses_bad_flags_with_a_message_naming_them(args: list[str], message: str) -> None:
+    out = kvpool("master", "--port", "0", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+def test_master_binds_loopback_by_default_and_applies_its_flags() -> None:
+    proc = kvpool_proc(
+        "master", "--port", "0", "--default-kv-lease-ttl", "2500ms", "--cluster-id", "c9"
+    )
+    with proc:
+        address = proc.wait_ready()
+        assert address.startswith("127.0.0.1:")
+        assert any(line.startswith("kvpool master listening on 127.0.0.1:") for line in proc.lines)
+        with RpcClient(address, response_type=m.Response, cluster_id="c9") as rpc:
+            rpc.call(
+                m.MountSegment(
+                    m.ClientId("n"), m.HostId("h"), m.SegmentInfo(m.SegmentName("s"), 1 << 20)
+                )
+            )
+            rpc.call(m.PutStart(m.ClientId("w"), "k", 10))
+            rpc.call(m.PutEnd(m.ClientId("w"), "k"))
+            assert rpc.call(m.GetReplicaList("k")).lease_ttl_ms == 2500
+
+
+def test_master_exits_zero_on_sigint() -> None:
+    proc = kvpool_proc("master", "--port", "0")
+    with proc:
+        proc.wait_ready()
+        proc.popen.send_signal(signal.SIGINT)
+        assert proc.popen.wait(timeout=10) == 0
+
+
+def test_master_on_a_taken_port_fails_with_a_message() -> None:
+    first = kvpool_proc("master", "--port", "0")
+    with first:
+        port = first.wait_ready().rsplit(":", 1)[1]
+        out = kvpool("master", "--port", port)
+        assert out.returncode == 1 and "cannot listen" in out.stderr
+
+
+def test_status_prints_segments_and_clients_as_tables_and_json() -> None:
+    proc = kvpool_proc("master", "--port", "0")
+    with proc:
+        address = proc.wait_ready()
+        with RpcClient(address, response_type=m.Response) as rpc:
+            info = m.SegmentInfo(m.SegmentName("seg-a"), 1 << 30, m.HostId("h1"), "127.0.0.1:7")
+            rpc.call(m.MountSegment(m.ClientId("node-a"), m.HostId("h1"), info))
+            keys = [f"k{i}" for i in range(10)]
+            rpc.call(m.BatchPutStart(m.ClientId("w"), keys, [1 << 20] * 10))
+            rpc.call(m.BatchPutEnd(m.ClientId("w"), keys))
+        out = kvpool("status", "--master", address)
+        assert out.returncode == 0, out.stderr
+        assert "10 objects" in out.stdout
+        seg_line = next(line for line in out.stdout.splitlines() if line.startswith("seg-a"))
+        assert "node-a" in seg_line and "10.0 MiB" in seg_line and seg_line.split()[-1] == "10"
+        assert any(line.startswith("node-a") for line in out.stdout.splitlines())
+        out = kvpool("status", "--master", address, "--json")
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        assert data["objects"] == 10
+        assert data["segments"][0]["name"] == "seg-a"
+        assert data["segments"][0]["used"] == 10 << 20
+        assert data["clients"][0]["client_id"] == "node-a"
+
+
+def test_status_of_an_unreachable_master_fails_with_a_message() -> None:
+    out = kvpool("status", "--master", "127.0.0.1:1", "--timeout", "1")
+    assert out.returncode == 1 and "cannot get the status" in out.stderr

@@ -24,7 +24,7 @@ from kvpool.cache.memory import MemoryLayout, MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
 from kvtest.procs import wait_until
 
-ADAPTER_KINDS = ["mock", "fs", "fault"]  # more kinds join as their adapters land
+ADAPTER_KINDS = ["mock", "fs", "fault", "resp", "s3"]  # more kinds join as their adapters land
 
 PLUGIN_SOURCE = '''
 from kvpool.cache.adapters.mock import MockAdapter
@@ -50,7 +50,14 @@ def _spec(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str,
     if kind == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         bucket = "conf-" + os.urandom(4).hex()
-        return {"type": "s3", "endpoint_url": endpoint, "bucket": bucket, "create_bucket": True}
+        return {
+            "type": "s3",
+            "endpoint_url": endpoint,
+            "bucket": bucket,
+            "create_bucket": True,
+            "access_key_id": "test",
+            "secret_access_key": "test",
+        }
     if kind == "fault":
         return {"type": "fault", "inner": {"type": "mock"}, "seed": 7, "max_delay_s": 0.005}
     if kind == "plugin":

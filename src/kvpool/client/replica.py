@@ -38,6 +38,10 @@ def order_replicas(
     `is_local(segment)` says whether a segment lives on this host. An empty result means no
     replica is readable from memory (the caller answers REPLICA_IS_NOT_READY or INVALID_REPLICA).
     """
+    if len(replicas) == 1:  # the common case: no choice to make
+        r = replicas[0]
+        ok = r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE
+        return [r] if ok else []
     out = [
         r for r in replicas if r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE
     ]

@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     spec = WorkloadSpec(**{f.name: getattr(ns, f.name) for f in fields(WorkloadSpec)})
     with Store(ns.master, protocol=ns.protocol) as store:
+        # An engine maps the pool's segments once, at start-up, not on its first request.
+        store.warm_up()
         run = run_prefill if ns.role == "prefill" else run_decode
         res = run(store, spec, progress=not ns.no_progress)
     out = asdict(res)

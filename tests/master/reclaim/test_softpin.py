@@ -1,44 +1,8 @@
-"""Soft-pin request rules (seed 000) and the deadline index that expires pins in order."""
+"""The deadline index that expires soft pins in deadline order, shard by shard."""
 
 from __future__ import annotations
 
-import pytest
-
-from kvpool.errors import ErrorCode, InvalidParams
-from kvpool.master.reclaim import ReclaimConfig, SoftPinIndex, resolve_soft_pin_ttl
-from kvpool.protocol.messages import SoftPinAction
-
-CFG = ReclaimConfig(default_soft_pin_ttl_s=1800.0, max_soft_pin_ttl_s=86400.0)
-
-
-@pytest.mark.parametrize("action", [SoftPinAction.PRESERVE, SoftPinAction.DISABLE])
-def test_preserve_and_disable_resolve_to_ttl_zero(action: SoftPinAction) -> None:
-    assert resolve_soft_pin_ttl(action, None, CFG) == 0.0
-
-
-@pytest.mark.parametrize("action", [SoftPinAction.PRESERVE, SoftPinAction.DISABLE])
-def test_preserve_and_disable_with_a_ttl_are_invalid_params(action: SoftPinAction) -> None:
-    with pytest.raises(InvalidParams) as exc:
-        resolve_soft_pin_ttl(action, 5.0, CFG)
-    assert exc.value.code is ErrorCode.INVALID_PARAMS
-
-
-def test_enable_takes_the_given_ttl_or_the_default() -> None:
-    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, 60.0, CFG) == 60.0
-    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, None, CFG) == 1800.0
-    assert resolve_soft_pin_ttl(SoftPinAction.ENABLE, 86400.0, CFG) == 86400.0
-
-
-@pytest.mark.parametrize("ttl", [86400.001, -1.0])
-def test_enable_above_the_maximum_or_negative_is_invalid_params(ttl: float) -> None:
-    with pytest.raises(InvalidParams) as exc:
-        resolve_soft_pin_ttl(SoftPinAction.ENABLE, ttl, CFG)
-    assert exc.value.code is ErrorCode.INVALID_PARAMS
-
-
-def test_config_rejects_a_default_above_the_maximum() -> None:
-    with pytest.raises(InvalidParams, match="exceeds"):
-        ReclaimConfig(default_soft_pin_ttl_s=10.0, max_soft_pin_ttl_s=5.0)
+from kvpool.master.reclaim import SoftPinIndex
 
 
 def two_shards() -> SoftPinIndex[str]:

@@ -8,12 +8,13 @@ direct reclaim, group commit, and the cache and pool eviction modes. Layers, bot
     base.py      ReclaimTarget (what the engine asks the metadata), Verdict
     config.py    ReclaimConfig, EvictionMode
     engine.py    ReclaimEngine: online hooks, kswapd_step, direct_reclaim (group commit)
-    softpin.py   soft-pin request rules and the deadline index that expires pins
+    softpin.py   the deadline index that expires soft pins in order, shard by shard
     kswapd.py    the asyncio task that runs kswapd and pin expiry in the master's loop
     simulated.py SimulatedPool: an in-memory ReclaimTarget for tests and benchmarks
     adapter.py   the ReclaimTarget over the master service's metadata
 
-Imports nothing of the master outside this package except through adapter.py.
+Of the rest of the master, only adapter.py (the service's metadata) and config.py (the
+master's flags) import anything.
 """
 
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
@@ -21,7 +22,7 @@ from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
 from kvpool.master.reclaim.engine import ReclaimEngine, ReclaimResult, ReclaimStats
 from kvpool.master.reclaim.lists import ReclaimLists
 from kvpool.master.reclaim.records import EvictInfo, ListState
-from kvpool.master.reclaim.softpin import SoftPinIndex, resolve_soft_pin_ttl
+from kvpool.master.reclaim.softpin import SoftPinIndex
 
 __all__ = [
     "EvictInfo",
@@ -35,5 +36,4 @@ __all__ = [
     "ReclaimTarget",
     "SoftPinIndex",
     "Verdict",
-    "resolve_soft_pin_ttl",
 ]

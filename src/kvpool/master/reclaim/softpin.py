@@ -1,13 +1,10 @@
-"""Soft pins: resolving a put's soft-pin request, and the deadline index that expires them.
+"""The deadline index that expires soft pins in deadline order, shard by shard.
 
 A soft pin is a fixed deadline set when the object becomes readable (reads do not extend it).
 While it is live the object is evicted last (cache mode, and only with
-`--allow-evict-soft-pinned-objects`) or moved rather than dropped (pool mode). Seed 000 fixes
-the request rules, implemented by `resolve_soft_pin_ttl`:
-
-* PRESERVE or DISABLE with a TTL → INVALID_PARAMS; without one they resolve to TTL 0;
-* ENABLE takes the given TTL, or `--default-kv-soft-pin-ttl`; above `--max-kv-soft-pin-ttl`
-  → INVALID_PARAMS.
+`--allow-evict-soft-pinned-objects`) or moved rather than dropped (pool mode). The request
+rules (PRESERVE/DISABLE with a TTL → INVALID_PARAMS, ENABLE's default and maximum) are the
+master's, in `kvpool.master.lease.resolve_soft_pin`.
 
 `SoftPinIndex` keeps every live pin in a per-shard min-heap of deadlines, so the background
 task expires them in deadline order, shard by shard, touching only pins that are due (Mooncake
@@ -23,34 +20,9 @@ import itertools
 from collections.abc import Callable
 from typing import Generic
 
-from kvpool.errors import InvalidParams
-from kvpool.master.reclaim.config import ReclaimConfig
 from kvpool.master.reclaim.records import K
-from kvpool.protocol.messages import SoftPinAction
 
-__all__ = ["SoftPinIndex", "resolve_soft_pin_ttl"]
-
-
-def resolve_soft_pin_ttl(
-    action: SoftPinAction, ttl_s: float | None, config: ReclaimConfig
-) -> float:
-    """The soft-pin TTL (seconds) a put asks for; 0.0 means "no new pin".
-
-    Raises `InvalidParams` (INVALID_PARAMS) for a TTL with PRESERVE/DISABLE, a negative TTL,
-    or one above `config.max_soft_pin_ttl_s`.
-    """
-    if action is not SoftPinAction.ENABLE:
-        if ttl_s is not None:
-            raise InvalidParams(f"soft_pin_ttl given with {action.name}; only ENABLE takes one")
-        return 0.0
-    ttl = config.default_soft_pin_ttl_s if ttl_s is None else float(ttl_s)
-    if ttl < 0:
-        raise InvalidParams(f"soft_pin_ttl must be >= 0, got {ttl} s")
-    if ttl > config.max_soft_pin_ttl_s:
-        raise InvalidParams(
-            f"soft_pin_ttl {ttl} s exceeds max_kv_soft_pin_ttl {config.max_soft_pin_ttl_s} s"
-        )
-    return ttl
+__all__ = ["SoftPinIndex"]
 
 
 class SoftPinIndex(Generic[K]):

@@ -24,7 +24,14 @@ from kvpool.cache.memory import MemoryLayout, MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
 from kvtest.procs import wait_until
 
-ADAPTER_KINDS = ["mock", "fs", "fault", "resp", "s3"]  # more kinds join as their adapters land
+ADAPTER_KINDS = [
+    "mock",
+    "fs",
+    "resp",
+    "s3",
+    "fault",
+    "plugin",
+]  # more kinds join as their adapters land
 
 PLUGIN_SOURCE = '''
 from kvpool.cache.adapters.mock import MockAdapter

@@ -109,3 +109,20 @@ def test_s3_config_is_validated(bad: dict[str, Any]) -> None:
 
     with pytest.raises(InvalidParams):
         create_adapter(bad)
+
+
+def test_plugin_errors_name_the_module_and_class(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvpool.errors import InvalidParams
+
+    (tmp_path / "not_an_adapter.py").write_text("class Thing:\n    pass\n\nclass Boom:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in (
+        {"type": "plugin", "module_path": "no_such_module_xyz", "class_name": "A"},
+        {"type": "plugin", "module_path": "not_an_adapter", "class_name": "Thing"},
+        {"type": "plugin", "module_path": "not_an_adapter", "class_name": "Missing"},
+        {"type": "plugin", "module_path": "not_an_adapter", "class_name": "not valid"},
+    ):
+        with pytest.raises(InvalidParams, match="plugin"):
+            create_adapter(spec)

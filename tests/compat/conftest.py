@@ -156,7 +156,13 @@ def _start_mooncake(procs: list[Proc]) -> _Cluster:
 
 def _start_kvpool(procs: list[Proc]) -> _Cluster:
     proc = kvpool_proc(
-        "master", "--host", "127.0.0.1", "--port", "0", "--lease-ttl", f"{LEASE_TTL_MS}ms"
+        "master",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--default-kv-lease-ttl",
+        f"{LEASE_TTL_MS}ms",
     )
     procs.append(proc)
     address = proc.wait_ready(timeout=30)

@@ -1,0 +1,45 @@
+"""Mooncake Store's Python API on a kvpool pool: change an import, keep the program.
+
+::
+
+    # from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+    from kvpool.compat.mooncake import MooncakeDistributedStore, ReplicateConfig
+
+Modules (each imports only those above it):
+
+    config.py     MooncakeConfig (MOONCAKE_* variables, JSON file), Mooncake's size units
+    replicate.py  ReplicateConfig, SoftPinAction, ReplicaStatus, ObjectDataType → kvpool config
+    memory.py     PointerRegistry (raw pointers resolved only inside registered memory),
+                  BufferHandle
+    tensor.py     Mooncake's tensor object format (304-byte header + data)
+    setup.py      setup()'s two argument forms, validated
+    store.py      MooncakeDistributedStore on kvpool.client.Store
+
+docs/compat.md lists what matches Mooncake, what differs on purpose, and what is missing.
+"""
+
+from __future__ import annotations
+
+from kvpool.compat.mooncake.config import MooncakeConfig
+from kvpool.compat.mooncake.memory import BufferHandle
+from kvpool.compat.mooncake.replicate import (
+    ObjectDataType,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    TaskStatus,
+    TaskType,
+)
+from kvpool.compat.mooncake.store import MooncakeDistributedStore
+
+__all__ = [
+    "BufferHandle",
+    "MooncakeConfig",
+    "MooncakeDistributedStore",
+    "ObjectDataType",
+    "ReplicaStatus",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "TaskStatus",
+    "TaskType",
+]

@@ -1,0 +1,162 @@
+"""The arguments of `MooncakeDistributedStore.setup()`, in both of Mooncake's forms, validated.
+
+* Positional (store_py.cpp): seven required arguments, then optional ones::
+
+      setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+            protocol, rdma_devices, master_server_addr, engine=None,
+            enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
+            enable_client_http_server=False, client_http_port=9300)
+
+  Too few arguments raise TypeError, as pybind11 does.
+* A dict (`RealClient::setup_internal`): `local_hostname` and `metadata_server` required; sizes
+  may be human-readable ("16MB", Mooncake's binary units); defaults 16 MiB, "tcp",
+  "127.0.0.1:50051".
+
+Either way the result is one frozen `SetupParams`; a bad value raises `InvalidParams` (setup
+returns -600), as Mooncake's setup does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvpool.compat.mooncake.config import KNOWN_PROTOCOLS, parse_bool, parse_mooncake_size
+from kvpool.errors import InvalidParams
+
+__all__ = ["SetupParams", "from_dict", "from_positional", "split_hostname"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZE = 16 << 20
+DEFAULT_MASTER = "127.0.0.1:50051"
+MIN_SEGMENT = 1024
+"""Mooncake: a non-zero global segment must be at least 1 KiB."""
+MAX_LOCAL_BUFFER = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class SetupParams:
+    """What setup() was asked for (Mooncake's names)."""
+
+    local_hostname: str
+    metadata_server: str
+    global_segment_size: int
+    local_buffer_size: int
+    protocol: str
+    rdma_devices: str
+    master_server_addr: str
+    enable_ssd_offload: bool = False
+    ssd_offload_path: str = ""
+    tenant_id: str = "default"
+    enable_client_http_server: bool = False
+    client_http_port: int = 9300
+
+    def __post_init__(self) -> None:
+        if not self.local_hostname:
+            raise InvalidParams("local_hostname: must not be empty")
+        if not self.metadata_server:
+            raise InvalidParams("metadata_server: must not be empty")
+        if 0 < self.global_segment_size < MIN_SEGMENT:
+            raise InvalidParams(
+                f"global_segment_size: {self.global_segment_size} must be 0 or at least "
+                f"{MIN_SEGMENT}"
+            )
+        if self.global_segment_size < 0:
+            raise InvalidParams(f"global_segment_size: {self.global_segment_size} is negative")
+        if not 0 <= self.local_buffer_size <= MAX_LOCAL_BUFFER:
+            raise InvalidParams(f"local_buffer_size: {self.local_buffer_size} is out of range")
+        if not self.master_server_addr:
+            raise InvalidParams("master_server_addr: must not be empty")
+        if not self.tenant_id:
+            raise InvalidParams("tenant_id: must not be empty")
+        if self.protocol not in KNOWN_PROTOCOLS:
+            log.warning(
+                "protocol %r is unknown to Mooncake; kvpool picks its own path", self.protocol
+            )
+
+
+def _size(value: object, name: str) -> int:
+    return parse_mooncake_size(value, name=name)
+
+
+def from_positional(  # noqa: PLR0917  (Mooncake's positional signature)
+    local_hostname: str,
+    metadata_server: str,
+    global_segment_size: int | str,
+    local_buffer_size: int | str,
+    protocol: str,
+    rdma_devices: str,
+    master_server_addr: str,
+    engine: object = None,
+    enable_ssd_offload: bool = False,
+    ssd_offload_path: str = "",
+    tenant_id: str = "default",
+    enable_client_http_server: bool = False,
+    client_http_port: int = 9300,
+) -> SetupParams:
+    """The positional form (a missing required argument is a TypeError from Python itself)."""
+    if engine is not None:
+        log.info("setup: the Transfer Engine passed as `engine` is not used by kvpool")
+    return SetupParams(
+        local_hostname=str(local_hostname),
+        metadata_server=str(metadata_server),
+        global_segment_size=_size(global_segment_size, "global_segment_size"),
+        local_buffer_size=_size(local_buffer_size, "local_buffer_size"),
+        protocol=str(protocol).strip().lower(),
+        rdma_devices=str(rdma_devices or ""),
+        master_server_addr=str(master_server_addr),
+        enable_ssd_offload=parse_bool(enable_ssd_offload),
+        ssd_offload_path=str(ssd_offload_path or ""),
+        tenant_id=str(tenant_id),
+        enable_client_http_server=parse_bool(enable_client_http_server),
+        client_http_port=int(client_http_port),
+    )
+
+
+def from_dict(config: Mapping[str, object]) -> SetupParams:
+    """The dict form; values are read as strings, as Mooncake converts them with str()."""
+
+    def get(name: str, default: object = None) -> object:
+        value = config.get(name, default)
+        return default if value is None else value
+
+    for required in ("local_hostname", "metadata_server"):
+        if get(required) in (None, ""):
+            raise InvalidParams(f"setup: missing required config {required!r}")
+    try:
+        port = int(str(get("client_http_port", 9300)))
+        ssd = parse_bool(get("enable_ssd_offload", False))
+        http = parse_bool(get("enable_client_http_server", False))
+    except ValueError as exc:
+        raise InvalidParams(f"setup: {exc}") from exc
+    # "master_server_address" is MooncakeConfig's name for the same thing; take either.
+    master = get("master_server_addr", get("master_server_address", DEFAULT_MASTER))
+    return SetupParams(
+        local_hostname=str(get("local_hostname")),
+        metadata_server=str(get("metadata_server")),
+        global_segment_size=_size(get("global_segment_size", DEFAULT_SIZE), "global_segment_size"),
+        local_buffer_size=_size(get("local_buffer_size", DEFAULT_SIZE), "local_buffer_size"),
+        protocol=str(get("protocol", "tcp")).strip().lower(),
+        rdma_devices=str(get("rdma_devices", "")),
+        master_server_addr=str(master),
+        enable_ssd_offload=ssd,
+        ssd_offload_path=str(get("ssd_offload_path", "")),
+        tenant_id=str(get("tenant_id", "default")),
+        enable_client_http_server=http,
+        client_http_port=port,
+    )
+
+
+def split_hostname(hostname: str) -> tuple[str, int | None]:
+    """("host", port) from "host:port", "[v6]:port", "host" or a bare IPv6 address."""
+    if hostname.startswith("["):
+        host, _, rest = hostname[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    if hostname.count(":") == 1:
+        host, _, port = hostname.partition(":")
+        if port.isdigit() and 0 < int(port) < 65536:
+            return host, int(port)
+        raise InvalidParams(f"local_hostname: bad port in {hostname!r}")
+    return hostname, None

@@ -171,6 +171,11 @@ class FrameDecoder:
         if self._failed is not None:
             raise self._failed
         buf = self._buf
+        if not buf and type(data) is bytes and len(data) >= HEADER_SIZE:
+            # Fast path (a lock-step reply): the chunk is exactly one whole frame.
+            length, request_id = HEADER.unpack_from(data)
+            if length + 4 == len(data) and MIN_FRAME_LENGTH <= length <= self.max_frame_bytes:
+                return [(request_id, data[HEADER_SIZE:])]
         if buf:
             buf += data
             view: bytes | bytearray = buf

@@ -1,0 +1,331 @@
+"""Round-trip benchmarks of the RPC layer, generic over the service's messages.
+
+Any service measures its calls through the same cases, so its numbers compare directly with
+the bare RPC floor (an echo through this layer): the master's benchmark runs these cases on
+``Echo`` and on ``GetReplicaList``. The caller brings the messages:
+
+    rows = run_cases(endpoint, make_request=lambda i: Echo(payload), check=..., ...)
+
+Cases (each a row of design.md's benchmark format, ``op`` and ``value_size`` from the caller):
+
+* ``sync-lockstep``: one thread, one `RpcClient.call` after the other (batch 1);
+* ``sync-pipelined``: one thread, `RpcClient.call_many` windows (batch = window);
+* ``sync-threads``: `threads` threads sharing one `RpcClient` (pipelined across threads);
+* ``async-lockstep``, ``async-pipelined`` (`AsyncRpcClient.call_many`), ``async-gather``
+  (`window` concurrent `call`s gathered).
+
+Latency percentiles are per call for lock-step and threads cases, and per window for pipelined
+ones. Every reply is passed to ``check`` so a benchmark that measures wrong answers fails.
+Numbers on a shared machine are noisy: compare rows of one run, never absolute values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.errors import InvalidParams
+from kvpool.rpc.aio import AsyncRpcClient
+from kvpool.rpc.client import RpcClient
+from kvpool.rpc.loop import new_event_loop
+
+__all__ = [
+    "CASES",
+    "BenchSpec",
+    "format_table",
+    "median_rows",
+    "percentile",
+    "row",
+    "run_cases",
+]
+
+CASES = (
+    "sync-lockstep",
+    "sync-pipelined",
+    "sync-threads",
+    "async-lockstep",
+    "async-pipelined",
+    "async-gather",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSpec:
+    """What to measure. ``make_request(i)`` builds the i-th request; ``check(i, reply)``
+    raises when the reply is wrong."""
+
+    endpoint: str
+    response_type: Any
+    make_request: Callable[[int], Any]
+    check: Callable[[int, Any], None]
+    cluster_id: str = "kvpool"
+    op: str = "echo"
+    value_size: int = 0
+    #: Calls per case.
+    n: int = 20_000
+    window: int = 64
+    threads: int = 4
+    system: str = "kvpool"
+    path: str = "tcp"
+    #: Builds the sync client for the sync cases (default: an `RpcClient`); lets a variant
+    #: client with the same ``connect/call/call_many/close`` be measured in the same run.
+    client_factory: Callable[[BenchSpec], Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n", "window", "threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidParams(f"{name}: {value!r} must be a positive integer")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of already sorted values, nearest rank."""
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def row(
+    spec: BenchSpec,
+    case: str,
+    *,
+    calls: int,
+    seconds: float,
+    latencies_s: list[float],
+    batch: int,
+) -> dict[str, Any]:
+    """One result row in design.md's format (plus ``case`` and ``calls``)."""
+    lat = sorted(latencies_s)
+    ops = calls / seconds if seconds > 0 else 0.0
+    return {
+        "system": spec.system,
+        "path": spec.path,
+        "op": spec.op,
+        "case": case,
+        "value_size": spec.value_size,
+        "batch": batch,
+        "calls": calls,
+        "ops_per_s": ops,
+        "bytes_per_s": ops * spec.value_size,
+        "p50_us": percentile(lat, 0.5) * 1e6,
+        "p99_us": percentile(lat, 0.99) * 1e6,
+    }
+
+
+def _client(spec: BenchSpec) -> Any:
+    if spec.client_factory is not None:
+        return spec.client_factory(spec)
+    return RpcClient(
+        spec.endpoint,
+        response_type=spec.response_type,
+        cluster_id=spec.cluster_id,
+        client_name="bench",
+        timeout=60,
+    )
+
+
+def _sync_lockstep(spec: BenchSpec) -> dict[str, Any]:
+    reqs = [spec.make_request(i) for i in range(spec.n)]
+    lat: list[float] = []
+    with _client(spec) as c:
+        c.connect()
+        call = c.call
+        clock = time.perf_counter
+        t0 = clock()
+        for i, req in enumerate(reqs):
+            t = clock()
+            reply = call(req)
+            lat.append(clock() - t)
+            spec.check(i, reply)
+        elapsed = clock() - t0
+    return row(spec, "sync-lockstep", calls=spec.n, seconds=elapsed, latencies_s=lat, batch=1)
+
+
+def _sync_pipelined(spec: BenchSpec) -> dict[str, Any]:
+    reqs = [spec.make_request(i) for i in range(spec.n)]
+    lat: list[float] = []
+    w = spec.window
+    with _client(spec) as c:
+        c.connect()
+        clock = time.perf_counter
+        t0 = clock()
+        for start in range(0, spec.n, w):
+            t = clock()
+            replies = c.call_many(reqs[start : start + w], window=w)
+            lat.append(clock() - t)
+            for j, reply in enumerate(replies):
+                spec.check(start + j, reply)
+        elapsed = clock() - t0
+    return row(spec, "sync-pipelined", calls=spec.n, seconds=elapsed, latencies_s=lat, batch=w)
+
+
+def _sync_threads(spec: BenchSpec) -> dict[str, Any]:
+    per = max(1, spec.n // spec.threads)
+    lats: list[list[float]] = [[] for _ in range(spec.threads)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(spec.threads + 1)
+    with _client(spec) as c:
+        c.connect()
+
+        def work(k: int) -> None:
+            reqs = [(k * per + i, spec.make_request(k * per + i)) for i in range(per)]
+            lat = lats[k]
+            clock = time.perf_counter
+            start.wait()
+            try:
+                for i, req in reqs:
+                    t = clock()
+                    reply = c.call(req)
+                    lat.append(clock() - t)
+                    spec.check(i, reply)
+            except BaseException as exc:
+                errors.append(exc)
+
+        workers = [
+            threading.Thread(target=work, args=(k,), name=f"bench-{k}") for k in range(spec.threads)
+        ]
+        for t in workers:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in workers:
+            t.join()
+        elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    all_lat = [x for lat in lats for x in lat]
+    return row(
+        spec,
+        "sync-threads",
+        calls=per * spec.threads,
+        seconds=elapsed,
+        latencies_s=all_lat,
+        batch=1,
+    )
+
+
+async def _async_cases(spec: BenchSpec, cases: Sequence[str]) -> list[dict[str, Any]]:
+    reqs = [spec.make_request(i) for i in range(spec.n)]
+    out: list[dict[str, Any]] = []
+    w = spec.window
+    clock = time.perf_counter
+    async with AsyncRpcClient(
+        spec.endpoint,
+        response_type=spec.response_type,
+        cluster_id=spec.cluster_id,
+        client_name="bench-async",
+        timeout=60,
+    ) as c:
+        await c.connect()
+        if "async-lockstep" in cases:
+            lat: list[float] = []
+            t0 = clock()
+            for i, req in enumerate(reqs):
+                t = clock()
+                reply = await c.call(req)
+                lat.append(clock() - t)
+                spec.check(i, reply)
+            out.append(
+                row(
+                    spec,
+                    "async-lockstep",
+                    calls=spec.n,
+                    seconds=clock() - t0,
+                    latencies_s=lat,
+                    batch=1,
+                )
+            )
+        if "async-pipelined" in cases:
+            lat = []
+            t0 = clock()
+            for start in range(0, spec.n, w):
+                t = clock()
+                replies = await c.call_many(reqs[start : start + w], window=w)
+                lat.append(clock() - t)
+                for j, reply in enumerate(replies):
+                    spec.check(start + j, reply)
+            out.append(
+                row(
+                    spec,
+                    "async-pipelined",
+                    calls=spec.n,
+                    seconds=clock() - t0,
+                    latencies_s=lat,
+                    batch=w,
+                )
+            )
+        if "async-gather" in cases:
+            lat = []
+            t0 = clock()
+            for start in range(0, spec.n, w):
+                t = clock()
+                replies = await asyncio.gather(*(c.call(r) for r in reqs[start : start + w]))
+                lat.append(clock() - t)
+                for j, reply in enumerate(replies):
+                    spec.check(start + j, reply)
+            out.append(
+                row(
+                    spec,
+                    "async-gather",
+                    calls=spec.n,
+                    seconds=clock() - t0,
+                    latencies_s=lat,
+                    batch=w,
+                )
+            )
+    return out
+
+
+def run_cases(spec: BenchSpec, cases: Sequence[str] = CASES) -> list[dict[str, Any]]:
+    """Run `cases` (names from `CASES`) against the server at ``spec.endpoint``; rows in order.
+
+    Sync cases run in the calling thread (and `threads` helpers); async cases on a fresh loop
+    from `new_event_loop`, so call this from synchronous code.
+    """
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise InvalidParams(f"cases: unknown {unknown}; choose from {list(CASES)}")
+    rows: list[dict[str, Any]] = []
+    sync = {
+        "sync-lockstep": _sync_lockstep,
+        "sync-pipelined": _sync_pipelined,
+        "sync-threads": _sync_threads,
+    }
+    for case in cases:
+        if case in sync:
+            rows.append(sync[case](spec))
+    async_cases = [c for c in cases if c.startswith("async-")]
+    if async_cases:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            rows.extend(runner.run(_async_cases(spec, async_cases)))
+    order = {c: i for i, c in enumerate(cases)}
+    rows.sort(key=lambda r: order.get(str(r.get("case")), len(order)))
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table of rows (case, batch, ops/s, p50, p99)."""
+    head = f"{'system':<10} {'op':<16} {'case':<22} {'batch':>5} {'ops/s':>10} {'p50 us':>9} {'p99 us':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['system']:<10} {r['op']:<16} {r.get('case', ''):<22} {r['batch']:>5} "
+            f"{r['ops_per_s']:>10.0f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per case, the row whose ops_per_s is the median over repeated runs (same case order)."""
+    out: list[dict[str, Any]] = []
+    for group in zip(*runs, strict=True):
+        med = statistics.median_low([r["ops_per_s"] for r in group])
+        chosen = next(r for r in group if r["ops_per_s"] == med)
+        out.append({**chosen, "repeats": len(group)})
+    return out

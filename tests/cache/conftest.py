@@ -26,3 +26,17 @@ def s3_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kvpool_master_for_l2() -> Iterator[str]:
+    """A real pool (`kvpool master` + one `kvpool node`, child processes); yields HOST:PORT."""
+    try:
+        from kvtest.pool import start_pool
+    except ImportError:  # pragma: no cover - the pool fixture module is part of the repo
+        pytest.skip("kvtest.pool is not available")
+    pool = start_pool(nodes=1, segment_size="256MiB")
+    try:
+        yield pool.address
+    finally:
+        pool.stop()

@@ -24,14 +24,7 @@ from kvpool.cache.memory import MemoryLayout, MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
 from kvtest.procs import wait_until
 
-ADAPTER_KINDS = [
-    "mock",
-    "fs",
-    "resp",
-    "s3",
-    "fault",
-    "plugin",
-]  # more kinds join as their adapters land
+ADAPTER_KINDS = ["mock", "fs", "resp", "s3", "fault", "plugin", "kvpool"]
 
 PLUGIN_SOURCE = '''
 from kvpool.cache.adapters.mock import MockAdapter
@@ -79,7 +72,8 @@ def _spec(kind: str, request: pytest.FixtureRequest, tmp_path: Any) -> dict[str,
         }
     if kind == "kvpool":
         master = request.getfixturevalue("kvpool_master_for_l2")
-        return {"type": "kvpool", "master": master, "segment_size": "64MiB"}
+        # One pool serves the whole session: a fresh key prefix keeps each test's keys apart.
+        return {"type": "kvpool", "master": master, "key_prefix": f"t{os.urandom(4).hex()}/"}
     raise AssertionError(kind)
 
 

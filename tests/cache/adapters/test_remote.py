@@ -126,3 +126,30 @@ def test_plugin_errors_name_the_module_and_class(
     ):
         with pytest.raises(InvalidParams, match="plugin"):
             create_adapter(spec)
+
+
+def test_two_engines_share_chunks_through_the_kvpool_pool(kvpool_master_for_l2: str) -> None:
+    from kvpool.cache.config import StorageManagerConfig
+    from kvpool.cache.keys import TokenHasher
+    from kvpool.cache.manager import StorageManager
+
+    spec = {
+        "type": "kvpool",
+        "master": kvpool_master_for_l2,
+        "key_prefix": f"e{os.urandom(4).hex()}/",
+    }
+    tokens = list(range(5000, 5000 + 64 * 5 + 7))
+    layout = MemoryLayout(((2, 64, 8),), ("float16",))
+    values = [os.urandom(layout.nbytes) for _ in range(5)]
+    with StorageManager(StorageManagerConfig(adapters=(spec,))) as prefill:  # type: ignore[arg-type]
+        keys = TokenHasher(chunk_size=64).keys("org/m", 0, tokens)
+        prefill.store(keys, values, layout)
+        assert prefill.wait_stores(20) and prefill.store_stats().stored_keys == 5
+    with StorageManager(StorageManagerConfig(adapters=(spec,))) as decode:  # type: ignore[arg-type]
+        keys = TokenHasher(chunk_size=64).keys("org/m", 0, tokens)
+        h = decode.submit_prefetch_task(keys, layout)
+        assert decode.wait_prefetch(h, 20) == 5
+        with decode.read_prefetched_results(keys) as objs:
+            assert [bytes(o.buffer) for o in objs] == values
+            assert objs[0].arrays()[0].shape == (2, 64, 8)
+        decode.finish_read_prefetched(keys)

@@ -1,4 +1,7 @@
-"""Store put/get benchmark (same as `kvpool bench store`): python benchmarks/store.py [--quick] [--json FILE]."""
+"""Store put/get benchmark, the same as `kvpool bench store`.
+
+python benchmarks/store.py [--quick] [--json FILE] [--protocol auto|tcp] [--segment-size 1GiB]
+"""
 
 from __future__ import annotations
 

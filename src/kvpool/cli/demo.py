@@ -99,6 +99,9 @@ def demo(
         if pool is not None:
             click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
             master = pool.start()
+            assert pool.master is not None
+            pids = [pool.master.pid] + [n.pid for n in pool.nodes]
+            click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
         assert master is not None
         click.echo(
             f"pool at {master}; workload: {spec.layers} layers x {spec.chunk_tokens}-token chunks, "

@@ -1,0 +1,107 @@
+"""`kvpool node`, `kvpool up` and `kvpool demo` as a user runs them: real processes, real
+signals, and nothing left behind afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+
+from kvpool.client import Store
+from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.rpc.client import RpcClient
+from kvtest.pool import PoolFactory, pool  # noqa: F401
+from kvtest.procs import kvpool_proc, wait_until
+
+
+def stats(address: str) -> StatsReply:
+    with RpcClient(address, response_type=Response) as rpc:
+        return rpc.call_as(Stats(), StatsReply)
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_node_mounts_serves_and_unmounts_cleanly_on_sigterm(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=0)
+    node = kvpool_proc("node", "--master", p.address, "--segment-size", "32MiB", name="node")
+    try:
+        endpoint = node.wait_ready(timeout=60, check=False)
+        assert any("pre-fault" in line for line in node.lines)  # the progress bar
+        seg = endpoint + "/0"
+        assert [s.name for s in stats(p.address).segments] == [seg]
+        with Store(p.address) as s:
+            s.put("k", b"v" * 1000)
+            assert s.get("k") == b"v" * 1000
+        fds = os.listdir(f"/proc/{node.pid}/fd")
+        links = [os.readlink(f"/proc/{node.pid}/fd/{f}") for f in fds]
+        assert any(f"memfd:kvpool:{seg}" in link for link in links)
+        assert node.stop() == 0
+        assert any("unmounting" in line for line in node.lines)
+        assert stats(p.address).segments == []  # unmounted at once, not after client_ttl
+    finally:
+        node.stop()
+
+
+def test_node_refuses_a_bad_size_and_an_unreachable_master(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=0)
+    bad = subprocess.run(
+        [sys.executable, "-m", "kvpool", "node", "--master", p.address, "--segment-size", "lots"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode != 0 and "segment-size" in bad.stderr
+    nowhere = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvpool",
+            "node",
+            "--master",
+            "127.0.0.1:1",
+            "--segment-size",
+            "1MiB",
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
+    assert nowhere.returncode != 0 and "cannot join" in nowhere.stderr
+
+
+def test_up_serves_a_pool_and_ctrl_c_leaves_nothing_behind() -> None:
+    up = kvpool_proc("up", "--port", "0", "--segment-size", "64MiB", "--refresh", "0.1s", name="up")
+    try:
+        address = up.wait_ready(timeout=60, check=False)
+        children = [c.pid for c in psutil.Process(up.pid).children(recursive=True)]
+        assert len(children) == 2  # the master and the node
+        with Store(address) as s:
+            s.put("k", b"hello")
+            assert s.get("k") == b"hello"
+        up.wait_for_line(r"objects 1 ", timeout=20)  # the live status line
+        os.kill(up.pid, signal.SIGINT)
+        assert up.popen.wait(timeout=30, check=False) == 0
+        wait_until(lambda: gone(children), timeout=10, what="the master and node to exit")
+    finally:
+        up.stop()
+
+
+def test_demo_runs_end_to_end_and_reports_no_checksum_failures() -> None:
+    args = [sys.executable, "-m", "kvpool", "demo", "--segment-size", "64MiB", "--layers", "4"]
+    args += ["--prompts", "2", "--prompt-chunks", "2", "--new-prompts", "1"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "checksum failures: 0; byte mismatches: 0" in out.stdout
+    assert "demo: ok" in out.stdout
+    assert "decode hit ratio" in out.stdout
+    line = next(x for x in out.stdout.splitlines() if x.startswith("embedded pool pids:"))
+    pids = [int(x) for x in line.split(":")[1].split()]
+    assert len(pids) == 2
+    wait_until(lambda: gone(pids), timeout=10, what="the demo's master and node to be gone")

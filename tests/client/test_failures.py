@@ -1,0 +1,146 @@
+"""What the Store does when things break: dead nodes, failed writes, a restarted master,
+corrupted bytes, late reads. Real processes throughout; faults are injected by killing them or
+by writing into segment memory, never by mocking the client."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvpool.client import ReplicateConfig, Store
+from kvpool.errors import (
+    ChecksumMismatch,
+    ErrorCode,
+    LeaseExpired,
+    ObjectNotFound,
+    TransferError,
+)
+from kvpool.protocol.messages import (
+    GetReplicaList,
+    ReplicaListReply,
+    Response,
+    Stats,
+    StatsReply,
+)
+from kvpool.rpc.client import RpcClient
+from kvtest.pool import PoolFactory, pool  # noqa: F401
+from kvtest.procs import free_port, kvpool_proc, wait_until
+
+
+def stats(address: str) -> StatsReply:
+    with RpcClient(address, response_type=Response) as rpc:
+        return rpc.call_as(Stats(), StatsReply)
+
+
+def replicas_of(address: str, key: str) -> ReplicaListReply:
+    with RpcClient(address, response_type=Response) as rpc:
+        return rpc.call_as(GetReplicaList(key), ReplicaListReply)
+
+
+def test_kill_9_of_a_node_loses_only_what_it_alone_held(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=2, segment_size="16MiB", client_ttl="1s")
+    seg0, seg1 = (e + "/0" for e in p.node_endpoints)
+    rng = np.random.default_rng(3)
+    only0 = {
+        f"only0-{i}": rng.integers(0, 256, 3000 + i, dtype=np.uint8).tobytes() for i in range(5)
+    }
+    only1 = {
+        f"only1-{i}": rng.integers(0, 256, 5000 + i, dtype=np.uint8).tobytes() for i in range(5)
+    }
+    both = {f"both-{i}": rng.integers(0, 256, 7000 + i, dtype=np.uint8).tobytes() for i in range(5)}
+    with Store(p.address) as s:
+        for k, v in only0.items():
+            assert s.put(k, v, ReplicateConfig(preferred_segments=[seg0]))
+        for k, v in only1.items():
+            assert s.put(k, v, ReplicateConfig(preferred_segments=[seg1]))
+        for k, v in both.items():
+            assert s.put(k, v, ReplicateConfig(replica_num=2))
+        assert {r.segment for r in replicas_of(p.address, "only0-0").replicas} == {seg0}
+        p.kill_node(0)
+        # The master notices after client_ttl and drops the replicas on the dead segment.
+        wait_until(
+            lambda: seg0 not in {x.name for x in stats(p.address).segments},
+            timeout=15,
+            what="the master to expire the killed node",
+        )
+        for k in only0:
+            with pytest.raises(ObjectNotFound):
+                s.get(k)
+        assert s.batch_get(list(only1)) == list(only1.values())
+        assert s.batch_get(list(both)) == list(both.values())
+        for k, v in both.items():
+            assert s.get(k) == v
+
+
+def test_a_put_whose_write_fails_is_revoked_and_leaves_no_trace(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=2, segment_size="16MiB", client_ttl="30s")
+    dead = p.node_endpoints[0] + "/0"
+    with Store(p.address, protocol="tcp", transfer_timeout=5) as s:
+        p.kill_node(0)  # the master still lists its segment for client_ttl
+        with pytest.raises(TransferError):
+            s.put("k", b"v" * 1000, ReplicateConfig(preferred_segments=[dead]))
+        assert s.exists("k") is False
+        assert stats(p.address).processing == 0
+        codes = s.batch_put(
+            ["a", "b"], [b"a" * 10, b"b" * 10], ReplicateConfig(preferred_segments=[dead])
+        )
+        assert all(c != ErrorCode.OK for c in codes)
+        assert s.batch_exists(["a", "b"]) == [False, False]
+        assert stats(p.address).processing == 0
+        # The keys are free again: a put elsewhere succeeds.
+        alive = p.node_endpoints[1] + "/0"
+        assert s.put("k", b"second try", ReplicateConfig(preferred_segments=[alive]))
+        assert s.get("k") == b"second try"
+
+
+def test_a_restarted_master_gets_the_segments_back_through_remount(pool: PoolFactory) -> None:  # noqa: F811
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    master = kvpool_proc("master", "--port", str(port), name="master 1")
+    try:
+        master.wait_ready()
+        with Store(address, segment_size="4MiB", heartbeat_interval=0.1) as s:
+            (seg,) = s.segments
+            master.kill9()
+            master = kvpool_proc("master", "--port", str(port), name="master 2")
+            master.wait_ready()
+            # The heartbeat fails, reconnects, is told NEED_REMOUNT and remounts.
+            wait_until(
+                lambda: seg in {x.name for x in stats(address).segments},
+                timeout=20,
+                what="the store to remount its segment at the new master",
+            )
+            assert s.put("after-restart", b"hello again")
+            assert s.get("after-restart") == b"hello again"
+            assert [r.segment for r in replicas_of(address, "after-restart").replicas] == [seg]
+    finally:
+        master.stop()
+
+
+def test_corrupted_bytes_fail_the_checksum_unless_checking_is_off(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=0)
+    with Store(p.address, segment_size="4MiB") as owner:
+        (seg,) = owner.segments
+        owner.put("c", b"precious kv cache" * 100)
+        (r,) = replicas_of(p.address, "c").replicas
+        # Flip a byte of the stored replica, in the owner's own segment memory.
+        mem, _ = owner._node.segments[seg]  # type: ignore[index]
+        mem.buffer[r.offset + 5] ^= 0xFF
+        with pytest.raises(ChecksumMismatch) as info:
+            owner.get("c")
+        assert info.value.code == ErrorCode.CHECKSUM_MISMATCH
+        buf = np.zeros(4096, np.uint8)
+        owner.register_buffer(buf)
+        assert owner.batch_get_into(["c"], [buf]) == [int(ErrorCode.CHECKSUM_MISMATCH)]
+        with Store(p.address, verify_checksum=False) as lax:
+            got = lax.get("c")
+            assert got != b"precious kv cache" * 100 and len(got) == 1700
+
+
+def test_a_read_that_outlives_its_lease_is_refused(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=1, segment_size="64MiB", master_args=("--default-kv-lease-ttl", "1ms"))
+    with Store(p.address, protocol="tcp") as s:
+        s.put("slow", b"\1" * (16 << 20))
+        with pytest.raises(LeaseExpired) as info:
+            s.get("slow")  # 16 MiB over TCP takes well over 1 ms
+        assert info.value.code == ErrorCode.LEASE_EXPIRED

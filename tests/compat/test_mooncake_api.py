@@ -13,6 +13,7 @@ scenario may register) or ``Foreign(offset)`` (an address inside memory that is 
 from __future__ import annotations
 
 import ctypes
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,17 @@ Step = Call | Eventually | Fill | Peek
 
 HELLO = b"hello world"
 
+
+def _tensor_object(dtype: int, shape: tuple[int, ...], data: bytes) -> bytes:
+    """Mooncake's tensor object, built by hand from the C structs (not with kvpool's encoder)."""
+    dims = [*shape, *([-1] * (8 - len(shape)))]
+    head = struct.pack("<IHHiiIIQQ", 0x4D4F4F4E, 1, 304, dtype, len(shape), 0, 0, 304, len(data))
+    layout = struct.pack("<8q", *dims) * 2 + struct.pack("<II", 0, 0) + bytes(4 * 32)
+    return head + layout + data
+
+
+TENSOR_2X3 = _tensor_object(0, (2, 3), np.arange(6, dtype=np.float32).tobytes())
+
 # --------------------------------------------------------------------------------------------
 # The table
 
@@ -187,6 +199,11 @@ SCENARIOS: dict[str, list[Step]] = {
         Call("get", "b1", expect=b"v1"),
         # Mooncake's whole-batch failure answer: one b"" whatever the length asked for.
         Call("get_batch", [], expect=[b""]),
+        # A key named twice in one batch is written once, with its first value.
+        Call("put_batch", ["d1", "d1"], [b"first", b"second"], expect=0),
+        Call("get", "d1", expect=b"first"),
+        Call("upsert_batch", ["u1", "u1"], [b"first", b"second"], expect=0),
+        Call("get", "u1", expect=b"first"),
     ],
     "replicate_configs": [
         Call("put", "r2", b"x", Cfg(replica_num=2), expect=0),  # best effort: one segment
@@ -350,6 +367,31 @@ SCENARIOS: dict[str, list[Step]] = {
         Call("remove_all", expect=3),  # q1..q3; "other" is leased
         Call("remove_all", True, expect=1),
         Call("remove_all", True, expect=0),
+    ],
+    "regex_is_a_search": [
+        Call("put_batch", ["xpf1", "pf2", "zz"], [b"1", b"2", b"3"], expect=0),
+        Call("remove_by_regex", "pf", True, expect=2),
+        Call("batch_is_exist", ["xpf1", "pf2", "zz"], expect=[0, 0, 1]),
+    ],
+    "tensor_objects_from_memory": [
+        # [304-byte TensorMetadata][data] (tensor.py), checked by the wheel's put_tensor_from.
+        Call("register_buffer", Ptr(), ARENA, expect=0),
+        Fill(0, TENSOR_2X3),
+        Call("put_tensor_from", "t1", Ptr(), len(TENSOR_2X3), expect=0),
+        Call("get", "t1", expect=TENSOR_2X3),
+        Call("get_size", "t1", expect=len(TENSOR_2X3)),
+        Fill(4096, bytes(304) + TENSOR_2X3[304:]),
+        Call("put_tensor_from", "t2", Ptr(4096), len(TENSOR_2X3), expect=-600),
+        Call("put_tensor_from", "t3", Ptr(), len(TENSOR_2X3) - 4, expect=-600),
+        Call(
+            "batch_put_tensor_from",
+            ["t4", "t5"],
+            [Ptr(), Ptr(4096)],
+            [len(TENSOR_2X3)] * 2,
+            expect=[-600, -600],  # one bad header fails the whole batch
+        ),
+        Call("upsert_tensor_from", "t1", Ptr(), len(TENSOR_2X3), expect=0),
+        Call("batch_is_exist", ["t1", "t2", "t3", "t4", "t5"], expect=[1, 0, 0, 0, 0]),
     ],
     "health_and_close": [
         Call("health_check", expect=0),

@@ -837,12 +837,18 @@ class MooncakeDistributedStore:
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int], *, upsert: bool
     ) -> list[int]:
         ks = _check_keys(keys)
-        if not len(ks) == len(buffer_ptrs) == len(sizes):
-            return [INVALID] * len(ks)
-        return [
-            self._tensor_from(k, _ptr(p), _ptr(n), upsert=upsert)
-            for k, p, n in zip(ks, buffer_ptrs, sizes, strict=True)
-        ]
+        ptrs, ns = [_ptr(p) for p in buffer_ptrs], [_ptr(s) for s in sizes]
+
+        def op(store: Store) -> list[int]:
+            if not len(ks) == len(ptrs) == len(ns):
+                return [INVALID] * len(ks)
+            views = [self._pointers.find(p, n) for p, n in zip(ptrs, ns, strict=True)]
+            # As the wheel: one unreadable object fails the whole batch, before any write.
+            if any(v is None or tensor_format.parse_header(v) is None for v in views):
+                return [INVALID] * len(ks)
+            return self._write_resolved(store, ks, views, None, upsert=upsert)
+
+        return self._run_list(len(ks), op)
 
     def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
         """Read a tensor object into registered memory; the tensor viewing it, or None."""

@@ -131,7 +131,7 @@ class TransferEngine:
         *,
         timeout: float = 60.0,
         abort_grace: float = 1.0,
-        inline_copy_bytes: int = 1 << 20,
+        inline_copy_bytes: int = 2 << 20,
         memcpy_threads: int = 1,
         file_read_threads: int = 4,
         tcp_streams: int = 4,
@@ -161,6 +161,7 @@ class TransferEngine:
             streams=tcp_streams,
             stripe_bytes=stripe_bytes,
             chunk_bytes=chunk_bytes,
+            io_timeout=timeout,
             on_peer_failure=self._forget_endpoint,
         )
         self._transports: list[Transport] = [self._shm, self._tcp, *extra_transports]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import select
 import socket
 import threading
 import time
@@ -59,11 +58,15 @@ class Piece:
 
 
 class _Conn:
-    __slots__ = ("broken", "endpoint", "next_id", "reader", "sock")
+    __slots__ = ("broken", "endpoint", "next_id", "reader", "sock", "timeout")
 
-    def __init__(self, sock: socket.socket, endpoint: str) -> None:
+    def __init__(self, sock: socket.socket, endpoint: str, timeout: float) -> None:
         self.sock = sock
         self.endpoint = endpoint
+        # Set once: settimeout() costs two fcntl() calls, so a lane changes it only when its
+        # deadline is nearer than this (and check-in restores it).
+        self.timeout = timeout
+        sock.settimeout(timeout)
         self.reader = SocketReader(sock)
         self.next_id = 1
         self.broken = False
@@ -72,14 +75,6 @@ class _Conn:
         self.broken = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-
-    def stale(self) -> bool:
-        """True when this idle connection became readable: the peer closed or reset it (an
-        idle connection has nothing to read otherwise). poll(0), because a socket with a
-        timeout would make even a MSG_DONTWAIT recv wait first."""
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -103,6 +98,7 @@ class TcpTransport(Transport):
         chunk_bytes: int = 4 << 20,
         window: int = 16,
         connect_timeout: float = 5.0,
+        io_timeout: float = 60.0,
         on_peer_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.streams = max(1, streams)
@@ -110,6 +106,7 @@ class TcpTransport(Transport):
         self.chunk_bytes = max(1 << 16, chunk_bytes)
         self.window = max(1, window)
         self.connect_timeout = connect_timeout
+        self.io_timeout = io_timeout
         self._on_peer_failure = on_peer_failure
         self._idle: dict[str, list[_Conn]] = {}
         self._active: set[_Conn] = set()
@@ -153,7 +150,7 @@ class TcpTransport(Transport):
         inline: bool,
     ) -> None:
         """Start (inline: run) the pieces for `endpoint`; completions go to `future`."""
-        total = sum(p.length for p in pieces)
+        total = pieces[0].length if len(pieces) == 1 else sum(p.length for p in pieces)
         if self.streams > 1 and total >= self.stripe_bytes:
             pieces = self._split(pieces, future)
             lanes: list[list[Piece]] = [[] for _ in range(min(self.streams, len(pieces)))]
@@ -169,11 +166,11 @@ class TcpTransport(Transport):
         first = 1 if inline else 0
         for lane in lanes[first:]:
             try:
-                self._pool.submit(self._run_lane, endpoint, lane, future, deadline)
+                self._pool.submit(self._run_lane, endpoint, lane, future, deadline, False)
             except RuntimeError:  # pool shut down: the engine is closing
                 self._fail(lane, 0, future, "transfer engine is closed")
         if inline:
-            self._run_lane(endpoint, lanes[0], future, deadline)
+            self._run_lane(endpoint, lanes[0], future, deadline, True)
 
     def _split(self, pieces: list[Piece], future: TransferFuture) -> list[Piece]:
         out: list[Piece] = []
@@ -195,40 +192,62 @@ class TcpTransport(Transport):
         return out
 
     def _run_lane(
-        self, endpoint: str, lane: list[Piece], future: TransferFuture, deadline: float
+        self,
+        endpoint: str,
+        lane: list[Piece],
+        future: TransferFuture,
+        deadline: float,
+        inline: bool,
     ) -> None:
+        """Run one lane on one connection. A pooled connection the peer has closed meanwhile
+        fails before any answer arrives; then the lane is retried once on a fresh connection
+        (reads and writes of the same bytes to the same place are idempotent), which is
+        cheaper than checking every pooled connection with a poll() before use."""
         if future.aborted:
             self._fail(lane, 0, future, "aborted")
             return
-        try:
-            conn = self._checkout(endpoint, deadline)
-        except OSError as exc:
-            self._fail(lane, 0, future, f"cannot connect to {endpoint}: {exc}")
-            self._peer_failed(endpoint)
-            return
-        key = id(conn)
         progress = [0]
-        if not future.add_abort_hook(key, conn.abort):
-            self._fail(lane, 0, future, "aborted")
-            self._checkin(conn)
-            return
-        try:
-            conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            self._pipeline(conn, lane, future, progress)
-        except (OSError, ConnectionError) as exc:
-            conn.broken = True
-            why = "aborted" if future.aborted else f"connection to {endpoint} failed: {exc!r}"
-            self._fail(lane, progress[0], future, why)
-            if not future.aborted and not isinstance(exc, TimeoutError):
+        for attempt in (0, 1):
+            try:
+                conn, reused = self._checkout(endpoint, deadline, fresh=attempt > 0)
+            except OSError as exc:
+                self._fail(lane, progress[0], future, f"cannot connect to {endpoint}: {exc}")
                 self._peer_failed(endpoint)
-        finally:
-            future.remove_abort_hook(key)
-            if conn.broken:
-                with self._lock:
-                    self._active.discard(conn)
-                conn.close()
-            else:
+                return
+            # Only a lane run by a pool thread can be aborted from outside (by wait's timeout
+            # or cancel()); an inline lane is bounded by its socket timeout instead.
+            key = id(conn)
+            if not inline and not future.add_abort_hook(key, conn.abort):
+                self._fail(lane, 0, future, "aborted")
                 self._checkin(conn)
+                return
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining < 0.9 * conn.timeout:  # (a nearly equal deadline is not worth it)
+                    conn.timeout = max(remaining, 0.001)
+                    conn.sock.settimeout(conn.timeout)
+                self._pipeline(conn, lane, future, progress)
+                return
+            except (OSError, ConnectionError) as exc:
+                conn.broken = True
+                stale = reused and progress[0] == 0 and attempt == 0
+                if stale and not future.aborted and not isinstance(exc, TimeoutError):
+                    log.debug("pooled connection to %s was stale (%r); retrying", endpoint, exc)
+                    continue
+                why = "aborted" if future.aborted else f"connection to {endpoint} failed: {exc!r}"
+                self._fail(lane, progress[0], future, why)
+                if not future.aborted and not isinstance(exc, TimeoutError):
+                    self._peer_failed(endpoint)
+                return
+            finally:
+                if not inline:
+                    future.remove_abort_hook(key)
+                if conn.broken:
+                    with self._lock:
+                        self._active.discard(conn)
+                    conn.close()
+                else:
+                    self._checkin(conn)
 
     def _pipeline(
         self, conn: _Conn, lane: list[Piece], future: TransferFuture, progress: list[int]
@@ -307,26 +326,25 @@ class TcpTransport(Transport):
 
     # ---- connections ---------------------------------------------------------------------
 
-    def _checkout(self, endpoint: str, deadline: float) -> _Conn:
+    def _checkout(self, endpoint: str, deadline: float, fresh: bool) -> tuple[_Conn, bool]:
+        """A connection to `endpoint` (pooled unless `fresh`) and whether it was pooled."""
         with self._lock:
             if self._closed:
                 raise OSError(errno.ESHUTDOWN, "transport closed")
             conns = self._idle.get(endpoint)
-            while conns:
+            if conns and not fresh:
                 conn = conns.pop()
-                if not conn.stale():
-                    self._active.add(conn)
-                    return conn
-                conn.close()
+                self._active.add(conn)
+                return conn, True
         host, port = parse_endpoint(endpoint)
         timeout = max(min(self.connect_timeout, deadline - time.monotonic()), 0.001)
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock, endpoint)
+        conn = _Conn(sock, endpoint, self.io_timeout)
         if not self._track(conn):
             conn.close()
             raise OSError(errno.ESHUTDOWN, "transport closed")
-        return conn
+        return conn, False
 
     def _track(self, conn: _Conn) -> bool:
         """Count `conn` as in use (close() aborts it); False when the transport closed."""
@@ -337,6 +355,9 @@ class TcpTransport(Transport):
             return True
 
     def _checkin(self, conn: _Conn) -> None:
+        if conn.timeout != self.io_timeout:  # a short deadline lowered it for one lane
+            conn.timeout = self.io_timeout
+            conn.sock.settimeout(self.io_timeout)
         with self._lock:
             self._active.discard(conn)
             if not self._closed:

@@ -14,9 +14,9 @@
   share one pass (group commit): the first becomes the leader and reclaims the sum of what
   everyone waiting asked for; the others wait for that pass and retry their allocation.
 
-A pass splits its byte target across shards by their share of resident bytes (a deficit
-round robin: a shard owed less than one average record carries the debt to the next pass, so a
-4 KiB direct reclaim visits one shard, not all of them). Per shard it isolates batches from the
+A pass splits its byte target across shards by their share of resident bytes; a reclaim of a
+few records (one put's direct reclaim) goes to one shard drawn with that probability, so it
+takes one shard's lock, not all of them. Per shard it isolates batches from the
 tail of inactive, asks the target about each record outside the list lock, and evicts, keeps
 (rotates) or drops the record. Work per evicted object does not depend on how many objects
 are resident; only on how many ineligible records had to be looked at.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ import xxhash
 
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
-from kvpool.master.reclaim.lists import ReclaimLists
+from kvpool.master.reclaim.lists import ReclaimLists, ShardUsage
 from kvpool.master.reclaim.records import EvictInfo, K, ListState
 
 __all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
@@ -45,6 +46,8 @@ __all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
 log = logging.getLogger(__name__)
 
 _GROUP_RESULTS_KEPT = 64
+# Reclaims up to this many average records go to one shard drawn by usage (see `_split`).
+_SMALL_RECLAIM_RECORDS = 4
 
 
 @dataclass(slots=True)
@@ -112,6 +115,7 @@ class ReclaimEngine(Generic[K]):
         num_shards: int = 64,
         shard_of: Callable[[K], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        seed: int = 0,
     ) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -119,7 +123,11 @@ class ReclaimEngine(Generic[K]):
         self.config = config or ReclaimConfig()
         self.clock = clock
         self.stats = ReclaimStats()
-        self._shards: list[ReclaimLists[K]] = [ReclaimLists(i) for i in range(num_shards)]
+        self._usage = ShardUsage(num_shards)
+        self._shards: list[ReclaimLists[K]] = [
+            ReclaimLists(i, self._usage) for i in range(num_shards)
+        ]
+        self._rng = random.Random(seed)
         self._shard_of: Callable[[K], int] = shard_of or hash_shard_of(num_shards)
         self._deficit = [0.0] * num_shards
         self._cursor = 0
@@ -157,11 +165,11 @@ class ReclaimEngine(Generic[K]):
 
     @property
     def resident_bytes(self) -> int:
-        return sum(s.resident_bytes for s in self._shards)
+        return sum(self._usage.bytes)
 
     @property
     def resident_count(self) -> int:
-        return sum(s.resident_count for s in self._shards)
+        return sum(self._usage.count)
 
     @property
     def migrating_bytes(self) -> int:
@@ -327,6 +335,16 @@ class ReclaimEngine(Generic[K]):
         return cap > 0 and self.target.used_bytes() > cap * self.config.high_watermark_ratio
 
     def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
+        """Reclaim `total` bytes in up to three rounds, each only if the previous fell short:
+
+        1. every shard its quota (kswapd first balances active against inactive);
+        2. the shortfall from the shards that met theirs, largest first (inactive only);
+        3. kswapd only: age active harder (two looks per record, so referenced ones lose their
+           second chance) on the largest shards and try their inactive again.
+
+        Round 3 is global on purpose: one shard whose inactive records are all referenced or
+        leased must not scatter its hot set while other shards still have cold records.
+        """
         if total <= 0:
             return ReclaimResult()
         before = getattr(self._local, "no_direct", False)
@@ -335,23 +353,32 @@ class ReclaimEngine(Generic[K]):
             result = ReclaimResult()
             exhausted: set[int] = set()
             for index, quota in self._split(total):
-                got = self._shrink_shard(self._shards[index], quota, shrink_active)
+                lists = self._shards[index]
+                if shrink_active:
+                    self._balance(lists, quota)
+                got = self._shrink_inactive(lists, quota)
                 result = result + got
                 moved = got.freed + got.pending
                 if moved < quota:
                     exhausted.add(index)
                 # An overshoot (records are whole) counts against the shard's next share.
                 self._deficit[index] -= max(0, moved - quota)
-            # Shards that could not meet their quota (pinned, leased, empty) leave a shortfall;
-            # the others, largest first, cover it in one more round.
             short = total - result.freed - result.pending
             if short > 0:
-                rest = sorted(
-                    (s for s in self._shards if s.shard not in exhausted and s.resident_bytes > 0),
-                    key=lambda s: -s.resident_bytes,
-                )
-                for lists in rest:
-                    got = self._shrink_shard(lists, short, shrink_active)
+                for lists in self._by_usage(exclude=exhausted):
+                    got = self._shrink_inactive(lists, short)
+                    result = result + got
+                    short -= got.freed + got.pending
+                    if short <= 0:
+                        break
+            if short > 0 and shrink_active:
+                for lists in self._by_usage(exclude=set()):
+                    if lists.active_bytes <= 0:
+                        continue
+                    n_active = lists.counts()[0]
+                    demoted, _ = lists.shrink_active(short, 2 * n_active, self.config.isolate_batch)
+                    self.stats.demoted_bytes += demoted
+                    got = self._shrink_inactive(lists, short)
                     result = result + got
                     short -= got.freed + got.pending
                     if short <= 0:
@@ -360,23 +387,35 @@ class ReclaimEngine(Generic[K]):
         finally:
             self._local.no_direct = before
 
+    def _by_usage(self, exclude: set[int]) -> list[ReclaimLists[K]]:
+        used = self._usage.bytes
+        order = sorted(
+            (i for i in range(len(used)) if used[i] > 0 and i not in exclude),
+            key=used.__getitem__,
+            reverse=True,
+        )
+        return [self._shards[i] for i in order]
+
     def _split(self, total: int) -> list[tuple[int, int]]:
         """Shard quotas proportional to resident bytes (seed 001: used_i / sum(used)).
 
-        A shard owed less than one average record keeps its share as a debt (`_deficit`) for a
-        later pass instead of being visited for a sliver; when nothing reaches that grain, the
-        shard owed most takes the whole amount. Over many passes each shard gives in
-        proportion to its usage, and a small direct reclaim touches one shard.
+        A reclaim of a few records (a direct reclaim for one put) goes to one shard drawn with
+        probability used_i / sum(used): proportional on average, and one shard's lock instead
+        of all of them. A larger one is split; a shard owed less than one average record keeps
+        its share as a debt (`_deficit`) for a later pass instead of being visited for a sliver,
+        and whatever nobody took goes to the shard owed most.
         """
-        used = [s.resident_bytes for s in self._shards]
+        used = self._usage.bytes
         total_used = sum(used)
         if total_used <= 0:
             return []
-        count = sum(s.resident_count for s in self._shards)
-        grain = min(float(total), total_used / max(1, count))
+        n = len(used)
+        grain = total_used / max(1, sum(self._usage.count))
+        if total <= _SMALL_RECLAIM_RECORDS * grain:
+            (index,) = self._rng.choices(range(n), weights=used)
+            return [(index, total)]
         quotas: list[tuple[int, int]] = []
         assigned = 0
-        n = len(used)
         deficit = self._deficit
         best = -1
         for j in range(n):
@@ -399,23 +438,6 @@ class ReclaimEngine(Generic[K]):
             deficit[best] -= q
         self._cursor = (self._cursor + 1) % n
         return quotas
-
-    def _shrink_shard(
-        self, lists: ReclaimLists[K], quota: int, shrink_active: bool
-    ) -> ReclaimResult:
-        cfg = self.config
-        if shrink_active:
-            self._balance(lists, quota)
-        result = self._shrink_inactive(lists, quota)
-        got = result.freed + result.pending
-        if shrink_active and got < quota and lists.active_bytes > 0:
-            # Inactive could not cover the quota: age active harder (two looks per record, so
-            # referenced ones lose their second chance) and try inactive once more.
-            n_active = lists.counts()[0]
-            demoted, _ = lists.shrink_active(quota - got, 2 * n_active, cfg.isolate_batch)
-            self.stats.demoted_bytes += demoted
-            result = result + self._shrink_inactive(lists, quota - got)
-        return result
 
     def _balance(self, lists: ReclaimLists[K], quota: int) -> None:
         """kswapd only: demote from active so that active <= inactive_ratio * inactive, and so

@@ -25,7 +25,21 @@ from typing import Generic
 
 from kvpool.master.reclaim.records import EvictInfo, K, ListState
 
-__all__ = ["ReclaimLists"]
+__all__ = ["ReclaimLists", "ShardUsage"]
+
+
+class ShardUsage:
+    """Resident bytes and records of every shard, one slot each, shared with the engine.
+
+    Each shard writes only its own slots (under its own lock), so the engine can sum or weigh
+    all shards with one C-level pass over a list instead of visiting every shard object.
+    """
+
+    __slots__ = ("bytes", "count")
+
+    def __init__(self, num_shards: int) -> None:
+        self.bytes = [0] * num_shards
+        self.count = [0] * num_shards
 
 
 class ReclaimLists(Generic[K]):
@@ -40,13 +54,13 @@ class ReclaimLists(Generic[K]):
         "epoch",
         "inactive_bytes",
         "lock",
-        "resident_bytes",
-        "resident_count",
         "shard",
+        "usage",
     )
 
-    def __init__(self, shard: int) -> None:
+    def __init__(self, shard: int, usage: ShardUsage | None = None) -> None:
         self.shard = shard
+        self.usage = usage if usage is not None else ShardUsage(shard + 1)
         self.lock = threading.Lock()
         self._active: OrderedDict[EvictInfo[K], None] = OrderedDict()
         self._inactive: OrderedDict[EvictInfo[K], None] = OrderedDict()
@@ -55,10 +69,6 @@ class ReclaimLists(Generic[K]):
         self.epoch = 0
         self.active_bytes = 0
         self.inactive_bytes = 0
-        self.resident_bytes = 0
-        """Bytes of every record not REMOVED (on a list, isolated, parked or migrating)."""
-        self.resident_count = 0
-        """Number of those records."""
 
     # ------------------------------------------------------------------ online path, O(1)
 
@@ -83,8 +93,8 @@ class ReclaimLists(Generic[K]):
                 self._by_key[rec.key] = rec
             # else: a late report of an older generation (a stale reference relinked it). It is
             # listed but not indexed, and the next pass that meets it drops it as stale.
-            self.resident_bytes += rec.size
-            self.resident_count += 1
+            self.usage.bytes[self.shard] += rec.size
+            self.usage.count[self.shard] += 1
             if unevictable:
                 rec.state = ListState.UNEVICTABLE
                 self._unevictable[rec] = None
@@ -254,6 +264,16 @@ class ReclaimLists(Generic[K]):
 
     # ------------------------------------------------------------------ views
 
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of every record not REMOVED (on a list, isolated, parked or migrating)."""
+        return self.usage.bytes[self.shard]
+
+    @property
+    def resident_count(self) -> int:
+        """Number of those records."""
+        return self.usage.count[self.shard]
+
     def counts(self) -> tuple[int, int, int]:
         """(active, inactive, unevictable) record counts."""
         return len(self._active), len(self._inactive), len(self._unevictable)
@@ -294,8 +314,8 @@ class ReclaimLists(Generic[K]):
             del self._unevictable[rec]
         # ISOLATED and MIGRATING records are owned by a pass or a swap-out, which sees REMOVED.
         rec.state = ListState.REMOVED
-        self.resident_bytes -= rec.size
-        self.resident_count -= 1
+        self.usage.bytes[self.shard] -= rec.size
+        self.usage.count[self.shard] -= 1
         return True
 
     def _unindex_locked(self, rec: EvictInfo[K]) -> None:

@@ -253,3 +253,14 @@ def test_typed_views_share_memory() -> None:
     assert bytes(r.obj.buffer)[16:20] == (7).to_bytes(4, "little")
     with pytest.raises(InvalidParams):
         MemoryLayout(((2,),), ("float16", "int8"))
+
+
+def test_tensors_view_the_same_memory_when_torch_is_installed() -> None:
+    torch = pytest.importorskip("torch")
+    l1 = make()
+    (r,) = l1.reserve_write([k(1)], MemoryLayout(((2, 3),), ("float16",)))
+    assert r.obj is not None
+    (t,) = r.obj.tensors()
+    assert t.dtype == torch.float16 and tuple(t.shape) == (2, 3)
+    t.fill_(2.0)
+    assert r.obj.arrays()[0].tolist() == [[2.0] * 3] * 2

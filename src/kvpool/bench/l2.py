@@ -6,8 +6,9 @@ an engine stores chunks (L1 → store controller → L2), drops them from L1 and
 back (L2 → prefetch controller → L1). Every loaded chunk is compared with what was stored (distinct
 content per key), and a mismatch makes the command exit with status 1. It never asserts a speed.
 
-Adapters: `--adapter '<json>'` (repeatable); without any, `mock` and `fs` (in a temporary
-directory). `--with-services` also starts, as children owned by this command, a redis-server
+Adapters: `--adapter '<json>'` or `--l2-adapter '<json>'` (both repeatable); without any,
+`mock` and `fs` (in a temporary directory). The other storage-manager flags (`--l2-*-policy`,
+`--l2-prefetch-max-in-flight`, `--l1-*`) configure the manager path. `--with-services` also starts, as children owned by this command, a redis-server
 (if installed), moto's S3 server (if installed) and an embedded kvpool pool, and measures the
 `resp`, `s3` and `kvpool` adapters against them. The baseline measured in the same run is a
 numpy memcpy of the same bytes (system "limit", path "memcpy"); `ratio` is bytes/s over it.
@@ -547,6 +548,8 @@ def command(  # noqa: PLR0917 - click passes options positionally by name
             spec = json.loads(text)
             parse_adapter_config(spec)  # fail now, with the offending text
             specs.append(spec)
+        # --l2-adapter (the storage-manager flag) names adapters to measure as well.
+        specs += [a.to_dict() for a in manager.adapters]
     except (KVPoolError, json.JSONDecodeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--adapter / --l2-*") from exc
     with contextlib.ExitStack() as stack:

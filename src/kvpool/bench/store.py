@@ -56,6 +56,8 @@ class Row:
     p50_us: float
     p99_us: float
     calls: int
+    mean_ops_per_s: float = 0.0
+    """Calls x batch / total time (the median-based ops_per_s is the headline)."""
     ratio: float | None = None
     """bytes/s (or ops/s) as a fraction of this path's baseline, measured in the same run."""
     baseline: str = ""
@@ -86,9 +88,12 @@ def _percentile(samples: list[float], q: float) -> float:
 def _row(
     path: str, op: str, size: int, batch: int, samples_s: list[float], *, system: str = "kvpool"
 ) -> Row:
-    total = sum(samples_s)
+    # Rates come from the median call, not the mean: on a shared machine a few calls stall
+    # for milliseconds behind someone else's work, and the median is what the code does.
     calls = len(samples_s)
-    ops = calls * batch / total if total > 0 else 0.0
+    p50 = statistics.median(samples_s)
+    ops = batch / p50 if p50 > 0 else 0.0
+    total = sum(samples_s)
     return Row(
         system=system,
         path=path,
@@ -97,9 +102,10 @@ def _row(
         batch=batch,
         ops_per_s=ops,
         bytes_per_s=ops * size,
-        p50_us=statistics.median(samples_s) * 1e6,
+        p50_us=p50 * 1e6,
         p99_us=_percentile(samples_s, 0.99) * 1e6,
         calls=calls,
+        mean_ops_per_s=calls * batch / total if total > 0 else 0.0,
     )
 
 
@@ -124,13 +130,19 @@ def _check(ok: bool, what: str) -> None:
 # ---------------------------------------------------------------- baselines
 
 
-def memcpy_baseline(reps: int, size: int = 16 * MiB) -> Row:
+def memcpy_baseline(reps: int, size: int = 16 * MiB, span: int = 256 * MiB) -> Row:
+    """numpy.copyto of `size` bytes into successive slices of a touched `span`-byte buffer:
+    like a put into a pre-faulted segment (a copy into the same slice every time would stay
+    in the CPU caches and run faster than any real transfer can)."""
     src = np.ones(size, np.uint8)
-    dst = np.zeros(size, np.uint8)  # zeros then copy: both touched before timing
-    np.copyto(dst, src)
-    return _row(
-        "memcpy", "copy", size, 1, _timed(reps, lambda _: np.copyto(dst, src)), system="limit"
-    )
+    dst = np.ones(span, np.uint8)  # ones, not zeros: every page touched before timing
+    slots = span // size
+
+    def copy(i: int) -> None:
+        o = (i % slots) * size
+        np.copyto(dst[o : o + size], src)
+
+    return _row("memcpy", "copy", size, 1, _timed(max(reps, 2 * slots), copy), system="limit")
 
 
 def socket_baseline(reps: int, size: int = 16 * MiB) -> Row:
@@ -276,22 +288,30 @@ def run(
         mem = memcpy_baseline(plan.baseline_reps)
         sock = socket_baseline(plan.baseline_reps)
         rows += [mem, sock]
+        cases: list[Row] = []
+        rpcs: list[Row] = []
         for proto in protocols:
             path = "shm" if proto == "auto" else proto
             with Store(address, protocol=proto) as store:
                 store.warm_up()
-                rpc = rpc_baseline(store, plan.small_ops)
-                if proto == protocols[0]:
-                    rows.append(rpc)
-                for r in run_cases(store, path, plan):
-                    if r.value_size >= MiB:
-                        base = mem if path == "shm" else sock
-                        r.ratio = r.bytes_per_s / base.bytes_per_s
-                        r.baseline = f"{base.path} {base.bytes_per_s / 1e9:.2f} GB/s"
-                    elif r.batch == 1:
-                        r.ratio = r.ops_per_s / rpc.ops_per_s
-                        r.baseline = f"rpc echo {rpc.ops_per_s / 1e3:.1f}k/s"
-                    rows.append(r)
+                rpcs.append(rpc_baseline(store, plan.small_ops))
+                cases += run_cases(store, path, plan)
+                rpcs.append(rpc_baseline(store, plan.small_ops))
+        # Baselines again after the cases; the faster of the two runs is the limit that
+        # ratios are taken against (conservative when the machine got busier meanwhile).
+        mem = max(mem, memcpy_baseline(plan.baseline_reps), key=lambda r: r.ops_per_s)
+        sock = max(sock, socket_baseline(plan.baseline_reps), key=lambda r: r.ops_per_s)
+        rpc = max(rpcs, key=lambda r: r.ops_per_s)
+        rows = [mem, sock, rpc]
+        for r in cases:
+            if r.value_size >= MiB:
+                base = mem if r.path == "shm" else sock
+                r.ratio = r.bytes_per_s / base.bytes_per_s
+                r.baseline = f"{base.path} {base.bytes_per_s / 1e9:.2f} GB/s"
+            elif r.batch == 1:
+                r.ratio = r.ops_per_s / rpc.ops_per_s
+                r.baseline = f"rpc echo {rpc.ops_per_s / 1e3:.1f}k/s"
+            rows.append(r)
     finally:
         if pool is not None:
             pool.close()

@@ -1,0 +1,64 @@
+"""`mooncake.store` on kvpool: the names of Mooncake's module, from kvpool.compat.mooncake."""
+
+from __future__ import annotations
+
+from kvpool.compat.mooncake import (
+    BufferHandle,
+    MooncakeConfig,
+    MooncakeDistributedStore,
+    ObjectDataType,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    TaskStatus,
+    TaskType,
+)
+
+# Mooncake's module also exports each enum member at top level (pybind11 export_values()).
+UNDEFINED, INITIALIZED, PROCESSING, COMPLETE, REMOVED, FAILED = list(ReplicaStatus)
+(
+    UNKNOWN,
+    KVCACHE,
+    TENSOR,
+    WEIGHT,
+    SAMPLE,
+    ACTIVATION,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    METADATA,
+    GENERAL,
+) = list(ObjectDataType)
+REPLICA_COPY, REPLICA_MOVE = list(TaskType)
+PENDING, _TASK_PROCESSING, SUCCESS, _TASK_FAILED = list(TaskStatus)
+
+__all__ = [
+    "ACTIVATION",
+    "COMPLETE",
+    "FAILED",
+    "GENERAL",
+    "GRADIENT",
+    "INITIALIZED",
+    "KVCACHE",
+    "METADATA",
+    "OPTIMIZER_STATE",
+    "PENDING",
+    "PROCESSING",
+    "REMOVED",
+    "REPLICA_COPY",
+    "REPLICA_MOVE",
+    "SAMPLE",
+    "SUCCESS",
+    "TENSOR",
+    "UNDEFINED",
+    "UNKNOWN",
+    "WEIGHT",
+    "BufferHandle",
+    "MooncakeConfig",
+    "MooncakeDistributedStore",
+    "ObjectDataType",
+    "ReplicaStatus",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "TaskStatus",
+    "TaskType",
+]

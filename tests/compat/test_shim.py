@@ -1,0 +1,92 @@
+"""compat/mooncake-shim: installs `mooncake.store` backed by kvpool, never over the real wheel.
+
+Uses pip itself, offline (--no-index; the shim's backend needs no build requirements), against
+a throwaway virtual environment made with `python -m venv --without-pip` under tmp_path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHIM = Path(__file__).resolve().parents[2] / "compat" / "mooncake-shim"
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _real_mooncake_here() -> bool:
+    spec = importlib.util.find_spec("mooncake")
+    if spec is None or spec.origin is None:
+        return False
+    return "__kvpool_shim__" not in Path(spec.origin).read_text(encoding="utf-8")
+
+
+def test_the_shim_refuses_an_environment_with_the_real_mooncake() -> None:
+    if not _real_mooncake_here():
+        pytest.skip("the real Mooncake wheel is not installed here (pip install kvpool[bench])")
+    # --dry-run: even a broken check cannot install anything into this environment. With
+    # pip's build isolation, which hides site-packages from the backend's own process.
+    done = _pip("install", "--dry-run", "--no-deps", "--no-index", str(SHIM))
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "will not install" in out and "mooncake-transfer-engine" in out
+
+
+def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    done = _pip(
+        "--python",
+        str(python),
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--no-build-isolation",
+        str(SHIM),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert (Path(site) / "mooncake" / "store.py").is_file()
+    # The installed shim, imported by this environment's interpreter (which has kvpool and its
+    # dependencies), ahead of any real Mooncake.
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import mooncake, mooncake.store as s, mooncake.mooncake_config as c;"
+        "import kvpool.compat.mooncake as k;"
+        "assert mooncake.__kvpool_shim__;"
+        "assert s.MooncakeDistributedStore is k.MooncakeDistributedStore;"
+        "assert s.ReplicateConfig is k.ReplicateConfig and c.MooncakeConfig is k.MooncakeConfig;"
+        "assert s.COMPLETE is k.ReplicaStatus.COMPLETE and s.KVCACHE is k.ObjectDataType.KVCACHE;"
+        "assert s.MooncakeDistributedStore().health_check() == 1;"
+        "print('ok')"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe, site], capture_output=True, text=True, check=False
+    )
+    assert ran.stdout.strip() == "ok", ran.stderr
+    # Installed once, the shim is no obstacle to itself (upgrades, reinstalls).
+    check = subprocess.run(
+        [sys.executable, str(SHIM / "_build" / "backend.py"), "check", str(python)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr

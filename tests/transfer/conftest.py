@@ -67,9 +67,15 @@ def spawn_peer() -> Iterator[Callable[..., Peer]]:
             p.proc.stop()
 
 
-@pytest.fixture
-def peer(spawn_peer: Callable[..., Peer]) -> Peer:
-    return spawn_peer()
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Peer]:
+    """One filled peer per test module (tests that write to it use their own offsets:
+    [5 MiB, 8 MiB) and [15 MiB, 16 MiB); the rest of the pattern stays intact)."""
+    p = start_peer()
+    try:
+        yield p
+    finally:
+        p.proc.stop()
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ def test_registered_raw_addresses_can_be_transferred(peer: Any, make_engine: Mak
     raw = (ctypes.c_char * 4096)()
     addr = ctypes.addressof(raw)
     eng.register(addr, 4096)
-    eng.transfer([W(b"x" * 4096, "peer", 0), R(addr, "peer", 0, 4096)])
+    eng.transfer([W(b"x" * 4096, "peer", 15 << 20), R(addr, "peer", 15 << 20, 4096)])
     assert raw.raw == b"x" * 4096
     eng.unregister(addr)
     with pytest.raises(InvalidParams):
@@ -355,3 +355,59 @@ def test_closed_engine_refuses_work(make_engine: Make) -> None:
     with pytest.raises(TransferError) as info:
         eng.submit([])
     assert info.value.code is ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+
+
+def test_a_remounted_segment_is_detected_and_resolved_again(make_engine: Make) -> None:
+    old = SegmentMemory.create("re", 1 << 16)
+    where = {"re": SegmentLocation("re", old.size, host_id(), "", old.shm_path)}
+    eng = make_engine(lambda n: where[n], "shm", liveness_interval=0.0)
+    eng.transfer([W(b"old", "re", 0)])
+    assert bytes(old.buffer[:3]) == b"old"
+    old.close()
+    new = SegmentMemory.create("re", 1 << 16)  # the same name, very likely the same fd number
+    try:
+        where["re"] = SegmentLocation("re", new.size, host_id(), "", new.shm_path)
+        with pytest.raises(TransferError) as info:
+            eng.transfer([W(b"new", "re", 0)])  # must not land in the old, unmounted memory
+        assert "remounted" in str(info.value)
+        eng.transfer([W(b"new", "re", 0)])
+        assert bytes(new.buffer[:3]) == b"new"
+    finally:
+        new.close()
+
+
+def test_a_pooled_connection_to_a_restarted_server_is_retried(make_engine: Make) -> None:
+    with SegmentMemory.create("rs", 1 << 16) as mem:
+        first = TransferServer()
+        first.add_segment(mem)
+        port = first.port
+        loc = SegmentLocation("rs", mem.size, host_id(), first.endpoint, "")
+        eng = make_engine({"rs": loc}, "tcp")
+        eng.transfer([W(b"one", "rs", 0)])  # leaves a pooled connection to `first`
+        first.close()
+        with TransferServer(port=port) as second:
+            second.add_segment(mem)
+            eng.transfer([W(b"two", "rs", 0)])  # the stale pooled connection is retried
+            assert bytes(mem.buffer[:3]) == b"two"
+
+
+def test_hold_segment_needs_shared_memory(peer: Any, make_engine: Make) -> None:
+    eng = make_engine({"peer": peer.location}, "tcp")
+    with pytest.raises(TransferError):
+        eng.hold_segment("peer")
+
+
+def test_submit_timeout_bounds_a_transfer_to_a_silent_server(make_engine: Make) -> None:
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    try:
+        loc = SegmentLocation("s", 4096, "elsewhere", f"127.0.0.1:{silent.getsockname()[1]}")
+        eng = make_engine({"s": loc}, "auto", abort_grace=0.2)
+        t0 = time.monotonic()
+        with pytest.raises(TransferError) as info:
+            eng.transfer([R(bytearray(16), "s", 0)], timeout=0.5)
+        assert info.value.code is ErrorCode.TRANSFER_FAIL
+        assert time.monotonic() - t0 < 3
+    finally:
+        silent.close()

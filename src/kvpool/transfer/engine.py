@@ -16,7 +16,8 @@ memcpy pool (one thread: copies are bounded by memory bandwidth) so the caller m
 
 Routes are cached per segment name. `forget(name)` drops one (closing a peer mapping, or
 quarantining it while a transfer holds it); the engine forgets by itself when a peer's owner
-process is gone (checked at most every `liveness_interval` s) or its TCP peer fails, so the next
+process is gone or no longer serves that memory at its shm_path (closed, or remounted: one stat()
+of the /proc link, at most every `liveness_interval` s) or its TCP peer fails, so the next
 request resolves the segment again.
 """
 
@@ -137,7 +138,7 @@ class TransferEngine:
         tcp_streams: int = 4,
         stripe_bytes: int = 4 << 20,
         chunk_bytes: int = 4 << 20,
-        liveness_interval: float = 0.5,
+        liveness_interval: float = 0.1,
         extra_transports: Sequence[Transport] = (),
     ) -> None:
         if protocol not in ("auto", "shm", "tcp"):
@@ -292,7 +293,7 @@ class TransferEngine:
                 if now - route.checked_at > self.liveness_interval:
                     if not route.peer.owner_alive():
                         self.forget(name)
-                        raise TransferError(f"the owner of segment {name} is gone")
+                        raise TransferError(f"the owner of segment {name} is gone or remounted it")
                     route.checked_at = now
             return route
         route = self._new_route(name)

@@ -273,21 +273,36 @@ class SegmentMemory:
 
 
 class PeerMapping:
-    """A same-host peer's segment mapped here, with the identity of the process that owns it."""
+    """A same-host peer's segment mapped here, and the identity of the memory it maps."""
 
-    __slots__ = ("location", "mapping", "owner_pid", "owner_start")
+    __slots__ = ("identity", "location", "mapping", "owner_pid", "owner_start")
 
     def __init__(
-        self, location: SegmentLocation, mapping: SharedMapping, pid: int, start: int
+        self,
+        location: SegmentLocation,
+        mapping: SharedMapping,
+        pid: int,
+        start: int,
+        identity: tuple[int, int],
     ) -> None:
         self.location = location
         self.mapping = mapping
         self.owner_pid = pid
         self.owner_start = start
+        self.identity = identity  # (st_dev, st_ino) of the memfd
 
     def owner_alive(self) -> bool:
-        """The owning process still exists (same pid *and* start time: pid reuse is caught)."""
-        return process_start_time(self.owner_pid) == self.owner_start
+        """The owner still serves this very memory at `shm_path`.
+
+        False when the owner died (the path is gone), closed the segment, or mounted another
+        segment whose fd took the same number (a different inode): in each case this mapping
+        is stale and must not be written. One stat() of the /proc link.
+        """
+        try:
+            st = os.stat(self.location.shm_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
 
 
 def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
@@ -315,7 +330,8 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
             f"segment {location.name}: cannot open {location.shm_path}: {exc}"
         ) from exc
     try:
-        actual = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        actual = st.st_size
         if actual != location.size:
             raise TransferError(
                 f"segment {location.name}: {location.shm_path} has {actual} bytes, "
@@ -330,4 +346,4 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
     if process_start_time(pid) != start:
         mapping.close()
         raise TransferError(f"segment {location.name}: owner pid {pid} changed while mapping")
-    return PeerMapping(location, mapping, pid, start)
+    return PeerMapping(location, mapping, pid, start, (st.st_dev, st.st_ino))

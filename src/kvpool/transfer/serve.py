@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             import numpy as np
 
             arr = np.frombuffer(mem.buffer, dtype=np.uint8)
-            arr[:] = np.arange(mem.size, dtype=np.uint64) % 251
+            period = np.arange(251, dtype=np.uint8)
+            arr[:] = np.tile(period, -(-mem.size // 251))[: mem.size]
             del arr
         server.add_segment(mem)
         extra = ""

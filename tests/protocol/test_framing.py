@@ -142,3 +142,19 @@ def test_error_reply_message_is_truncated_to_fit_its_schema() -> None:
     frame = FrameEncoder().encode_error(1, -1, "m" * 10_000)
     [(_, payload)] = FrameDecoder().feed(frame)
     assert len(msgspec.msgpack.decode(payload, type=ErrorReply).message) == 4096
+
+
+def test_frames_before_a_break_in_the_same_chunk_are_returned_then_the_break_raises() -> None:
+    dec = FrameDecoder(max_frame_bytes=1024)
+    chunk = encode_frame(1, b"a") + encode_frame(2, b"b") + struct.pack("<IQ", 5000, 3)
+    assert dec.feed(chunk) == [(1, b"a"), (2, b"b")]
+    assert isinstance(dec.error, FrameTooLarge)
+    assert dec.error.request_id == 3
+    with pytest.raises(FrameTooLarge):
+        dec.feed(encode_frame(4, b"d"))
+
+
+def test_a_sound_stream_has_no_error() -> None:
+    dec = FrameDecoder()
+    dec.feed(encode_frame(1, b"x")[:5])
+    assert dec.error is None

@@ -147,19 +147,22 @@ class FrameDecoder:
     """Reassembles frames from a byte stream cut into arbitrary chunks.
 
     `feed` returns every frame completed by the chunk, in order, and keeps any partial tail for
-    the next call. A length prefix below `MIN_FRAME_LENGTH` or above ``max_frame_bytes`` raises
-    `FrameError` / `FrameTooLarge`; after that the decoder stays failed (every later `feed`
-    raises again), because the stream has lost its frame boundaries. Not thread-safe: one owner
-    (the connection's reader) feeds it.
+    the next call. A length prefix below `MIN_FRAME_LENGTH` or above ``max_frame_bytes`` breaks
+    the stream for good (its frame boundaries are lost): the break is recorded in `error`
+    (`FrameError` / `FrameTooLarge`) and every later `feed` raises it. The frames that the same
+    chunk completed *before* the break are still returned, since the peer sent them intact, so a
+    reader answers those first and then checks `error`; `feed` raises at once only when no
+    frame preceded the break. Not thread-safe: one owner (the connection's reader) feeds it.
     """
 
-    __slots__ = ("_buf", "_failed", "max_frame_bytes")
+    __slots__ = ("_buf", "error", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         _check_limit(max_frame_bytes)
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
-        self._failed: FrameError | None = None
+        #: Why the stream broke, once it has; None while it is sound.
+        self.error: FrameError | None = None
 
     @property
     def buffered(self) -> int:
@@ -168,8 +171,8 @@ class FrameDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Append `data` to the stream; return the frames it completed."""
-        if self._failed is not None:
-            raise self._failed
+        if self.error is not None:
+            raise self.error
         buf = self._buf
         if not buf and type(data) is bytes and len(data) >= HEADER_SIZE:
             # Fast path (a lock-step reply): the chunk is exactly one whole frame.
@@ -207,9 +210,11 @@ class FrameDecoder:
                 frames.append((request_id, bytes(view[pos + HEADER_SIZE : end])))
                 pos = end
         except FrameError as exc:
-            self._failed = exc
+            self.error = exc
             buf.clear()
-            raise
+            if not frames:
+                raise
+            return frames
         if view is buf:
             if pos:
                 del buf[:pos]

@@ -75,9 +75,8 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             frames = self.decoder.feed(data)
-        except FrameError as exc:
-            self.fail(RpcError(f"bad frame from {self._client.address}: {exc}"))
-            return
+        except FrameError:
+            frames = []
         client = self._client
         pending = self.pending
         for rid, payload in frames:
@@ -100,6 +99,8 @@ class _Protocol(asyncio.Protocol):
                         ErrorCode.DESERIALIZE_FAIL,
                     )
                 )
+        if self.decoder.error is not None:
+            self.fail(RpcError(f"bad frame from {client.address}: {self.decoder.error}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(RpcError(f"connection to {self._client.address} lost: {exc or 'closed'}"))

@@ -485,22 +485,6 @@ class RpcClient:
                     self._fail(conn, RpcError(f"connection to {self.address} failed: {exc}"))
                     self._release(conn)
                     return
-                if len(frames) == 1:
-                    # The lock-step case: exactly one reply in this read.
-                    rid, payload = frames[0]
-                    value, error = self._decode_reply(rid, payload)
-                    with lock:
-                        other = conn.pending.pop(rid & MAX_REQUEST_ID, None)
-                        if other is not None:
-                            other.value = value
-                            other.error = error
-                            other.done = True
-                            if other is not call and other.cond is not None:
-                                other.cond.notify()
-                        if call.done:
-                            self._release_locked(conn)
-                            return
-                    continue
                 if not frames:
                     continue
                 outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
@@ -515,9 +499,15 @@ class RpcClient:
                         other.done = True
                         if other is not call and other.cond is not None:
                             other.cond.notify()
-                    if call.done:
+                    broken = conn.decoder.error
+                    if call.done and broken is None:
                         self._release_locked(conn)
                         return
+                if broken is not None:
+                    # The frames before the break were delivered; the rest cannot be.
+                    self._fail(conn, RpcError(f"bad frame from {self.address}: {broken}"))
+                    self._release(conn)
+                    return
         except BaseException:
             self._release(conn)  # KeyboardInterrupt and the like: never keep the role
             raise

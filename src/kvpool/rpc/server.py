@@ -118,23 +118,29 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        decoder = self._decoder
         try:
-            frames = self._decoder.feed(data)
-        except FrameError as exc:
-            log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, exc)
+            frames = decoder.feed(data)
+        except FrameError:
             frames = []
-            self._out.append(
-                self._server._encoder.encode_error(exc.request_id or 0, exc.code, exc.message)
-            )
-            self._closing = True
         server = self._server
+        refused = False
         for request_id, payload in frames:
             if not self.handshaken:
-                self._handshake(request_id, payload)
-                if self._closing:
+                if not self._handshake(request_id, payload):
+                    refused = True
                     break
                 continue
             self._serve(request_id, payload, server)
+        exc = decoder.error
+        if exc is not None and not refused:
+            # Framing is lost: answer the frames that came before the break (done above),
+            # then the break itself, then close.
+            log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, exc)
+            self._out.append(
+                server._encoder.encode_error(exc.request_id or 0, exc.code, exc.message)
+            )
+            self._closing = True
         self._flush()
         if self._closing and self._transport is not None:
             # close() sends what is buffered first, so the error reply reaches the peer.
@@ -145,22 +151,23 @@ class Connection(asyncio.Protocol):
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _handshake(self, request_id: int, payload: bytes) -> None:
+    def _handshake(self, request_id: int, payload: bytes) -> bool:
+        """Answer the first frame; False when the connection was refused (and is closing)."""
         server = self._server
         try:
             hello = server._hello_decoder.decode(payload)
         except msgspec.DecodeError as exc:
             self._refuse(request_id, ErrorCode.INVALID_PARAMS, f"expected a Hello first: {exc}")
-            return
+            return False
         if request_id != HANDSHAKE_REQUEST_ID:
             self._refuse(request_id, ErrorCode.INVALID_PARAMS, "a Hello must have request id 0")
-            return
+            return False
         refusal = check_hello(
             hello, cluster_id=server.cluster_id, protocol_version=server.protocol_version
         )
         if refusal is not None:
             self._refuse(request_id, ErrorCode(refusal.code), refusal.message)
-            return
+            return False
         self.client_name = hello.client_name
         self.handshaken = True
         self._out.append(
@@ -169,6 +176,7 @@ class Connection(asyncio.Protocol):
                 Welcome(server.protocol_version, server.cluster_id, server.server_name),
             )
         )
+        return True
 
     def _refuse(self, request_id: int, code: ErrorCode, message: str) -> None:
         log.info("refusing connection %s from %s: %s", self.conn_id, self.peer, message)

@@ -8,6 +8,7 @@ frees its segment, then the master: nothing is left behind.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ from types import FrameType
 
 import click
 
+from kvpool.cli.status import render_table
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.errors import KVPoolError
@@ -24,15 +26,14 @@ from kvpool.rpc.client import RpcClient
 __all__ = ["status_line", "up"]
 
 
-def status_line(reply: StatsReply) -> str:
-    """One line summing up a pool (what `kvpool up` keeps redrawing)."""
+def status_line(address: str, reply: StatsReply) -> str:
+    """One line summing up a pool (what `kvpool up` keeps redrawing): the summary line of
+    `kvpool status`, plus how many segments, hosts and clients there are."""
+    summary = render_table(address, reply).splitlines()[0]
     hosts = {s.host_id for s in reply.segments}
-    pct = 100.0 * reply.used / reply.capacity if reply.capacity else 0.0
     return (
-        f"segments {len(reply.segments)} on {len(hosts)} host(s) | clients {len(reply.clients)} | "
-        f"objects {reply.objects} ({reply.processing} being written) | "
-        f"memory {format_size(reply.used)} / {format_size(reply.capacity)} ({pct:.1f}%) | "
-        f"up {reply.uptime_s:.0f} s"
+        f"{summary} | {len(reply.segments)} segment(s) on {len(hosts)} host(s), "
+        f"{len(reply.clients)} client(s)"
     )
 
 
@@ -69,6 +70,10 @@ def up(*, segment_size: str, port: int, host: str, client_ttl: str | None, refre
     click.echo("\nkvpool up: stopped (node unmounted, master gone)")
 
 
+def _without_uptime(line: str) -> str:
+    return re.sub(r"up \d+ s", "", line)
+
+
 def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Event) -> None:
     tty = sys.stdout.isatty()
     last = ""
@@ -78,11 +83,11 @@ def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Even
                 click.echo("\none of the pool's processes exited; stopping", err=True)
                 return
             try:
-                line = status_line(rpc.call_as(Stats(), StatsReply))
+                line = status_line(address, rpc.call_as(Stats(), StatsReply))
             except KVPoolError as exc:
                 line = f"master not answering: {exc}"
             if tty:
                 click.echo("\r" + line.ljust(len(last)), nl=False)
-            elif line.split("| up", maxsplit=1)[0] != last.split("| up", maxsplit=1)[0]:
+            elif _without_uptime(line) != _without_uptime(last):
                 click.echo(line)  # in a log, only when something changed
             last = line

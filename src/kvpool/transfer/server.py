@@ -50,6 +50,9 @@ class TransferServer:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
+        # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
+        # request); replaced as a whole under the lock, read without it.
+        self._by_wire_name: dict[bytes, tuple[SegmentMemory, int]] = {}
         self._lock = threading.Lock()
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
         self._max_connections = max_connections
@@ -86,12 +89,14 @@ class TransferServer:
                 )
             token = mem.add_close_hook(self._on_segment_close)
             self._segments[mem.name] = (mem, token)
+            self._reindex()
 
     def remove_segment(self, name: str) -> None:
         """Stop serving segment `name` (transfers already running finish); SEGMENT_NOT_FOUND
         when it is not served."""
         with self._lock:
             entry = self._segments.pop(name, None)
+            self._reindex()
         if entry is None:
             raise SegmentError(f"segment {name} is not served here")
         entry[0].remove_close_hook(entry[1])
@@ -100,11 +105,16 @@ class TransferServer:
         with self._lock:
             return sorted(self._segments)
 
+    def _reindex(self) -> None:
+        """Rebuild the wire-name index (call with the lock held)."""
+        self._by_wire_name = {name.encode(): e for name, e in self._segments.items()}
+
     def _on_segment_close(self, mem: SegmentMemory) -> None:
         with self._lock:
             entry = self._segments.get(mem.name)
             if entry is not None and entry[0] is mem:
                 del self._segments[mem.name]
+                self._reindex()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -117,6 +127,7 @@ class TransferServer:
             conns = list(self._conns.values())
             segments = list(self._segments.values())
             self._segments.clear()
+            self._reindex()
         for mem, token in segments:
             mem.remove_close_hook(token)
         # shutdown() wakes a thread blocked in accept()/recv() on Linux; close() alone does not.
@@ -192,33 +203,35 @@ class TransferServer:
         magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
         if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
             log.warning("transfer server: malformed request header; closing the connection")
-            send_parts(sock, [RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0)])
+            sock.sendall(RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0))
             return False
         if not reader.fill(name_len):
             return False
-        name = bytes(reader.take(name_len)).decode("utf-8", "replace")
-        code, mem = self._check(name, offset, length)
+        code, mem = self._check(bytes(reader.take(name_len)), offset, length)
         if mem is None:
             if op == _WRITE:
                 reader.discard(length, scratch)
-            send_parts(sock, [RESP.pack(RESP_MAGIC, int(code), req_id, 0)])
+            sock.sendall(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
             return True
         try:
             region = mem.mapping.view[offset : offset + length]
             if op == _READ:
-                send_parts(sock, [RESP.pack(RESP_MAGIC, 0, req_id, length), region])
+                send_parts(
+                    sock, [RESP.pack(RESP_MAGIC, 0, req_id, length), region], RESP.size + length
+                )
             else:
                 reader.read_into(region)
-                send_parts(sock, [RESP.pack(RESP_MAGIC, 0, req_id, 0)])
+                sock.sendall(RESP.pack(RESP_MAGIC, 0, req_id, 0))
             region.release()
         finally:
             mem.mapping.release()
         return True
 
-    def _check(self, name: str, offset: int, length: int) -> tuple[ErrorCode, SegmentMemory | None]:
+    def _check(
+        self, name: bytes, offset: int, length: int
+    ) -> tuple[ErrorCode, SegmentMemory | None]:
         """The segment to serve (held: release it), or why the request is refused."""
-        with self._lock:
-            entry = self._segments.get(name)
+        entry = self._by_wire_name.get(name)  # one dict read: atomic, no lock needed
         if entry is None:
             return ErrorCode.SEGMENT_NOT_FOUND, None
         mem = entry[0]

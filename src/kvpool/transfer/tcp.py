@@ -253,6 +253,17 @@ class TcpTransport(Transport):
         self, conn: _Conn, lane: list[Piece], future: TransferFuture, progress: list[int]
     ) -> None:
         sock = conn.sock
+        if len(lane) == 1:  # the common small case (one KV get or put), without the pipeline
+            p = lane[0]
+            req_id = conn.next_id
+            conn.next_id += 1
+            hdr = REQ.pack(REQ_MAGIC, p.op, 0, len(p.name), req_id, p.offset, p.length) + p.name
+            if p.op == _WRITE:
+                send_parts(sock, [hdr, p.view], len(hdr) + p.length)
+            else:
+                sock.sendall(hdr)
+            self._receive(conn, deque(((p, req_id),)), future, progress)
+            return
         in_flight: deque[tuple[Piece, int]] = deque()
         reads_in_flight = 0
         headers: list[bytes | memoryview] = []  # READ headers not sent yet: one sendmsg later
@@ -268,7 +279,7 @@ class TcpTransport(Transport):
                     headers = []
                 while reads_in_flight:
                     reads_in_flight -= self._receive(conn, in_flight, future, progress)
-                send_parts(sock, [hdr, p.view])
+                send_parts(sock, [hdr, p.view], len(hdr) + p.length)
             else:
                 headers.append(hdr)
                 reads_in_flight += 1

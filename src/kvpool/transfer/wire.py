@@ -122,11 +122,17 @@ class SocketReader:
             n -= got
 
 
-def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
-    """Send every part in order with scatter-gather `sendmsg`, looping over partial sends."""
-    pending = [memoryview(p) if not isinstance(p, memoryview) else p for p in parts]
+def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], total: int = -1) -> None:
+    """Send every part in order with scatter-gather `sendmsg`, looping over partial sends.
+
+    `total` (the byte count of all parts, when the caller knows it) lets the common case, one
+    complete `sendmsg`, return without walking the parts.
+    """
+    sent = sock.sendmsg(parts)
+    if sent == total:
+        return
+    pending = [memoryview(p) for p in parts]
     while pending:
-        sent = sock.sendmsg(pending)
         while sent:
             head = pending[0]
             if sent >= head.nbytes:
@@ -137,3 +143,5 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None
                 sent = 0
         while pending and pending[0].nbytes == 0:
             pending.pop(0)
+        if pending:
+            sent = sock.sendmsg(pending)

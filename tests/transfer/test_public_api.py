@@ -1,0 +1,34 @@
+"""The public surface of kvpool.transfer is what docs/architecture.md promises, no more."""
+
+from __future__ import annotations
+
+import kvpool.transfer as transfer
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(transfer.__all__) == [
+        "AddressOverlapped",
+        "MemoryRegion",
+        "Resolver",
+        "RouteKind",
+        "SegmentHold",
+        "SegmentLocation",
+        "SegmentMemory",
+        "SharedMapping",
+        "TransferEngine",
+        "TransferFuture",
+        "TransferOp",
+        "TransferRequest",
+        "TransferServer",
+        "Transport",
+        "host_id",
+        "quarantined_count",
+    ]
+    for name in transfer.__all__:
+        assert getattr(transfer, name) is not None
+
+
+def test_host_id_is_stable_and_short() -> None:
+    assert transfer.host_id() == transfer.host_id()
+    assert len(transfer.host_id()) == 16
+    int(transfer.host_id(), 16)

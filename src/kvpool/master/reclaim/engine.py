@@ -352,7 +352,14 @@ class ReclaimEngine(Generic[K]):
         try:
             result = ReclaimResult()
             exhausted: set[int] = set()
-            for index, quota in self._split(total):
+            deficit = self._deficit
+            for index, share in self._split(total):
+                # Records are whole, so shards overshoot; stop at the total and carry the
+                # difference between each shard's share and what it gave to the next pass.
+                quota = min(share, total - result.freed - result.pending)
+                deficit[index] += share - max(quota, 0)
+                if quota <= 0:
+                    continue
                 lists = self._shards[index]
                 if shrink_active:
                     self._balance(lists, quota)
@@ -360,9 +367,9 @@ class ReclaimEngine(Generic[K]):
                 result = result + got
                 moved = got.freed + got.pending
                 if moved < quota:
-                    exhausted.add(index)
-                # An overshoot (records are whole) counts against the shard's next share.
-                self._deficit[index] -= max(0, moved - quota)
+                    exhausted.add(index)  # it cannot give more; no debt carried
+                else:
+                    deficit[index] -= moved - quota
             short = total - result.freed - result.pending
             if short > 0:
                 for lists in self._by_usage(exclude=exhausted):

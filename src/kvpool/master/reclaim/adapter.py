@@ -1,0 +1,175 @@
+"""The reclaim engine plugged into the master service: `MasterReclaimHooks`.
+
+`MasterService` calls `kvpool.master.hooks.ReclaimHooks` (on_replica_complete, on_access,
+on_object_removed, reclaim_for, tick) and offers `kvpool.master.hooks.ReclaimTarget` back
+(index, clock, memory usage, evictable, evict). This module turns those into the engine's
+terms, so that neither side knows the other's internals:
+
+* records are keyed by the `ObjectMeta` itself. A re-put of a key builds a new `ObjectMeta`,
+  so an object identity *is* a generation: a record whose object is no longer the one indexed
+  under its key is stale, and the engine drops it on the next pass that meets it;
+* a record's size is the replica's aligned allocation, the unit of `memory_usage()`;
+* the engine's shards are the service's metadata shards (`ObjectMeta.shard`);
+* `reclaim_for` is direct reclaim (inactive lists only, group commit); `tick` runs pin expiry
+  and at most `steps_per_tick` kswapd steps, so one tick holds the loop for a few ms at most.
+
+What the service cannot do yet, and so what this adapter refuses rather than fakes:
+
+* evict one replica of several: `evict(obj)` drops all of an object's memory replicas, so in
+  pool mode every replica counts as primary (never dropped alone);
+* move a replica (swap-out to another node's memory) or offload it to a tier: `swap_out`
+  answers False, so in pool mode an object that must not be lost stays, and the put that
+  needed its room fails with NO_AVAILABLE_HANDLE, with nothing lost;
+* transfer refcounts: a replica being written is not COMPLETE (an upsert in place makes the
+  object incomplete), and readers are protected by their lease, which the adapter honours.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvpool.master import hooks
+from kvpool.master.config import EvictionMode
+from kvpool.master.metadata import ObjectMeta, Replica
+from kvpool.master.reclaim.base import ReclaimTarget, Verdict
+from kvpool.master.reclaim.config import ReclaimConfig
+from kvpool.master.reclaim.engine import ReclaimEngine
+from kvpool.master.reclaim.records import EvictInfo
+from kvpool.master.reclaim.softpin import SoftPinIndex
+from kvpool.protocol.messages import ReplicaKind
+
+__all__ = ["MasterReclaimHooks"]
+
+log = logging.getLogger(__name__)
+
+
+class _ServiceTarget(ReclaimTarget[ObjectMeta]):
+    """The engine's `ReclaimTarget` over the service's `hooks.ReclaimTarget`."""
+
+    def __init__(self, service: hooks.ReclaimTarget, config: ReclaimConfig) -> None:
+        self._svc = service
+        self._pool_mode = config.mode is EvictionMode.POOL
+
+    def used_bytes(self) -> int:
+        return self._svc.memory_usage()[1]
+
+    def capacity_bytes(self) -> int:
+        return self._svc.memory_usage()[0]
+
+    def inspect(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
+        obj = rec.key
+        if self._svc.index.get(obj.tenant, obj.key) is not obj:
+            return Verdict.STALE
+        primary: Replica | None = None
+        mine: Replica | None = None
+        for r in obj.replicas:
+            if r.kind is ReplicaKind.MEMORY and r.readable():
+                primary = primary or r
+                if r.replica_id == rec.replica_id:
+                    mine = r
+        if mine is None:
+            return Verdict.STALE  # freed, or its segment went away
+        if obj.hard_pin:
+            return Verdict.HARD_PINNED
+        if now < obj.lease_deadline:
+            return Verdict.LEASED
+        if not obj.complete:
+            return Verdict.BUSY  # an in-place upsert is rewriting it
+        if obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline:
+            return Verdict.SOFT_PINNED
+        if mine is primary or self._pool_mode:
+            return Verdict.PRIMARY
+        return Verdict.DROPPABLE
+
+    def drop(self, rec: EvictInfo[ObjectMeta]) -> int:
+        obj = rec.key
+        if not self._svc.evictable(obj, self._svc.now()):
+            return 0
+        # Drops every memory replica of the object and, through on_object_removed, retires
+        # all of its records (this one included).
+        return self._svc.evict(obj)
+
+    def swap_out(self, rec: EvictInfo[ObjectMeta]) -> bool:
+        log.debug("no swap-out executor yet: %r stays", rec.key)
+        return False
+
+
+class MasterReclaimHooks:
+    """`kvpool.master.hooks.ReclaimHooks` backed by a `ReclaimEngine` (seed 001 reclaim).
+
+    Build it, pass it as `MasterService(config, hooks=...)` (or `MasterServer(..., hooks=...)`);
+    the service calls `attach` from its constructor. `tunables` are extra `ReclaimConfig`
+    fields (isolate_batch, inactive_ratio, kswapd_step_bytes); the rest comes from the
+    service's `MasterConfig`.
+    """
+
+    def __init__(self, *, steps_per_tick: int = 4, **tunables: int | float) -> None:
+        self.steps_per_tick = steps_per_tick
+        self._tunables = tunables
+        self._svc: hooks.ReclaimTarget | None = None
+        self._engine: ReclaimEngine[ObjectMeta] | None = None
+        self._pins: SoftPinIndex[ObjectMeta] | None = None
+        self._alignment = 1
+
+    @property
+    def engine(self) -> ReclaimEngine[ObjectMeta]:
+        if self._engine is None:
+            raise RuntimeError("MasterReclaimHooks is not attached to a service")
+        return self._engine
+
+    @property
+    def soft_pins(self) -> SoftPinIndex[ObjectMeta]:
+        if self._pins is None:
+            raise RuntimeError("MasterReclaimHooks is not attached to a service")
+        return self._pins
+
+    def attach(self, target: hooks.ReclaimTarget) -> None:
+        self._svc = target
+        config = ReclaimConfig.from_master(target.config, **self._tunables)
+        self._alignment = target.config.alignment
+        num_shards = target.index.num_shards
+        self._engine = ReclaimEngine(
+            _ServiceTarget(target, config),
+            config,
+            num_shards=num_shards,
+            shard_of=_shard_of,
+            clock=target.now,
+        )
+        self._pins = SoftPinIndex(num_shards, _shard_of)
+
+    def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
+        if replica.kind is not ReplicaKind.MEMORY:
+            return
+        engine = self.engine
+        a = self._alignment
+        engine.on_complete(
+            obj, replica.replica_id, (obj.size + a - 1) // a * a, hard_pinned=obj.hard_pin
+        )
+        if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
+            # PutEnd sets the deadline to now + ttl right after this hook, on the same clock;
+            # the index only orders expiry, the object's own field stays authoritative.
+            self.soft_pins.pin(obj, engine.clock() + obj.soft_pin_ttl)
+
+    def on_access(self, obj: ObjectMeta) -> None:
+        self.engine.on_access(obj)
+
+    def on_object_removed(self, obj: ObjectMeta) -> None:
+        self.engine.on_remove(obj)
+        self.soft_pins.unpin(obj)
+
+    def reclaim_for(self, bytes_needed: int) -> int:
+        return self.engine.direct_reclaim(bytes_needed)
+
+    def tick(self, now: float) -> None:
+        self.soft_pins.expire(now)
+        engine = self.engine
+        for _ in range(self.steps_per_tick):
+            if not engine.kswapd_wanted():
+                break
+            step = engine.kswapd_step()
+            if step.freed + step.pending == 0:
+                break
+
+
+def _shard_of(obj: ObjectMeta) -> int:
+    return obj.shard

@@ -286,3 +286,20 @@ def test_async_store_has_the_same_methods(two_nodes: Pool) -> None:
             await s.get("async")
 
     asyncio.run(main())
+
+
+def test_memory_registered_by_address_serves_zero_copy_calls(store: Store) -> None:
+    from kvpool.transfer.registration import view_at
+
+    arr = np.zeros(8192, dtype=np.uint8)
+    arr[:4096] = np.random.default_rng(5).integers(1, 256, 4096, dtype=np.uint8)
+    addr = arr.ctypes.data
+    store.register_buffer(addr, arr.nbytes)  # as a torch tensor's data_ptr() would be
+    try:
+        assert store.put_from("by-addr", view_at(addr, 4096)) is True
+        assert store.get_into("by-addr", view_at(addr + 4096, 4096)) == 4096
+        assert np.array_equal(arr[4096:], arr[:4096])
+    finally:
+        store.unregister_buffer(addr)
+    with pytest.raises(InvalidParams):
+        store.put_from("by-addr-2", view_at(addr, 4096))

@@ -149,10 +149,10 @@ class AsyncStore:
     async def remove_by_regex(self, pattern: str, force: bool = False) -> int:
         return await self._run(self.store.remove_by_regex, pattern, force)
 
-    async def register_buffer(self, buffer: Buffer) -> None:
-        await self._run(self.store.register_buffer, buffer)
+    async def register_buffer(self, buffer: Buffer | int, length: int | None = None) -> None:
+        await self._run(self.store.register_buffer, buffer, length)
 
-    async def unregister_buffer(self, buffer: Buffer) -> None:
+    async def unregister_buffer(self, buffer: Buffer | int) -> None:
         await self._run(self.store.unregister_buffer, buffer)
 
     async def health_check(self) -> HealthStatus:

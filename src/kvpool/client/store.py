@@ -340,12 +340,16 @@ class Store:
 
     # ------------------------------------------------------------------ buffers
 
-    def register_buffer(self, buffer: Buffer) -> None:
-        """Register memory for `put_from` / `get_into` (kept alive until unregistered)."""
-        self._open().register(buffer)
+    def register_buffer(self, buffer: Buffer | int, length: int | None = None) -> None:
+        """Register memory for `put_from` / `get_into`: a buffer (kept alive until
+        unregistered), or a raw address such as `tensor.data_ptr()` with its `length` (the
+        caller keeps that memory alive). Overlapping an existing registration is
+        INVALID_PARAMS."""
+        self._open().register(buffer, length)
 
-    def unregister_buffer(self, buffer: Buffer) -> None:
-        """Undo `register_buffer` (the same object, or any view starting at its address)."""
+    def unregister_buffer(self, buffer: Buffer | int) -> None:
+        """Undo `register_buffer` (the same object, a view starting at its address, or the
+        address)."""
         self._open().unregister(buffer)
 
     def _registered(self, buffer: Buffer, *, writable: bool, what: str) -> memoryview:

@@ -70,6 +70,26 @@ class Gather(msgspec.Struct, tag=True, array_like=True):
     token: int
 
 
+class Big(msgspec.Struct, tag=True, array_like=True):
+    """Answered with a Said of `n` bytes (a reply much larger than its request)."""
+
+    n: int
+
+
+class BadReply(msgspec.Struct, tag=True, array_like=True):
+    """The handler returns something msgspec cannot encode: SERIALIZE_FAIL."""
+
+
+class SlowBoom(msgspec.Struct, tag=True, array_like=True):
+    """An async handler that raises after `seconds`: INTERNAL_ERROR from a task."""
+
+    seconds: float
+
+
+class Kick(msgspec.Struct, tag=True, array_like=True):
+    """The service closes this connection (as the master does to an evicted client)."""
+
+
 class Sum(msgspec.Struct, tag=True, array_like=True):
     value: int
 
@@ -87,7 +107,7 @@ class You(msgspec.Struct, tag=True, array_like=True):
     client_name: str
 
 
-Request = Add | Say | Sleep | Boom | Missing | WhoAmI | Gather
+Request = Add | Say | Sleep | Boom | Missing | WhoAmI | Gather | Big | BadReply | SlowBoom | Kick
 Response = Sum | Said | Slept | You
 
 
@@ -120,7 +140,21 @@ async def _gather(request: Gather) -> Slept:
     return Slept(request.token)
 
 
+async def _slow_boom(seconds: float) -> Any:
+    await asyncio.sleep(seconds)
+    raise ValueError("slow boom")
+
+
 def handler(request: Any, conn: Connection) -> Any:
+    if isinstance(request, Big):
+        return Said("x" * request.n)
+    if isinstance(request, BadReply):
+        return object()
+    if isinstance(request, SlowBoom):
+        return _slow_boom(request.seconds)
+    if isinstance(request, Kick):
+        conn.close()
+        return Sum(0)
     if isinstance(request, Gather):
         return _gather(request)
     if isinstance(request, Add):

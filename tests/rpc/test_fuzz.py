@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpool.errors import ErrorCode
@@ -104,7 +104,9 @@ def _expected(payload: bytes) -> Any:
         return ErrorCode.OBJECT_NOT_FOUND
     if isinstance(req, Boom):
         return ErrorCode.INTERNAL_ERROR
-    return None  # Sleep / Gather: answered later by a task; the strategies avoid them
+    # Sleep / Gather / SlowBoom answer later from a task, Kick closes, Big allocates what it is
+    # told: the examples that happen to hold one are skipped (`assume`).
+    return None
 
 
 msgpack_values = st.recursive(
@@ -164,6 +166,7 @@ payloads = st.one_of(
 def test_every_frame_gets_its_promised_answer(
     fuzz_server: ServerThread, witness: RpcClient, payload_list: list[bytes], garbage_tail: bytes
 ) -> None:
+    assume(all(_expected(p) is not None for p in payload_list))
     with RawConn(fuzz_server.endpoint) as raw:
         assert isinstance(raw.hello(), Welcome)
         stream = b"".join(encode_frame(i + 1, p) for i, p in enumerate(payload_list))

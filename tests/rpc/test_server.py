@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
+from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, RpcError, StoreClosed
 from kvpool.protocol.framing import ERROR_FLAG, ErrorReply, encode_frame
 from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello, Welcome
 from kvpool.rpc.client import RpcClient
@@ -21,13 +21,20 @@ from kvtest.procs import wait_until
 from rpc.rpc_testkit import (
     CLUSTER,
     Add,
+    BadReply,
+    Big,
+    Kick,
     RawConn,
     Response,
+    Said,
     Say,
     Sleep,
     Slept,
+    SlowBoom,
     Sum,
     Unknown,
+    WhoAmI,
+    You,
     make_server,
 )
 
@@ -258,3 +265,71 @@ def test_server_arguments_are_validated(kwargs: dict[str, object]) -> None:
 def test_server_address_before_start_is_an_error() -> None:
     with pytest.raises(StoreClosed, match="not started"):
         _ = make_server().address
+
+
+def test_unencodable_reply_is_serialize_fail(client: RpcClient) -> None:
+    with pytest.raises(KVPoolError) as info:
+        client.call(BadReply())
+    assert info.value.code == ErrorCode.SERIALIZE_FAIL
+    assert client.call(Add(1, 1)) == Sum(2)
+
+
+def test_reply_over_the_frame_limit_is_buffer_overflow(small_server: ServerThread) -> None:
+    with RpcClient(small_server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
+        assert c.call(Big(100)) == Said("x" * 100)
+        with pytest.raises(InvalidParams) as info:
+            c.call(Big(SMALL_LIMIT * 2))
+        assert info.value.code == ErrorCode.BUFFER_OVERFLOW
+        assert c.call(Add(1, 1)) == Sum(2)
+
+
+def test_async_handler_exception_is_internal_error(client: RpcClient) -> None:
+    with pytest.raises(KVPoolError) as info:
+        client.call(SlowBoom(0.01))
+    assert info.value.code == ErrorCode.INTERNAL_ERROR
+    assert "slow boom" in info.value.message
+    assert client.call(Add(1, 1)) == Sum(2)
+
+
+def test_service_side_close_sends_queued_replies_and_the_client_reconnects(
+    server: ServerThread,
+) -> None:
+    # idle_check_after=0: every call first peeks whether the server closed the connection.
+    with RpcClient(
+        server.endpoint, response_type=Response, cluster_id=CLUSTER, idle_check_after=0
+    ) as c:
+        first = c.call(WhoAmI())
+        assert c.call(Kick()) == Sum(0)  # the reply leaves before the connection closes
+        wait_until(lambda: server.server.connection_count == 0, what="server closed it")
+        second = c.call(WhoAmI())  # no failed call: the closed connection is noticed first
+        assert isinstance(first, You) and isinstance(second, You)
+        assert second.conn_id != first.conn_id
+
+
+def test_without_the_idle_check_a_closed_connection_fails_one_call(server: ServerThread) -> None:
+    with RpcClient(
+        server.endpoint, response_type=Response, cluster_id=CLUSTER, idle_check_after=3600
+    ) as c:
+        assert c.call(Kick()) == Sum(0)
+        wait_until(lambda: server.server.connection_count == 0, what="server closed it")
+        with pytest.raises(RpcError) as info:
+            c.call(WhoAmI())
+        assert info.value.code == ErrorCode.RPC_FAIL
+        assert isinstance(c.call(WhoAmI()), You)
+
+
+def test_reply_outside_the_clients_union_is_deserialize_fail(server: ServerThread) -> None:
+    with RpcClient(server.endpoint, response_type=Sum, cluster_id=CLUSTER) as c:
+        assert c.call(Add(1, 1)) == Sum(2)
+        with pytest.raises(KVPoolError) as info:
+            c.call(Say("not a Sum"))
+        assert info.value.code == ErrorCode.DESERIALIZE_FAIL
+        assert c.call(Add(2, 2)) == Sum(4)
+
+
+@pytest.mark.parametrize("size", [1 << 20, 8 << 20])
+def test_large_frames_cross_many_reads(client: RpcClient, size: int) -> None:
+    text = "".join(chr(65 + i % 26) for i in range(size))
+    assert client.call(Say(text), timeout=30) == Said(text)
+    replies = client.call_many([Say(text[: size // 4]), Add(1, 1), Big(size)], timeout=30)
+    assert replies == [Said(text[: size // 4]), Sum(2), Said("x" * size)]

@@ -106,6 +106,7 @@ class _Conn:
     __slots__ = (
         "broken",
         "decoder",
+        "last_used",
         "pending",
         "reading",
         "recv_timeout",
@@ -125,6 +126,7 @@ class _Conn:
         self.send_lock = threading.Lock()
         # Only the leader touches this: the SO_RCVTIMEO now set on the socket.
         self.recv_timeout = 0.0
+        self.last_used = time.monotonic()
         # Guarded by the client's _lock:
         self.pending: dict[int, _Call] = {}
         self.sleepers: dict[int, _Call] = {}
@@ -150,12 +152,20 @@ class RpcClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         auth: bytes = b"",
         protocol_version: int = PROTOCOL_VERSION,
+        idle_check_after: float = 0.1,
     ) -> None:
         self.address = address
         self._host, self._port = parse_address(address)
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
         self.timeout = float(timeout)
+        if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
+            raise InvalidParams(f"idle_check_after: {idle_check_after!r} must be >= 0 seconds")
+        #: A call on a connection idle this long first checks (one non-blocking peek) that the
+        #: server has not closed it meanwhile, and reconnects instead of failing if it has. A
+        #: server restart or a service-side close then costs no failed call; back-to-back calls
+        #: skip the check, so the lock-step path keeps its two syscalls.
+        self.idle_check_after = float(idle_check_after)
         self.cluster_id = cluster_id
         self.client_name = client_name
         self.protocol_version = protocol_version
@@ -183,9 +193,10 @@ class RpcClient:
 
     def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply. Thread-safe; concurrent calls pipeline."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        now = time.monotonic()
+        deadline = now + (self.timeout if timeout is None else timeout)
         payload = self._payload(request)
-        conn = self._conn or self._connect(deadline)
+        conn = self._usable_conn(now) or self._connect(deadline)
         with self._lock:
             if conn.broken is not None:
                 raise _as_rpc_error(conn.broken, fresh=True)
@@ -237,11 +248,12 @@ class RpcClient:
         """
         if window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        now = time.monotonic()
+        deadline = now + (self.timeout if timeout is None else timeout)
         payloads = [self._payload(r) for r in requests]
         results: list[Any] = [None] * len(payloads)
         first_error: BaseException | None = None
-        conn = (self._conn or self._connect(deadline)) if payloads else None
+        conn = (self._usable_conn(now) or self._connect(deadline)) if payloads else None
         inflight: list[tuple[int, _Call]] = []
         head = 0  # next index of `inflight` to collect
         sent = 0
@@ -321,6 +333,26 @@ class RpcClient:
         self.close()
 
     # -- connection -------------------------------------------------------------------------
+
+    def _usable_conn(self, now: float) -> _Conn | None:
+        """The current connection, unless it was found closed by the server while idle."""
+        conn = self._conn
+        if conn is None:
+            return None
+        if now - conn.last_used > self.idle_check_after and not conn.pending:
+            try:
+                # Data or nothing-yet both mean alive; only EOF or an error means closed.
+                closed = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                closed = False
+            except OSError:
+                closed = True
+            if closed:
+                log.info("connection to %s was closed while idle; reconnecting", self.address)
+                self._fail(conn, RpcError(f"{self.address} closed the idle connection"))
+                return None
+        conn.last_used = now
+        return conn
 
     def _connect(self, deadline: float) -> _Conn:
         with self._connect_lock:

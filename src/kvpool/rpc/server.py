@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._closing = False
+        self._close_requested = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -250,10 +251,20 @@ class Connection(asyncio.Protocol):
 
     @property
     def closed(self) -> bool:
-        return self._closing or self._transport is None
+        return self._closing or self._close_requested or self._transport is None
 
     def close(self) -> None:
-        """Close this connection after writing what is already queued. Idempotent."""
+        """Close this connection once the replies queued so far have been written. Idempotent.
+
+        Called from a handler, the close happens after the current batch of replies (the
+        handler's own reply included) is flushed: the loop runs it as its next callback.
+        """
+        if self._closing or self._close_requested or self._transport is None:
+            return
+        self._close_requested = True
+        asyncio.get_running_loop().call_soon(self._close_now)
+
+    def _close_now(self) -> None:
         self._closing = True
         if self._transport is not None:
             self._flush()

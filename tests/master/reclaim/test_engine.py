@@ -514,3 +514,23 @@ def test_work_per_evicted_object_does_not_depend_on_resident_objects(resident: i
     for _ in range(100):
         assert engine.direct_reclaim(SIZE) == SIZE
     assert target.inspected == 100 and engine.stats.isolated == 100
+
+
+def test_a_failing_target_never_strands_isolated_records() -> None:
+    pool = make_pool(10)
+    fill(pool, [f"k{i}" for i in range(10)])
+    real_inspect = pool.inspect
+
+    def broken(rec: EvictInfo[str], now: float) -> Verdict:
+        if rec.key == "k2":
+            raise RuntimeError("bug in the metadata")
+        return real_inspect(rec, now)
+
+    pool.inspect = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        pool.engine.kswapd_pass(5 * SIZE)
+    assert set(pool.objects) == {f"k{i}" for i in range(2, 10)}  # k0, k1 went before it
+    states = {r.state for k in pool.objects for r in pool.engine.records_of(k)}
+    assert states == {ListState.INACTIVE}
+    # k2 went back to the tail, where it was: the next pass meets it first.
+    assert pool.engine.shard(0).inactive_order()[0].key == "k2"

@@ -9,9 +9,8 @@ direct reclaim, group commit, and the cache and pool eviction modes. Layers, bot
     config.py    ReclaimConfig, EvictionMode
     engine.py    ReclaimEngine: online hooks, kswapd_step, direct_reclaim (group commit)
     softpin.py   the deadline index that expires soft pins in order, shard by shard
-    kswapd.py    the asyncio task that runs kswapd and pin expiry in the master's loop
     simulated.py SimulatedPool: an in-memory ReclaimTarget for tests and benchmarks
-    adapter.py   the ReclaimTarget over the master service's metadata
+    adapter.py   MasterReclaimHooks: the master service's reclaim hooks over the engine
 
 Of the rest of the master, only adapter.py (the service's metadata) and config.py (the
 master's flags) import anything.

@@ -5,10 +5,10 @@
 
 * the online path (PutEnd → `on_complete`, a read hit → `on_access`, Remove → `on_remove`):
   O(1) under one shard's list lock, no scan, no I/O, no metadata lookup;
-* kswapd (`kswapd_step`, run by `kswapd.Kswapd` in the master's event loop, or by a benchmark
-  between operations): woken when used bytes pass the high watermark or after an allocation
-  failure, it reclaims toward the low watermark in bounded steps, shrinking active (balance)
-  and then inactive;
+* kswapd (`kswapd_step`, run from the master's reclaim tick by `adapter.MasterReclaimHooks`,
+  or by a benchmark between operations): wanted when used bytes pass the high watermark or
+  after an allocation failure, it reclaims toward the low watermark in bounded steps,
+  shrinking active (balance) and then inactive;
 * direct reclaim (`direct_reclaim`, from PutStart when allocation failed): synchronous,
   inactive lists only, so that a burst of puts cannot scatter the hot set. Concurrent callers
   share one pass (group commit): the first becomes the leader and reclaims the sum of what
@@ -16,9 +16,9 @@
 
 A pass splits its byte target across shards by their share of resident bytes; a reclaim of a
 few records (one put's direct reclaim) goes to one shard drawn with that probability, so it
-takes one shard's lock, not all of them. Per shard it isolates batches from the
-tail of inactive, asks the target about each record outside the list lock, and evicts, keeps
-(rotates) or drops the record. Work per evicted object does not depend on how many objects
+takes one shard's lock, not all of them. Per shard it isolates batches from the tail of
+inactive, asks the target about each record outside the list lock, and evicts, keeps (rotates)
+or drops the record. Work per evicted object does not depend on how many objects
 are resident; only on how many ineligible records had to be looked at.
 """
 
@@ -135,7 +135,7 @@ class ReclaimEngine(Generic[K]):
         self._migrating_bytes = 0
         self._kswapd_wanted = False
         self.wakeup: Callable[[], None] | None = None
-        """Called (from the online path) when kswapd should run; set by `kswapd.Kswapd`."""
+        """Called (from the online path) when kswapd should run now rather than at the next tick."""
         self._local = threading.local()
         # Group commit of direct reclaim: callers add their need to the open group; one leader
         # at a time takes the whole group and runs one pass for it.

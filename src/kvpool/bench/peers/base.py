@@ -6,7 +6,8 @@ the interleaving, the verification, the table and the JSON are written once
 (`kvpool.bench.peers.workload` and `kvpool.bench.peers.report`).
 
 Threading and ownership: the harness calls a driver from one thread only, in this order:
-`setup()` once, then any number of `put` / `get` / `batch_put` / `batch_get` / `reset`, then
+`setup()` once, then, per case, `register` of the harness's buffers, any number of `put` /
+`get` / `batch_put` / `batch_get` / `reset`, and `unregister`; then
 `teardown()` exactly once (also when `setup` failed half-way, and when the run is interrupted).
 A driver owns every process, socket and buffer it makes and releases all of them in `teardown`,
 which must be idempotent.
@@ -73,6 +74,18 @@ class Driver(ABC):
         May block for seconds (process start-up). Raises `Unavailable` when the system is not
         installed, `BenchError` when it is installed but does not start.
         """
+
+    def register(self, buffer: memoryview) -> None:
+        """`buffer` holds values the harness will put, or is where it will get into.
+
+        Called once per case for each buffer before any put or get, so a zero-copy API that
+        needs registered memory (kvpool's `put_from` / `get_into`) can register it; no-op here.
+        """
+        del buffer
+
+    def unregister(self, buffer: memoryview) -> None:
+        """Undo `register` at the end of the case; no-op here."""
+        del buffer
 
     @abstractmethod
     def put(self, key: str, value: memoryview) -> None:

@@ -40,12 +40,21 @@ INSTALL = (
 # through it, so it must hold the largest value or batch measured.
 _LOCAL_BUFFER = 128 << 20
 _STARTUP_S = 60.0
-# Quiet glog (INFO lines on stderr would tear through the progress bar); errors still show.
-_GLOG_ENV = {"GLOG_minloglevel": "2"}
+# Mooncake logs every INFO line to stderr, through the progress bar; MC_LOG_LEVEL (not glog's
+# GLOG_minloglevel, which it ignores) keeps the errors only.
+_LOG_ENV = {"MC_LOG_LEVEL": "ERROR"}
+
+
+def _quiet_log() -> None:
+    # Read when Mooncake's extension sets up logging; importing the `mooncake` package already
+    # loads it, so this runs before any mooncake import. Only a default: a user's value wins.
+    for name, value in _LOG_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def find_mooncake_master() -> str | None:
     """The mooncake_master binary: the one inside the wheel first, then PATH."""
+    _quiet_log()
     try:
         import mooncake
     except ImportError:
@@ -57,9 +66,7 @@ def find_mooncake_master() -> str | None:
 
 
 def _import_store() -> Any:
-    for name, value in _GLOG_ENV.items():
-        # glog reads its flags from the environment when the extension loads; only a default.
-        os.environ.setdefault(name, value)
+    _quiet_log()
     try:
         from mooncake.store import MooncakeDistributedStore
     except (ImportError, OSError) as exc:  # OSError: a missing libibverbs / libnuma
@@ -77,6 +84,7 @@ class MooncakeDriver(Driver):
 
     @override
     def setup(self, capacity: int) -> None:
+        _quiet_log()
         store_cls = _import_store()
         master_bin = find_mooncake_master()
         if master_bin is None:
@@ -136,7 +144,7 @@ class MooncakeDriver(Driver):
         self._store = store  # only now: methods on a store that is not set up segfault (§1.1)
 
     def _start(self, args: list[str], name: str, stdin: bool = False) -> Child:
-        child = Child(args, name=name, env=_GLOG_ENV, stdin=stdin)
+        child = Child(args, name=name, env=_LOG_ENV, stdin=stdin)
         self._children.append(child)
         return child
 

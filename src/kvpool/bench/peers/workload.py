@@ -133,9 +133,14 @@ class ValueSource:
         self._view = memoryview(self._base.data).cast("B")
         # Destination buffers for gets, pre-faulted (first-touch faults are slow here).
         self._outs = np.zeros(case.batch * case.value_size, dtype=np.uint8)
-        outs = memoryview(self._outs.data).cast("B")
+        self._outs_view = memoryview(self._outs.data).cast("B")
         size = case.value_size
-        self.outs = [outs[i * size : (i + 1) * size] for i in range(case.batch)]
+        self.outs = [self._outs_view[i * size : (i + 1) * size] for i in range(case.batch)]
+
+    @property
+    def buffers(self) -> tuple[memoryview, memoryview]:
+        """The two buffers every value and every destination lies in (for `Driver.register`)."""
+        return self._view, self._outs_view
 
     def value(self, fill: int, j: int) -> memoryview:
         off = ((fill * 7919 + j) % _SLOTS) * _SLOT_STEP
@@ -299,6 +304,8 @@ def run_cases(
         put_turns = {id(d): _Turns() for d in drivers}
         get_turns = {id(d): _Turns() for d in drivers}
         for d in drivers:
+            for buf in src.buffers:
+                d.register(buf)
             _warm_up(d, src, fills, plan.warmup_calls)
         for r in range(plan.rounds):
             k = r % len(drivers)
@@ -310,6 +317,8 @@ def run_cases(
                 d.reset()
                 done += 1
         for d in drivers:
+            for buf in src.buffers:
+                d.unregister(buf)
             results.append(_measurement(d, case, "put", put_turns[id(d)]))
             results.append(_measurement(d, case, "get", get_turns[id(d)]))
     if progress is not None:

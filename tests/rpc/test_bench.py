@@ -1,0 +1,71 @@
+"""The echo benchmark runs in --quick mode, checks every reply and writes design.md rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpool.errors import InvalidParams
+from kvpool.rpc.bench import CASES, BenchSpec, median_rows, percentile, run_cases
+from kvpool.rpc.thread import ServerThread
+from kvtest.procs import Proc
+from rpc.rpc_testkit import CLUSTER, Add, Response, Sum
+
+SCRIPT = Path(__file__).with_name("bench_rpc.py")
+ROW_FIELDS = {
+    "system",
+    "path",
+    "op",
+    "value_size",
+    "batch",
+    "ops_per_s",
+    "bytes_per_s",
+    "p50_us",
+    "p99_us",
+}
+
+
+def test_quick_benchmark_writes_rows(tmp_path: Path) -> None:
+    out = tmp_path / "rpc.json"
+    with Proc([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], name="bench") as p:
+        assert p.popen.wait(timeout=120) == 0, p.output()
+    rows = json.loads(out.read_text())
+    cases = [r["case"] for r in rows]
+    assert cases == [*CASES, "readerthread-lockstep", "readerthread-threads"]
+    for r in rows:
+        assert set(r) >= ROW_FIELDS, r
+        assert r["system"] == "kvpool" and r["op"] == "echo" and r["value_size"] == 100
+        assert r["ops_per_s"] > 0 and 0 < r["p50_us"] <= r["p99_us"]
+
+
+def test_a_wrong_reply_fails_the_benchmark(server: ServerThread) -> None:
+    def check(i: int, reply: object) -> None:
+        if reply != Sum(i + 1):
+            raise AssertionError(f"{i}: {reply}")
+
+    spec = BenchSpec(
+        endpoint=server.endpoint,
+        response_type=Response,
+        make_request=lambda i: Add(i, 2),  # answers i + 2: every check must fail
+        check=check,
+        cluster_id=CLUSTER,
+        n=10,
+    )
+    for case in CASES:
+        with pytest.raises(AssertionError):
+            run_cases(spec, (case,))
+
+
+def test_bench_spec_and_helpers_validate() -> None:
+    with pytest.raises(InvalidParams):
+        BenchSpec(endpoint="h:1", response_type=int, make_request=str, check=print, n=0)
+    spec = BenchSpec(endpoint="h:1", response_type=int, make_request=str, check=print)
+    with pytest.raises(InvalidParams):
+        run_cases(spec, ("no-such-case",))
+    assert percentile([], 0.5) == 0.0
+    assert percentile([1.0, 2.0, 3.0], 0.5) == 2.0
+    runs = [[{"case": "a", "ops_per_s": v}] for v in (3.0, 1.0, 2.0)]
+    assert median_rows(runs) == [{"case": "a", "ops_per_s": 2.0, "repeats": 3}]

@@ -207,3 +207,30 @@ def backend(cluster: _Cluster) -> Iterator[Backend]:
         yield b
     finally:
         b.close_all()
+
+
+@dataclass
+class PrivateCluster:
+    """A cluster of the test's own (so a test may stop its master); `procs[0]` is the master."""
+
+    backend: Backend
+    procs: list[Proc]
+
+    def stop_master(self) -> None:
+        self.procs[0].stop()
+
+
+@pytest.fixture
+def private_cluster(cluster: _Cluster) -> Iterator[PrivateCluster]:
+    """A second cluster of the same backend, for tests that break it; all stopped at the end."""
+    procs: list[Proc] = []
+    b: Backend | None = None
+    try:
+        c = _STARTERS[cluster.name](procs)
+        b = Backend(c.name, c.module, c.config_cls, c.master, c.metadata_server)
+        yield PrivateCluster(b, procs)
+    finally:
+        if b is not None:
+            b.close_all()
+        for proc in reversed(procs):
+            proc.stop()

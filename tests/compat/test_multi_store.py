@@ -51,3 +51,30 @@ def test_preferred_segment_places_the_replica_there(backend: Any) -> None:
     # Every replica sits in `second`'s segment, so closing `first` loses nothing.
     assert first.close() == 0
     assert second.get_batch(keys) == [b"p"] * N
+
+
+def test_one_store_serves_many_threads(backend: Any) -> None:
+    """Mooncake's methods release the GIL and engines call them from many threads."""
+    import threading
+
+    store = backend.store()
+    errors: list[str] = []
+
+    def worker(t: int) -> None:
+        for i in range(40):
+            key, value = f"thr-{t}-{i}", f"{t}:{i}".encode() * 50
+            if store.put(key, value) != 0:
+                errors.append(f"put {key}")
+            if store.get(key) != value:
+                errors.append(f"get {key}")
+            if store.batch_is_exist([key, f"none-{t}"]) != [1, 0]:
+                errors.append(f"exist {key}")
+
+    threads = [threading.Thread(target=worker, args=(t,), name=f"compat-{t}") for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
+    assert store.remove_all(True) == 160

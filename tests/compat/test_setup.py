@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvtest.procs import free_port
+from kvtest.procs import free_port, wait_until
 
 # Seven positional arguments then the optional ones, as in store_py.cpp.
 OPTIONAL = (None, False, "", "default", False, 9300)
@@ -350,3 +350,13 @@ def test_old_with_soft_pin_field_maps_to_soft_pin_action(backend: Any) -> None:
     cfg.with_soft_pin = True
     assert store.put("old-style-pin", b"x", cfg) == 0
     assert store.get("old-style-pin") == b"x"
+
+
+def test_health_check_reports_a_lost_master(private_cluster: Any) -> None:
+    store = private_cluster.backend.store()
+    assert store.health_check() == 0
+    private_cluster.stop_master()
+    wait_until(lambda: store.health_check() == 2, timeout=30, what="health_check() == 2")
+    assert store.get("anything") == b""
+    assert store.close() == 0
+    assert store.health_check() == 1

@@ -144,3 +144,19 @@ def test_a_read_that_outlives_its_lease_is_refused(pool: PoolFactory) -> None:  
         with pytest.raises(LeaseExpired) as info:
             s.get("slow")  # 16 MiB over TCP takes well over 1 ms
         assert info.value.code == ErrorCode.LEASE_EXPIRED
+
+
+def test_a_read_moves_on_to_the_next_replica_when_one_fails(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=2, segment_size="16MiB", client_ttl="30s")
+    with Store(p.address, protocol="tcp", transfer_timeout=5) as s:
+        values = {f"r{i}": bytes([i]) * (1000 + i) for i in range(6)}
+        for k, v in values.items():
+            assert s.put(k, v, ReplicateConfig(replica_num=2))
+        first = {k: replicas_of(p.address, k).replicas[0].segment for k in values}
+        # Kill the node that holds the first-listed replica of r0 (placement is random).
+        victim = next(i for i, e in enumerate(p.node_endpoints) if first["r0"] == e + "/0")
+        p.kill_node(victim)  # the master still lists both replicas for client_ttl
+        on_dead = [k for k in values if first[k] == first["r0"]]
+        for k in on_dead:
+            assert s.get(k) == values[k]
+        assert s.batch_get(list(values)) == list(values.values())

@@ -621,14 +621,13 @@ class Store:
         rl: ReplicaListReply,
         dest: memoryview,
         deadline: float,
-        skip: ReplicaDesc | None = None,
+        order: list[ReplicaDesc] | None = None,
     ) -> None:
-        """Read the object of `rl` into `dest`, trying replicas in order (see the module
-        docstring); raises the failure of the last replica tried."""
-        order = order_replicas(rl.replicas, self._is_local)
-        if skip is not None:
-            order = [r for r in order if r is not skip]
-        if not order and skip is None:
+        """Read the object of `rl` into `dest`, trying the replicas of `order` (default: all
+        of them, best first; see the module docstring); raises the last replica's failure."""
+        if order is None:
+            order = order_replicas(rl.replicas, self._is_local)
+        if not order:
             raise error_for_code(ErrorCode.REPLICA_IS_NOT_READY, f"{key!r}: no readable replica")
         failure: KVPoolError | None = None
         verify = self.verify_checksum and rl.checksum is not None
@@ -655,7 +654,7 @@ class Store:
                     continue
             verify_lease(key, deadline)
             return
-        raise failure or TransferError(f"{key!r}: no other replica to read")
+        raise failure or TransferError(f"{key!r}: every replica failed")
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:
         """The values of `keys`, None for each key that does not exist. Any other per-key
@@ -737,7 +736,7 @@ class Store:
         keys whose first choice failed one by one through their other replicas."""
         codes = [ErrorCode.of(rl.code) for rl in results]
         reqs: list[TransferRequest] = []
-        owner: list[tuple[int, ReplicaDesc]] = []
+        owner: list[tuple[int, list[ReplicaDesc]]] = []
         for i, rl in enumerate(results):
             dest = dests[i]
             if dest is None:
@@ -749,9 +748,9 @@ class Store:
                 codes[i] = ErrorCode.REPLICA_IS_NOT_READY
                 continue
             reqs.append(TransferRequest(TransferOp.READ, dest, order[0].segment, order[0].offset))
-            owner.append((i, order[0]))
+            owner.append((i, order))
         done = self._transfer(reqs)
-        for (i, first), code in zip(owner, done, strict=True):
+        for (i, order), code in zip(owner, done, strict=True):
             rl = results[i]
             dest = dests[i]
             assert dest is not None
@@ -764,12 +763,14 @@ class Store:
                 verify_lease(keys[i], deadline)
             except KVPoolError as exc:
                 codes[i] = exc.code
-                if exc.code != ErrorCode.LEASE_EXPIRED:
+                # The rare path: the first choice failed; try the others one by one (a
+                # late read is late on every replica, so LEASE_EXPIRED is final).
+                if exc.code != ErrorCode.LEASE_EXPIRED and len(order) > 1:
                     try:
-                        self._read(keys[i], rl, dest, deadline, skip=first)
+                        self._read(keys[i], rl, dest, deadline, order[1:])
                         codes[i] = ErrorCode.OK
                     except KVPoolError as exc2:
-                        codes[i] = exc2.code if len(rl.replicas) > 1 else exc.code
+                        codes[i] = exc2.code
         return codes
 
     # ------------------------------------------------------------------ queries

@@ -25,6 +25,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -376,6 +377,15 @@ def bench_memcpy(case: Case, reps: int) -> Row:
 # -- services -------------------------------------------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when this benchmark dies, even by SIGKILL."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def _redis_server() -> Iterator[str | None]:
     binary = shutil.which("redis-server") or (
@@ -395,6 +405,7 @@ def _redis_server() -> Iterator[str | None]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - nothing but one prctl runs in the child
     )
     try:
         assert proc.stdout is not None
@@ -509,6 +520,31 @@ def _table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _measure(
+    specs: list[dict[str, Any]],
+    *,
+    with_services: bool,
+    repeat: int,
+    quick: bool,
+    depth: int,
+    manager: StorageManagerConfig,
+) -> tuple[list[Row], list[str]]:
+    with contextlib.ExitStack() as stack:
+        if not specs:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpool-bench-l2-"))
+            specs = [{"type": "mock"}, {"type": "fs", "base_path": tmp}]
+        if with_services:
+            specs += stack.enter_context(_services(quick))
+        runs: list[list[Row]] = []
+        errors: list[str] = []
+        for _ in range(repeat):
+            rows, errs = run(specs, quick=quick, depth=depth, manager=manager)
+            runs.append(rows)
+            errors += errs
+        rows = median_rows(runs) if repeat > 1 else runs[0]
+        return rows, errors
+
+
 @click.command(name="l2")
 @click.option(
     "--adapter", "adapters", multiple=True, metavar="JSON", help="Adapter to measure (repeatable)."
@@ -552,19 +588,19 @@ def command(  # noqa: PLR0917 - click passes options positionally by name
         specs += [a.to_dict() for a in manager.adapters]
     except (KVPoolError, json.JSONDecodeError) as exc:
         raise click.BadParameter(str(exc), param_hint="--adapter / --l2-*") from exc
-    with contextlib.ExitStack() as stack:
-        if not specs:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpool-bench-l2-"))
-            specs = [{"type": "mock"}, {"type": "fs", "base_path": tmp}]
-        if with_services:
-            specs += stack.enter_context(_services(quick))
-        runs: list[list[Row]] = []
-        errors: list[str] = []
-        for _ in range(repeat):
-            rows, errs = run(specs, quick=quick, depth=depth, manager=manager)
-            runs.append(rows)
-            errors += errs
-        rows = median_rows(runs) if repeat > 1 else runs[0]
+    # SIGTERM unwinds like Ctrl-C, so the children this command started are stopped in order.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        rows, errors = _measure(
+            specs,
+            with_services=with_services,
+            repeat=repeat,
+            quick=quick,
+            depth=depth,
+            manager=manager,
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(_table(rows))
     if json_path:
         with open(json_path, "w") as f:
@@ -573,6 +609,10 @@ def command(  # noqa: PLR0917 - click passes options positionally by name
         for e in errors:
             click.echo(f"VERIFY FAILED: {e}", err=True)
         raise SystemExit(1)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:

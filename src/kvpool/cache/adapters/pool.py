@@ -106,8 +106,11 @@ class PoolBackend(Backend):
         return [bool(x) for x in self._store.batch_exists([self._name(k) for k in keys])]
 
     def delete_many(self, keys: Sequence[ObjectKey]) -> None:
+        # force: a reader's lease (every read grants one) must not keep a deleted chunk alive
+        # and full; this adapter's own lookup locks already keep its loads safe, and a reader
+        # in another process only gets a per-key load failure, never wrong bytes.
         if keys:
-            self._store.batch_remove([self._name(k) for k in keys])
+            self._store.batch_remove([self._name(k) for k in keys], force=True)
 
     def close(self) -> None:
         self._store.close()

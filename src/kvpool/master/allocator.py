@@ -43,6 +43,11 @@ def _bin_min_units(b: int) -> int:
     return (_SUB | (b & (_SUB - 1))) << (e - _SUB_BITS)
 
 
+# Bin lower bounds for every bin a 64-bit size can reach, looked up instead of computed on the
+# allocation path.
+_BIN_MIN: list[int] = [_bin_min_units(b) for b in range((64 - _SUB_BITS + 1) << _SUB_BITS)]
+
+
 class OffsetAllocator:
     """Aligned ranges of `[0, capacity)`; every size and offset is a multiple of `alignment`.
 
@@ -85,26 +90,57 @@ class OffsetAllocator:
             raise ValueError(f"size must be > 0, got {size}")
         a = self.alignment
         units = (size + a - 1) // a
-        b = _bin_floor(units)
-        if _bin_min_units(b) < units:
-            b += 1
-        mask = self._bitmap >> b
-        if mask:
-            b += (mask & -mask).bit_length() - 1
-            start = self._bins[b].popitem()[0]
-            length = self._by_start.pop(start)
-            del self._by_end[start + length]
-            if not self._bins[b]:
-                del self._bins[b]
-                self._bitmap &= ~(1 << b)
+        # _bin_floor(units), inlined, rounded up to the first bin whose every block fits.
+        if units < _SUB:
+            b = units
         else:
+            e = units.bit_length() - 1
+            b = ((e - _SUB_BITS + 1) << _SUB_BITS) | ((units >> (e - _SUB_BITS)) & (_SUB - 1))
+            if _BIN_MIN[b] < units:
+                b += 1
+        mask = self._bitmap >> b
+        if not mask:
             found = self._fit_in_own_bin(units)
             if found is None:
                 return None
             start, length = found
             self._remove(start, length)
-        if length > units:
-            self._insert(start + units, length - units)
+            if length > units:
+                self._insert(start + units, length - units)
+            self.allocated += units * a
+            return start * a
+        # The hot path, written out: take any block of the first non-empty bin at or above b
+        # and keep its tail where it is when the tail still belongs to the same bin (the
+        # common case for a large free block), which saves most of the dict and bitmap work.
+        b += (mask & -mask).bit_length() - 1
+        bucket = self._bins[b]
+        start = bucket.popitem()[0]
+        by_start = self._by_start
+        length = by_start.pop(start)
+        end = start + length
+        rest = length - units
+        if rest:
+            tail = start + units
+            by_start[tail] = rest
+            self._by_end[end] = tail  # same end, new start
+            if rest >= _BIN_MIN[b]:  # smaller than the block, not below its bin: same bin
+                bucket[tail] = None
+            else:
+                rb = _bin_floor(rest)
+                if not bucket:
+                    del self._bins[b]
+                    self._bitmap &= ~(1 << b)
+                other = self._bins.get(rb)
+                if other is None:
+                    self._bins[rb] = {tail: None}
+                    self._bitmap |= 1 << rb
+                else:
+                    other[tail] = None
+        else:
+            del self._by_end[end]
+            if not bucket:
+                del self._bins[b]
+                self._bitmap &= ~(1 << b)
         self.allocated += units * a
         return start * a
 

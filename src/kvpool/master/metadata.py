@@ -30,12 +30,12 @@ from kvpool.protocol.messages import (
     TenantId,
 )
 
-__all__ = ["ObjectIndex", "ObjectMeta", "Replica"]
+__all__ = ["REPLICA_ID_SHIFT", "ObjectIndex", "ObjectMeta", "Replica", "TenantShards"]
 
 _COMPLETE = ReplicaStatus.COMPLETE
 _MEMORY = ReplicaKind.MEMORY
 # Replica ids pack the segment's mount number above the offset (segments up to 2**44 bytes).
-_ID_SHIFT = 44
+REPLICA_ID_SHIFT = 44
 
 
 class Replica:
@@ -53,7 +53,7 @@ class Replica:
 
     @property
     def replica_id(self) -> int:
-        return (self.segment.number << _ID_SHIFT) | self.offset
+        return (self.segment.number << REPLICA_ID_SHIFT) | self.offset
 
     def readable(self) -> bool:
         """COMPLETE and on a segment that is still mounted."""
@@ -62,7 +62,7 @@ class Replica:
     def desc(self, size: int) -> ReplicaDesc:
         seg = self.segment
         return ReplicaDesc(
-            (seg.number << _ID_SHIFT) | self.offset,
+            (seg.number << REPLICA_ID_SHIFT) | self.offset,
             self.kind,
             self.status,
             seg.name,
@@ -144,66 +144,80 @@ class ObjectMeta:
         )
 
 
+class TenantShards:
+    """One tenant's shards and hash seed, looked up once per request by the batch loops."""
+
+    __slots__ = ("seed", "shards")
+
+    def __init__(self, tenant: str, num_shards: int) -> None:
+        self.seed: int = xxhash.xxh3_64_intdigest(tenant.encode())
+        self.shards: list[dict[str, ObjectMeta]] = [{} for _ in range(num_shards)]
+
+    def shard_of(self, key: str) -> int:
+        return int(xxhash.xxh3_64_intdigest(key.encode(), self.seed)) % len(self.shards)
+
+
 class ObjectIndex:
     """Objects by (tenant, key) in `num_shards` dicts per tenant."""
 
-    __slots__ = ("_count", "_num_shards", "_tenant_seed", "_tenants")
+    __slots__ = ("_num_shards", "_tenants", "count")
 
     def __init__(self, num_shards: int) -> None:
         self._num_shards = num_shards
-        self._tenants: dict[str, list[dict[str, ObjectMeta]]] = {}
-        self._tenant_seed: dict[str, int] = {}
-        self._count = 0
+        self._tenants: dict[str, TenantShards] = {}
+        #: Objects indexed (kept by `add` / `discard`; read it through len()).
+        self.count = 0
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     @property
     def num_shards(self) -> int:
         return self._num_shards
 
+    def tenant(self, tenant: str) -> TenantShards | None:
+        """The tenant's shards, None when it never had an object."""
+        return self._tenants.get(tenant)
+
+    def tenant_for_insert(self, tenant: str) -> TenantShards:
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = TenantShards(tenant, self._num_shards)
+        return t
+
     def shard_of(self, tenant: str, key: str) -> int:
-        """The stable shard index of (tenant, key)."""
-        seed = self._tenant_seed.get(tenant)
-        if seed is None:
-            seed = self._tenant_seed[tenant] = xxhash.xxh3_64_intdigest(tenant.encode())
+        """The stable shard index of (tenant, key): xxh3_64(key, seed=xxh3_64(tenant)) % N."""
+        t = self._tenants.get(tenant)
+        if t is not None:
+            return t.shard_of(key)
+        seed = xxhash.xxh3_64_intdigest(tenant.encode())
         return int(xxhash.xxh3_64_intdigest(key.encode(), seed)) % self._num_shards
 
-    def shard_map(self, tenant: str, key: str) -> dict[str, ObjectMeta] | None:
-        """The dict that holds (or would hold) `key`; None if the tenant has no objects yet."""
-        shards = self._tenants.get(tenant)
-        if shards is None:
-            return None
-        return shards[self.shard_of(tenant, key)]
-
     def get(self, tenant: str, key: str) -> ObjectMeta | None:
-        shards = self._tenants.get(tenant)
-        if shards is None:
+        t = self._tenants.get(tenant)
+        if t is None:
             return None
-        return shards[self.shard_of(tenant, key)].get(key)
+        return t.shards[t.shard_of(key)].get(key)
+
+    def add(self, shard: dict[str, ObjectMeta], obj: ObjectMeta) -> None:
+        """Index `obj` in `shard` (the dict of its tenant and `obj.shard`); key not present."""
+        shard[obj.key] = obj
+        self.count += 1
 
     def insert(self, obj: ObjectMeta) -> None:
-        """Add `obj` (its shard already computed); the key must not be present."""
-        shards = self._tenants.get(obj.tenant)
-        if shards is None:
-            shards = self._tenants[obj.tenant] = [{} for _ in range(self._num_shards)]
-        shards[obj.shard][obj.key] = obj
-        self._count += 1
-
-    def replace(self, old: ObjectMeta, new: ObjectMeta) -> None:
-        """Put `new` in the slot of `old` (same tenant and key)."""
-        self._tenants[old.tenant][old.shard][old.key] = new
+        """Index `obj` (its shard already computed); the key must not be present."""
+        self.add(self.tenant_for_insert(obj.tenant).shards[obj.shard], obj)
 
     def discard(self, obj: ObjectMeta) -> bool:
         """Remove `obj` if it is still the one indexed under its key."""
-        shards = self._tenants.get(obj.tenant)
-        if shards is None:
+        t = self._tenants.get(obj.tenant)
+        if t is None:
             return False
-        shard = shards[obj.shard]
+        shard = t.shards[obj.shard]
         if shard.get(obj.key) is not obj:
             return False
         del shard[obj.key]
-        self._count -= 1
+        self.count -= 1
         return True
 
     def tenants(self) -> list[str]:
@@ -214,13 +228,15 @@ class ObjectIndex:
         while walking the list (stale entries are recognised by `discard` returning False)."""
         out: list[ObjectMeta] = []
         names = [tenant] if tenant is not None else list(self._tenants)
-        for t in names:
-            for shard in self._tenants.get(t, ()):
-                out.extend(shard.values())
+        for name in names:
+            t = self._tenants.get(name)
+            if t is not None:
+                for shard in t.shards:
+                    out.extend(shard.values())
         return out
 
     def shard_objects(self, tenant: str, shard: int) -> Iterator[ObjectMeta]:
         """The objects of one shard (for the reclaim hooks; do not mutate while iterating)."""
-        shards = self._tenants.get(tenant)
-        if shards is not None:
-            yield from shards[shard].values()
+        t = self._tenants.get(tenant)
+        if t is not None:
+            yield from t.shards[shard].values()

@@ -48,16 +48,9 @@ class Placement:
         strategy = self.strategy
         if local_first and local_host:
             strategy = AllocationStrategy.LOCAL_FIRST
-        # The common case (one replica, random, nothing preferred) without building lists.
         if replica_num == 1 and not preferred and strategy is AllocationStrategy.RANDOM:
-            start = int(self._random() * n)
-            for i in range(n):
-                seg = live[(start + i) % n]
-                off = seg.allocator.alloc(size)
-                if off is not None:
-                    seg.objects += 1
-                    return [(seg, off)]
-            return []
+            one = self.one_random(live, size)
+            return [one] if one is not None else []
         chosen: list[tuple[Segment, int]] = []
         used: set[int] = set()
         for name in preferred:
@@ -72,6 +65,20 @@ class Placement:
                 if len(chosen) >= replica_num:
                     break
         return chosen
+
+    def one_random(self, live: list[Segment], size: int) -> tuple[Segment, int] | None:
+        """One range on a random segment with room (from a random start, in mount order):
+        the path of a plain one-replica put, kept free of any list building."""
+        n = len(live)
+        if n:
+            start = int(self._random() * n)
+            for i in range(n):
+                seg = live[(start + i) % n]
+                off = seg.allocator.alloc(size)
+                if off is not None:
+                    seg.objects += 1
+                    return seg, off
+        return None
 
     @staticmethod
     def _try(seg: Segment, size: int, chosen: list[tuple[Segment, int]], used: set[int]) -> None:

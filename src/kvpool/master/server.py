@@ -4,7 +4,9 @@ Everything runs on the one event loop that called `start()`: requests are served
 `MasterService` (a dict lookup on the request's type, then the handler), and three background
 tasks take turns with them:
 
-* the **monitor**, every `monitor_interval` (1 s): expires clients silent for `client_ttl`,
+* the **monitor**, every `monitor_interval` (1 s): freezes what the garbage collector has
+  seen so far (`gc.freeze()`: the metadata is acyclic, so collections need only look at what
+  is new), expires clients silent for `client_ttl`,
   releases stale PutStarts and parked replicas, and, when a segment went away, sweeps the
   replicas of dead segments out of the metadata `sweep_batch` objects per loop turn;
 * the **reclaim tick**, every `reclaim_interval`: `hooks.tick(now)` (kswapd's chance to act);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import re
 import time
@@ -121,6 +124,11 @@ class MasterServer:
         interval = self.config.monitor_interval
         while True:
             await asyncio.sleep(interval)
+            # Move everything that survived the last interval out of the collector's sight.
+            # The metadata (a million slotted records) holds no reference cycles and is freed
+            # by reference counting; without this, each full collection walks all of it, which
+            # measured 1-4 us per stored object amortised over a fill, and long pauses.
+            gc.freeze()
             try:
                 svc.expire_clients()
                 svc.release_stale()

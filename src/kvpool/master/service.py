@@ -38,7 +38,13 @@ from kvpool.master.config import AllocationStrategy, MasterConfig
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.lease import resolve_soft_pin
 from kvpool.master.liveness import ClientRecord, ClientTable
-from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.metadata import (
+    REPLICA_ID_SHIFT,
+    ObjectIndex,
+    ObjectMeta,
+    Replica,
+    TenantShards,
+)
 from kvpool.master.placement import Placement
 from kvpool.master.segments import Segment, SegmentTable
 from kvpool.protocol.messages import (
@@ -114,7 +120,10 @@ _PROCESSING = ReplicaStatus.PROCESSING
 _COMPLETE = ReplicaStatus.COMPLETE
 _REMOVE_CHUNK = 5_000
 
+# Replies that carry nothing but a code are shared: the server only encodes them.
 _OK_REPLY = Reply(_OK)
+_NOT_FOUND_LIST = ReplicaListReply(_NOT_FOUND)
+_NOT_READY_LIST = ReplicaListReply(_NOT_READY)
 
 
 class _PutPlan:
@@ -128,6 +137,8 @@ class _PutPlan:
         "preferred",
         "replica_num",
         "same_node",
+        "shards",
+        "simple",
         "soft_pin",
         "tenant",
     )
@@ -149,6 +160,9 @@ class _PutPlan:
         self.hard_pin = cfg.with_hard_pin
         self.preferred = cfg.preferred_segments
         self.same_node = cfg.prefer_alloc_in_same_node
+        self.shards: TenantShards | None = None  # set by _plan once the request is valid
+        #: One replica, nothing preferred, nothing local: the placement fast path.
+        self.simple = cfg.replica_num == 1 and not cfg.preferred_segments and not self.same_node
 
 
 class MasterService:
@@ -175,6 +189,7 @@ class MasterService:
         )
         self._lease_ttl = self._config.default_kv_lease_ttl
         self._lease_ttl_ms = round(self._lease_ttl * 1000)
+        self._discard_timeout = self._config.put_start_discard_timeout
         # Replicas of preempted or force-removed PutStarts: (release_at, seq, size, replicas).
         self._parked: list[tuple[float, int, int, tuple[Replica, ...]]] = []
         self._park_seq = 0
@@ -424,7 +439,11 @@ class MasterService:
             or (cfg.group_ids is not None and len(cfg.group_ids) != n)
         ):
             code = ErrorCode.INVALID_PARAMS
-        return _PutPlan(int(code), client_id, tenant, cfg, ttl)
+        plan = _PutPlan(int(code), client_id, tenant, cfg, ttl)
+        if plan.code == _OK:
+            plan.shards = self._index.tenant_for_insert(tenant)
+            plan.simple = plan.simple and self._placement.strategy is AllocationStrategy.RANDOM
+        return plan
 
     def put_start(self, req: PutStart) -> PutStartReply:
         plan = self._plan(req.client_id, req.tenant, req.config, 1)
@@ -455,34 +474,42 @@ class MasterService:
     ) -> PutStartReply:
         if not key or size <= 0:
             return PutStartReply(_INVALID_PARAMS)
-        client_id, tenant = plan.client_id, plan.tenant
-        index = self._index
-        shard = index.shard_of(tenant, key)
-        old = self._lookup(tenant, key)
+        t = plan.shards
+        assert t is not None
+        shard = t.shard_of(key)
+        d = t.shards[shard]
+        old = d.get(key)
         if old is not None:
-            if old.complete or now - old.put_start_time < self._config.put_start_discard_timeout:
+            if not old.has_live_replica():
+                self._forget_dead(old)
+            elif old.complete or now - old.put_start_time < self._discard_timeout:
                 return PutStartReply(_EXISTS)
-            self._preempt(old)
+            else:
+                self._preempt(old)
         replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(_NO_SPACE)
         obj = ObjectMeta(
             key,
-            tenant,
+            plan.tenant,
             shard,
             size,
-            client_id,
+            plan.client_id,
             replicas,
             now,
             plan.soft_pin,
             plan.hard_pin,
             group,
         )
-        index.insert(obj)
+        self._index.add(d, obj)
         self.clients.add_in_flight(obj)
         return PutStartReply(_OK, [r.desc(size) for r in replicas])
 
     def _allocate(self, size: int, plan: _PutPlan) -> tuple[Replica, ...]:
+        if plan.simple:
+            one = self._placement.one_random(self.segments.live, size)
+            if one is not None:
+                return (Replica(one[0], one[1], _PROCESSING),)
         host: HostId | None = None
         if plan.same_node or self._placement.strategy is AllocationStrategy.LOCAL_FIRST:
             rec = self.clients.get(plan.client_id)
@@ -596,26 +623,33 @@ class MasterService:
     # ------------------------------------------------------------------ put end / revoke
 
     def put_end(self, req: PutEnd) -> Reply:
-        code = self._end_one(req.client_id, req.tenant, req.key, req.checksum, self._clock())
+        t = self._index.tenant(req.tenant)
+        code = self._end_one(req.client_id, t, req.key, req.checksum, self._clock())
         return _OK_REPLY if code == _OK else Reply(code)
 
     def batch_put_end(self, req: BatchPutEnd) -> BatchReply:
         keys, sums = req.keys, req.checksums
         if sums and len(sums) != len(keys):
             return BatchReply([_INVALID_PARAMS] * len(keys))
+        t = self._index.tenant(req.tenant)
+        if t is None:
+            return BatchReply([_NOT_FOUND] * len(keys))
         now = self._clock()
         end = self._end_one
-        cid, tenant = req.client_id, req.tenant
+        cid = req.client_id
         if sums:
-            return BatchReply(
-                [end(cid, tenant, k, s, now) for k, s in zip(keys, sums, strict=True)]
-            )
-        return BatchReply([end(cid, tenant, k, None, now) for k in keys])
+            return BatchReply([end(cid, t, k, s, now) for k, s in zip(keys, sums, strict=True)])
+        return BatchReply([end(cid, t, k, None, now) for k in keys])
 
     def _end_one(
-        self, client_id: ClientId, tenant: TenantId, key: str, checksum: int | None, now: float
+        self,
+        client_id: ClientId,
+        t: TenantShards | None,
+        key: str,
+        checksum: int | None,
+        now: float,
     ) -> int:
-        obj = self._index.get(tenant, key)
+        obj = t.shards[t.shard_of(key)].get(key) if t is not None else None
         if obj is None:
             return _NOT_FOUND
         if obj.client_id != client_id:
@@ -665,51 +699,79 @@ class MasterService:
     # ------------------------------------------------------------------ reads
 
     def get_replica_list(self, req: GetReplicaList) -> ReplicaListReply:
-        return self._read_one(req.tenant, req.key, self._clock())
+        obj = self._index.get(req.tenant, req.key)
+        if obj is None:
+            return _NOT_FOUND_LIST
+        return self._read_obj(obj, self._clock() + self._lease_ttl)
 
     def batch_get_replica_list(self, req: BatchGetReplicaList) -> BatchReplicaListReply:
-        now = self._clock()
-        read = self._read_one
-        tenant = req.tenant
-        return BatchReplicaListReply([read(tenant, k, now) for k in req.keys])
+        keys = req.keys
+        t = self._index.tenant(req.tenant)
+        if t is None:
+            return BatchReplicaListReply([_NOT_FOUND_LIST] * len(keys))
+        # Per request: the clock, the lease deadline (one float shared by the whole batch),
+        # the tenant's shards; per key: one hash, one dict lookup, the reply.
+        deadline = self._clock() + self._lease_ttl
+        seed, shards = t.seed, t.shards
+        n = len(shards)
+        h = xxhash.xxh3_64_intdigest
+        read = self._read_obj
+        out: list[ReplicaListReply] = []
+        append = out.append
+        for key in keys:
+            obj = shards[h(key.encode(), seed) % n].get(key)
+            append(_NOT_FOUND_LIST if obj is None else read(obj, deadline))
+        return BatchReplicaListReply(out)
 
-    def _read_one(self, tenant: TenantId, key: str, now: float) -> ReplicaListReply:
-        obj = self._index.get(tenant, key)
-        if obj is None:
-            return ReplicaListReply(_NOT_FOUND)
+    def _read_obj(self, obj: ObjectMeta, deadline: float) -> ReplicaListReply:
+        """The readable replicas of `obj`, granting a lease until `deadline` (now + ttl)."""
         size = obj.size
-        descs: list[ReplicaDesc] = [
-            r.desc(size) for r in obj.replicas if r.status is _COMPLETE and r.segment.alive
-        ]
+        descs: list[ReplicaDesc] = []
+        for r in obj.replicas:
+            seg = r.segment
+            if r.status is _COMPLETE and seg.alive:
+                descs.append(
+                    ReplicaDesc(
+                        (seg.number << REPLICA_ID_SHIFT) | r.offset,
+                        r.kind,
+                        _COMPLETE,
+                        seg.name,
+                        r.offset,
+                        size,
+                        seg.endpoint,
+                    )
+                )
         if not descs:
             if not obj.complete and obj.has_live_replica():
-                return ReplicaListReply(_NOT_READY)
+                return _NOT_READY_LIST
             self._forget_dead(obj)
-            return ReplicaListReply(_NOT_FOUND)
-        obj.lease_deadline = max(obj.lease_deadline, now + self._lease_ttl)
+            return _NOT_FOUND_LIST
+        obj.lease_deadline = max(obj.lease_deadline, deadline)
         self._hooks.on_access(obj)
         return ReplicaListReply(_OK, descs, size, obj.checksum, self._lease_ttl_ms)
 
     def exist_key(self, req: ExistKey) -> ExistReply:
-        return ExistReply(_OK, self._exists_one(req.tenant, req.key, self._clock()))
+        return ExistReply(
+            _OK, self._exists_one(req.tenant, req.key, self._clock() + self._lease_ttl)
+        )
 
     def batch_exist_key(self, req: BatchExistKey) -> BatchExistReply:
-        now = self._clock()
+        deadline = self._clock() + self._lease_ttl
         exists = self._exists_one
         tenant = req.tenant
-        return BatchExistReply([ExistReply(_OK, exists(tenant, k, now)) for k in req.keys])
+        return BatchExistReply([ExistReply(_OK, exists(tenant, k, deadline)) for k in req.keys])
 
-    def _exists_one(self, tenant: TenantId, key: str, now: float) -> bool:
+    def _exists_one(self, tenant: TenantId, key: str, deadline: float) -> bool:
         obj = self._lookup(tenant, key)
         if obj is None or not obj.complete or not obj.readable_replicas():
             return False
-        obj.lease_deadline = max(obj.lease_deadline, now + self._lease_ttl)
+        obj.lease_deadline = max(obj.lease_deadline, deadline)
         self._hooks.on_access(obj)
         return True
 
     def get_size(self, req: GetSize) -> SizeReply:
         # Mooncake answers GetSize through a replica-list query: same codes, same lease.
-        r = self._read_one(req.tenant, req.key, self._clock())
+        r = self.get_replica_list(GetReplicaList(req.key, req.tenant))
         return SizeReply(r.code, r.size)
 
     # ------------------------------------------------------------------ removal

@@ -1,0 +1,437 @@
+"""`kvpool bench master`: control-plane throughput of the master, and its memory per object.
+
+Setup: a `kvpool master` child process on a loopback port and this process as its one client
+(`RpcClient`). A node's segment is mounted by a fake node client (the master never touches
+segment memory, so no memory is created). Cases, each against a baseline measured in the same
+run, interleaved over `repeats` rounds and reported as the median round:
+
+* `echo` lock-step and pipelined (window 64): the RPC floor through the same layer;
+* `get_replica_list` lock-step (ratio against the lock-step echo: how much the master's own
+  work adds to a round trip) and pipelined;
+* `put` = PutStart + PutEnd (two round trips per key), lock-step and pipelined;
+* `batch_get_replica_list` and `batch_put` (BatchPutStart + BatchPutEnd) of 64 keys per
+  request, lock-step and pipelined (4 requests in flight): keys/s.
+
+For every case the master's CPU time (user + system, read from /proc through psutil) is divided
+by the keys served: `master_cpu_us_per_key`, the cost that bounds throughput once the client
+side is not the bottleneck.
+
+Memory (`"metric": "master_bytes_per_object"`): a fresh master, one segment, then N objects
+(one memory replica, 31-byte keys, a 64-bit checksum each) put in batches; the growth of the
+master's RSS divided by N (N = 1,000,000 in the full run).
+
+Every reply is checked (codes, and the replica offsets read back against those PutStart gave);
+the benchmark never asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import psutil
+
+from kvpool.client.embedded import ChildProcess
+from kvpool.errors import KVPoolError
+from kvpool.protocol import messages as m
+from kvpool.rpc.bench import percentile
+from kvpool.rpc.client import RpcClient
+
+__all__ = ["Plan", "command", "measure_memory", "run"]
+
+NODE = m.ClientId("bench-node")
+WRITER = m.ClientId("bench-writer")
+HOST = m.HostId("bench-host")
+SEGMENT = m.SegmentName("bench-segment")
+SEGMENT_SIZE = 1 << 44  # metadata only: the master never maps it
+OBJECT_SIZE = 4096
+BATCH = 64
+WINDOW = 64
+BATCH_WINDOW = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much each case does."""
+
+    single_ops: int
+    """Keys per single-key case and round."""
+    batch_reqs: int
+    """Batch requests per batch case and round."""
+    repeats: int
+    memory_objects: int
+
+    @staticmethod
+    def of(quick: bool) -> Plan:
+        if quick:
+            return Plan(single_ops=300, batch_reqs=20, repeats=1, memory_objects=20_000)
+        return Plan(single_ops=6000, batch_reqs=300, repeats=3, memory_objects=1_000_000)
+
+
+class _Master:
+    """A `kvpool master` child plus a client of it; `close()` stops both (idempotent)."""
+
+    def __init__(self) -> None:
+        # A long client TTL: the benchmark's fake node does not ping while it measures.
+        self.proc = ChildProcess(
+            ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"],
+            name="kvpool master (bench)",
+        )
+        try:
+            self.address = self.proc.wait_ready(60)
+            self.rpc = RpcClient(
+                self.address, response_type=m.Response, timeout=120, client_name="bench"
+            )
+            self.ps = psutil.Process(self.proc.pid)
+            info = m.SegmentInfo(SEGMENT, SEGMENT_SIZE, HOST, "127.0.0.1:1", "")
+            reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
+            _expect(reply.code == 0, f"mount failed: {reply}")
+        except BaseException:
+            self.proc.stop()
+            raise
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def close(self) -> None:
+        self.rpc.close()
+        self.proc.stop()
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise KVPoolError(f"benchmark check failed: {what}")
+
+
+def _keys(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:024x}"[-31:] for i in range(n)]
+
+
+# ---------------------------------------------------------------- cases
+#
+# Each case is a function (rpc, round) -> (keys served, seconds, latencies of its calls); the
+# caller adds the master CPU and turns it into a row.
+
+Case = Callable[[RpcClient, int], tuple[int, float, list[float]]]
+
+
+def _lockstep(requests: Sequence[Any], check: Callable[[int, Any], None]) -> Case:
+    def run(rpc: RpcClient, _round: int) -> tuple[int, float, list[float]]:
+        call, clock = rpc.call, time.perf_counter
+        lat: list[float] = []
+        t0 = clock()
+        for i, req in enumerate(requests):
+            t = clock()
+            reply = call(req)
+            lat.append(clock() - t)
+            check(i, reply)
+        return len(requests), clock() - t0, lat
+
+    return run
+
+
+def _pipelined(requests: Sequence[Any], check: Callable[[int, Any], None], window: int) -> Case:
+    def run(rpc: RpcClient, _round: int) -> tuple[int, float, list[float]]:
+        clock = time.perf_counter
+        lat: list[float] = []
+        t0 = clock()
+        for start in range(0, len(requests), window):
+            t = clock()
+            replies = rpc.call_many(requests[start : start + window], window=window)
+            lat.append(clock() - t)
+            for j, reply in enumerate(replies):
+                check(start + j, reply)
+        return len(requests), clock() - t0, lat
+
+    return run
+
+
+def _put_case(plan: Plan, pipelined: bool, batch: int) -> Case:
+    """PutStart + PutEnd of fresh keys (each round its own keys), per key or per batch."""
+
+    def run(rpc: RpcClient, rnd: int) -> tuple[int, float, list[float]]:
+        n = plan.batch_reqs * batch if batch > 1 else plan.single_ops
+        keys = _keys(f"p{int(pipelined)}b{batch}r{rnd}", n)
+        sums = [i * 2654435761 % (1 << 64) for i in range(n)]
+        if batch == 1:
+            starts: list[Any] = [m.PutStart(WRITER, k, OBJECT_SIZE) for k in keys]
+            ends: list[Any] = [m.PutEnd(WRITER, k, s) for k, s in zip(keys, sums, strict=True)]
+        else:
+            starts = [
+                m.BatchPutStart(WRITER, keys[i : i + batch], [OBJECT_SIZE] * batch)
+                for i in range(0, n, batch)
+            ]
+            ends = [
+                m.BatchPutEnd(WRITER, keys[i : i + batch], sums[i : i + batch])
+                for i in range(0, n, batch)
+            ]
+        window = (BATCH_WINDOW if batch > 1 else WINDOW) if pipelined else 1
+        clock = time.perf_counter
+        lat: list[float] = []
+        t0 = clock()
+        for i in range(0, len(starts), window):
+            t = clock()
+            if window == 1:
+                r1 = [rpc.call(starts[i])]
+                r2 = [rpc.call(ends[i])]
+            else:
+                r1 = rpc.call_many(starts[i : i + window], window=window)
+                r2 = rpc.call_many(ends[i : i + window], window=window)
+            lat.append(clock() - t)
+            for a, b in zip(r1, r2, strict=True):
+                if batch == 1:
+                    _expect(a.code == 0 and len(a.replicas) == 1 and b.code == 0, f"put {a} {b}")
+                else:
+                    _expect(all(r.code == 0 for r in a.results), "batch put start")
+                    _expect(b.codes == [0] * batch, "batch put end")
+        return n, clock() - t0, lat
+
+    return run
+
+
+@dataclass(slots=True)
+class _Measured:
+    op: str
+    case: str
+    batch: int
+    keys: int
+    seconds: float
+    latencies: list[float]
+    master_cpu_s: float
+    calls_per_key: float
+
+
+def _row(x: _Measured, repeats: int) -> dict[str, Any]:
+    lat = sorted(x.latencies)
+    keys_per_s = x.keys / x.seconds if x.seconds > 0 else 0.0
+    ops_per_s = keys_per_s / x.batch
+    return {
+        "system": "kvpool",
+        "path": "tcp",
+        "op": x.op,
+        "case": x.case,
+        "value_size": 0,
+        "batch": x.batch,
+        "ops_per_s": ops_per_s,
+        "keys_per_s": keys_per_s,
+        "bytes_per_s": 0.0,
+        "p50_us": percentile(lat, 0.5) * 1e6,
+        "p99_us": percentile(lat, 0.99) * 1e6,
+        "master_cpu_us_per_key": x.master_cpu_s / x.keys * 1e6 if x.keys else 0.0,
+        "round_trips_per_op": x.calls_per_key * x.batch,
+        "repeats": repeats,
+    }
+
+
+def run(plan: Plan, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """All throughput rows, then the memory row."""
+    master = _Master()
+    try:
+        rpc = master.rpc
+        # Objects to read: put once, remembered offsets checked on every read.
+        n_read = max(plan.single_ops, BATCH * plan.batch_reqs)
+        read_keys = _keys("read", n_read)
+        offsets: dict[str, int] = {}
+        for i in range(0, n_read, 1000):
+            chunk = read_keys[i : i + 1000]
+            started = rpc.call(m.BatchPutStart(WRITER, chunk, [OBJECT_SIZE] * len(chunk)))
+            for k, r in zip(chunk, started.results, strict=True):
+                _expect(r.code == 0, f"setup put of {k}: {r.code}")
+                offsets[k] = r.replicas[0].offset
+            rpc.call(m.BatchPutEnd(WRITER, chunk, [7] * len(chunk)))
+
+        def check_echo(i: int, reply: Any) -> None:
+            _expect(isinstance(reply, m.EchoReply) and reply.payload == b"x" * 16, "echo")
+
+        def check_get(i: int, reply: Any) -> None:
+            k = read_keys[i % n_read]
+            _expect(
+                reply.code == 0 and reply.replicas[0].offset == offsets[k] and reply.checksum == 7,
+                f"get {k}: {reply}",
+            )
+
+        def check_batch_get(i: int, reply: Any) -> None:
+            base = (i * BATCH) % n_read
+            for j, r in enumerate(reply.results):
+                k = read_keys[base + j]
+                _expect(r.code == 0 and r.replicas[0].offset == offsets[k], f"batch get {k}")
+
+        singles = plan.single_ops
+        echo_reqs = [m.Echo(b"x" * 16)] * singles
+        get_reqs = [m.GetReplicaList(read_keys[i % n_read]) for i in range(singles)]
+        batch_get_reqs = [
+            m.BatchGetReplicaList(read_keys[(i * BATCH) % n_read : (i * BATCH) % n_read + BATCH])
+            for i in range(plan.batch_reqs)
+        ]
+        cases: list[tuple[str, str, int, float, Case]] = [
+            ("echo", "lockstep", 1, 1, _lockstep(echo_reqs, check_echo)),
+            ("get_replica_list", "lockstep", 1, 1, _lockstep(get_reqs, check_get)),
+            ("echo", "pipelined", 1, 1, _pipelined(echo_reqs, check_echo, WINDOW)),
+            ("get_replica_list", "pipelined", 1, 1, _pipelined(get_reqs, check_get, WINDOW)),
+            ("put", "lockstep", 1, 2, _put_case(plan, False, 1)),
+            ("put", "pipelined", 1, 2, _put_case(plan, True, 1)),
+            (
+                "batch_get_replica_list",
+                "lockstep",
+                BATCH,
+                1 / BATCH,
+                _lockstep(batch_get_reqs, check_batch_get),
+            ),
+            (
+                "batch_get_replica_list",
+                "pipelined",
+                BATCH,
+                1 / BATCH,
+                _pipelined(batch_get_reqs, check_batch_get, BATCH_WINDOW),
+            ),
+            ("batch_put", "lockstep", BATCH, 2 / BATCH, _put_case(plan, False, BATCH)),
+            ("batch_put", "pipelined", BATCH, 2 / BATCH, _put_case(plan, True, BATCH)),
+        ]
+        # Warm both sides up (connections, code paths) before anything is timed.
+        _lockstep(echo_reqs[:200], check_echo)(rpc, 0)
+        _lockstep(get_reqs[:200], check_get)(rpc, 0)
+        per_case: dict[int, list[_Measured]] = {i: [] for i in range(len(cases))}
+        for rnd in range(plan.repeats):
+            for i, (op, case, batch, calls_per_key, fn) in enumerate(cases):
+                cpu0 = master.cpu_s()
+                keys_done, seconds, lat = fn(rpc, rnd)
+                # For batch cases the function counts requests for gets: scale to keys.
+                keys = keys_done * batch if op == "batch_get_replica_list" else keys_done
+                per_case[i].append(
+                    _Measured(
+                        op,
+                        case,
+                        batch,
+                        keys,
+                        seconds,
+                        lat,
+                        master.cpu_s() - cpu0,
+                        calls_per_key,
+                    )
+                )
+                log(f"round {rnd + 1}/{plan.repeats}: {op} {case} {keys / seconds:,.0f} keys/s")
+        rows: list[dict[str, Any]] = []
+        for i in range(len(cases)):
+            runs = per_case[i]
+            med = statistics.median_low([r.keys / r.seconds for r in runs])
+            chosen = next(r for r in runs if r.keys / r.seconds == med)
+            rows.append(_row(chosen, plan.repeats))
+    finally:
+        master.close()
+    _add_ratios(rows)
+    rows.append(measure_memory(plan.memory_objects, log))
+    return rows
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each case's keys/s against echo requests/s of the same mode (lock-step or pipelined)."""
+    echo = {r["case"]: r["ops_per_s"] for r in rows if r["op"] == "echo"}
+    for r in rows:
+        base = echo.get(r["case"])
+        if base and r["op"] != "echo":
+            r["ratio"] = r["keys_per_s"] / base
+            r["baseline"] = f"echo {r['case']}"
+
+
+def measure_memory(n: int, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The master's RSS growth per stored object, for `n` objects with one memory replica."""
+    master = _Master()
+    try:
+        rpc = master.rpc
+        # Warm up the code paths (and their allocations) with a few objects, then remove them.
+        warm = _keys("warm", 200)
+        rpc.call(m.BatchPutStart(WRITER, warm, [OBJECT_SIZE] * len(warm)))
+        rpc.call(m.BatchPutEnd(WRITER, warm))
+        rpc.call(m.BatchGetReplicaList(warm))
+        rpc.call(m.RemoveAll(force=True))
+        before = master.rss()
+        rng = random.Random(1)
+        step = 2000
+        t0 = time.perf_counter()
+        for i in range(0, n, step):
+            keys = [f"obj-{j:027x}" for j in range(i, min(n, i + step))]
+            reply = rpc.call(m.BatchPutStart(WRITER, keys, [OBJECT_SIZE] * len(keys)))
+            _expect(all(r.code == 0 for r in reply.results), "memory fill put")
+            sums = [rng.getrandbits(64) for _ in keys]
+            end = rpc.call(m.BatchPutEnd(WRITER, keys, sums))
+            _expect(all(c == 0 for c in end.codes), "memory fill end")
+        seconds = time.perf_counter() - t0
+        stats = rpc.call(m.Stats())
+        _expect(stats.objects == n, f"expected {n} objects, master has {stats.objects}")
+        after = master.rss()
+        log(f"memory: {n:,} objects in {seconds:.1f} s, RSS {before >> 20} -> {after >> 20} MiB")
+    finally:
+        master.close()
+    return {
+        "system": "kvpool",
+        "path": "master",
+        "op": "put",
+        "metric": "master_bytes_per_object",
+        "value": (after - before) / n,
+        "objects": n,
+        "key_bytes": 31,
+        "replicas_per_object": 1,
+        "rss_before_bytes": before,
+        "rss_after_bytes": after,
+        "fill_keys_per_s": n / seconds,
+    }
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = (
+        f"{'op':<24}{'case':<11}{'batch':>6}{'ops/s':>10}{'keys/s':>10}{'p50 us':>9}"
+        f"{'p99 us':>9}{'master us/key':>15}{'vs echo':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "metric" in r:
+            continue
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        lines.append(
+            f"{r['op']:<24}{r['case']:<11}{r['batch']:>6}{r['ops_per_s']:>10.0f}"
+            f"{r['keys_per_s']:>10.0f}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
+            f"{r['master_cpu_us_per_key']:>15.2f}{ratio:>9}"
+        )
+    for r in rows:
+        if r.get("metric") == "master_bytes_per_object":
+            lines.append(
+                f"\nmaster memory: {r['value']:.0f} bytes of RSS per object "
+                f"({r['objects']:,} objects, {r['key_bytes']}-byte keys, one memory replica; "
+                f"filled at {r['fill_keys_per_s']:,.0f} keys/s)"
+            )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="A few seconds (used by the tests).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
+@click.option("--repeats", type=click.IntRange(1, 20), help="Rounds per case (median).")
+@click.option("--memory-objects", type=click.IntRange(1000), help="Objects for the memory row.")
+def command(
+    *, quick: bool, json_path: str | None, repeats: int | None, memory_objects: int | None
+) -> None:
+    """Master control-plane throughput (ops/s, keys/s, master CPU per key) and bytes/object."""
+    plan = Plan.of(quick)
+    if repeats is not None or memory_objects is not None:
+        plan = Plan(
+            plan.single_ops,
+            plan.batch_reqs,
+            repeats or plan.repeats,
+            memory_objects or plan.memory_objects,
+        )
+    rows = run(plan, log=lambda s: click.echo(s, err=True))
+    click.echo(format_table(rows))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+        click.echo(f"wrote {len(rows)} rows to {json_path}")

@@ -1,0 +1,38 @@
+"""`kvpool bench master --quick` runs end to end, checks every reply, and writes the rows that
+design.md's Benchmarks section describes (it never asserts a speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_quick_master_benchmark_writes_rows_and_the_memory_metric(tmp_path: Path) -> None:
+    out = tmp_path / "master.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/master.py", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    speed = [r for r in rows if "metric" not in r]
+    cases = {(r["op"], r["case"]) for r in speed}
+    for op in ("echo", "get_replica_list", "put", "batch_get_replica_list", "batch_put"):
+        assert (op, "lockstep") in cases and (op, "pipelined") in cases, op
+    for r in speed:
+        for field in ("system", "path", "op", "value_size", "batch", "ops_per_s", "bytes_per_s"):
+            assert field in r
+        assert r["ops_per_s"] > 0 and r["p50_us"] > 0 and r["p99_us"] >= r["p50_us"]
+        assert r["master_cpu_us_per_key"] >= 0
+    assert {r["batch"] for r in speed} == {1, 64}
+    grl = next(r for r in speed if r["op"] == "get_replica_list" and r["case"] == "lockstep")
+    assert grl["baseline"] == "echo lockstep" and grl["ratio"] > 0
+    (mem,) = [r for r in rows if r.get("metric") == "master_bytes_per_object"]
+    assert mem["objects"] == 20_000 and mem["value"] > 0
+    assert "master us/key" in proc.stdout and "bytes of RSS per object" in proc.stdout

@@ -64,11 +64,12 @@ class AsyncStore:
         return self._store
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        store = self.store  # raises before open / after close
-        del store
-        assert self._executor is not None
+        # Callers pass `self.store.<method>`, which already raised StoreClosed when not open.
+        executor = self._executor
+        if executor is None:
+            raise StoreClosed("this AsyncStore is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        return await loop.run_in_executor(executor, functools.partial(fn, *args))
 
     async def close(self) -> None:
         """Close the Store (unmounting its segments) and the thread pool. Idempotent."""

@@ -41,7 +41,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, NewType, Self
 
 from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
@@ -203,7 +203,7 @@ class L2Adapter(ABC):
             self.get_load_event_fd(),
         )
 
-    def __enter__(self) -> L2Adapter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

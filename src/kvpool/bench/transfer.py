@@ -5,8 +5,9 @@ process reads and writes it (a) through shared memory and (b) through forced TCP
 and in the same run measures the physical baselines: numpy memcpy of the same sizes between two
 pre-touched buffers, and a bare `sendall` → `recv_into` exchange with the child over one
 loopback socket (lock-step, like a single `transfer()` call). Cases are interleaved round by
-round and each row reports the median over rounds, so a noisy neighbour hits system and
-baseline alike. A third table shows where inline copying stops paying and the memcpy pool
+round, so a noisy neighbour hits system and baseline alike; each row reports the median
+throughput over rounds, per-op p50/p99, and two ratios to its baseline: of the median per-op
+times ("vs limit", robust to stalls) and of the median throughputs ("thru"). A third table shows where inline copying stops paying and the memcpy pool
 starts (`submit()` of one local copy, inline vs handed to the pool thread).
 
 Every path's bytes are verified (xxh3 of what was written, read back by both paths); the
@@ -175,9 +176,15 @@ def _row(case: _Case, baseline: _Case | None) -> dict[str, Any]:
         "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1e3,
         "rounds": len(case.rates),
     }
+    row["bytes_per_s_at_p50"] = case.size / (row["p50_us"] / 1e6)
     if baseline is not None:
+        # Two ratios: of the median per-op times (robust to a neighbour stealing the CPU for a
+        # few ms, which on a 2-core shared machine happens every run), and of the median
+        # throughputs over rounds (what a long stream of such ops gets, stalls included).
+        base_lat = sorted(baseline.lat_ns)
         row["baseline"] = baseline.path
-        row["ratio_to_baseline"] = rate / statistics.median(baseline.rates)
+        row["ratio_to_baseline"] = (base_lat[len(base_lat) // 2] / 1e3) / row["p50_us"]
+        row["throughput_ratio_to_baseline"] = rate / statistics.median(baseline.rates)
     return row
 
 
@@ -227,7 +234,9 @@ def _no_segment(name: str) -> SegmentLocation:
     raise click.ClickException(f"segment {name} is not local")
 
 
-def run(sizes: list[int], rounds: int, quick: bool, streams: int) -> list[dict[str, Any]]:
+def run(
+    sizes: list[int], rounds: int, quick: bool, streams: int | None = None
+) -> list[dict[str, Any]]:
     """Measure every case; returns the rows (see design.md, Benchmarks)."""
     peer = _Peer(max(sizes) + (1 << 20))
     loc = peer.location
@@ -266,14 +275,16 @@ def run(sizes: list[int], rounds: int, quick: bool, streams: int) -> list[dict[s
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = f"{'system':<7} {'path':<13} {'op':<6} {'size':>10} {'GB/s':>7} {'ops/s':>9} "
-    head += f"{'p50 us':>8} {'p99 us':>9} {'vs limit':>9}"
+    head += f"{'p50 us':>8} {'p99 us':>9} {'vs limit':>9} {'(thru)':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = f"{r['ratio_to_baseline'] * 100:.0f}%" if "ratio_to_baseline" in r else ""
+        thru = r.get("throughput_ratio_to_baseline")
+        thru_s = f"{thru * 100:.0f}%" if thru is not None else ""
         lines.append(
             f"{r['system']:<7} {r['path']:<13} {r['op']:<6} {format_size(r['value_size']):>10} "
             f"{r['bytes_per_s'] / 1e9:>7.2f} {r['ops_per_s']:>9.0f} {r['p50_us']:>8.1f} "
-            f"{r['p99_us']:>9.1f} {ratio:>9}"
+            f"{r['p99_us']:>9.1f} {ratio:>9} {thru_s:>7}"
         )
     return "\n".join(lines)
 
@@ -288,9 +299,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
     help="Comma-separated value sizes.",
 )
 @click.option("--rounds", type=int, default=None, help="Interleaved rounds (default 7, quick 2).")
-@click.option("--streams", type=int, default=4, show_default=True, help="TCP streams per peer.")
+@click.option(
+    "--streams", type=int, default=None, help="TCP streams per peer (default: the engine's)."
+)
 def command(
-    quick: bool, json_file: str | None, sizes: str, rounds: int | None, streams: int
+    quick: bool, json_file: str | None, sizes: str, rounds: int | None, streams: int | None
 ) -> None:
     """Data-plane bandwidth: shm and TCP between two processes, next to memcpy and raw sockets."""
     try:

@@ -318,6 +318,42 @@ def run(
     return rows
 
 
+def median_of_runs(runs: list[list[Row]]) -> list[Row]:
+    """One row per case: the median rates and the median of the same-run ratios."""
+    if len(runs) == 1:
+        return runs[0]
+    out = []
+    for same in zip(*runs, strict=True):
+        first = same[0]
+
+        def med(f: Callable[[Row], float], rows: tuple[Row, ...] = same) -> float:
+            return statistics.median(f(r) for r in rows)
+
+        ratios = [r.ratio for r in same if r.ratio is not None]
+        out.append(
+            Row(
+                system=first.system,
+                path=first.path,
+                op=first.op,
+                value_size=first.value_size,
+                batch=first.batch,
+                ops_per_s=med(lambda r: r.ops_per_s),
+                bytes_per_s=med(lambda r: r.bytes_per_s),
+                p50_us=med(lambda r: r.p50_us),
+                p99_us=med(lambda r: r.p99_us),
+                calls=sum(r.calls for r in same),
+                mean_ops_per_s=med(lambda r: r.mean_ops_per_s),
+                ratio=statistics.median(ratios) if ratios else None,
+                baseline=(
+                    f"{first.baseline.split(' ')[0]} row, same-run ratios, median of {len(same)}"
+                    if first.baseline
+                    else ""
+                ),
+            )
+        )
+    return out
+
+
 def format_table(rows: list[Row]) -> str:
     head = (
         f"{'system':<7} {'path':<7} {'op':<5} {'size':>9} {'batch':>5} {'ops/s':>10} "
@@ -346,8 +382,10 @@ def format_table(rows: list[Row]) -> str:
     help="Paths to measure (default: both).",
 )
 @click.option("--master", default=None, help="Use this running pool instead of starting one.")
+@click.option("--repeat", default=1, show_default=True, help="Runs; report the median of each.")
 def command(
     *,
+    repeat: int,
     quick: bool,
     json_path: str | None,
     segment_size: str,
@@ -356,9 +394,11 @@ def command(
 ) -> None:
     """Store put/get (4 KiB, 4 KiB x 64, 1 MiB, 16 MiB) over shm and TCP, with baselines."""
     size = parse_size(segment_size, name="--segment-size", minimum=64 * MiB)
-    rows = run(
-        quick=quick, segment_size=size, protocols=protocols or ("auto", "tcp"), master=master
-    )
+    runs = [
+        run(quick=quick, segment_size=size, protocols=protocols or ("auto", "tcp"), master=master)
+        for _ in range(max(1, repeat))
+    ]
+    rows = median_of_runs(runs)
     click.echo(format_table(rows))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as fh:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kvpool.errors import (
@@ -19,6 +21,7 @@ from kvpool.errors import (
     StoreClosed,
 )
 from kvpool.protocol.framing import FrameTooLarge
+from kvpool.rpc.aio import AsyncRpcClient
 from kvpool.rpc.client import RpcClient, parse_address
 from kvpool.rpc.thread import ServerThread
 from kvtest.procs import Proc, free_port, wait_until
@@ -36,6 +39,7 @@ from rpc.rpc_testkit import (
     Sum,
     WhoAmI,
     You,
+    make_server,
 )
 
 TESTKIT = Path(__file__).with_name("rpc_testkit.py")
@@ -236,25 +240,51 @@ def test_close_fails_calls_in_flight(client: RpcClient) -> None:
     assert len(out) == 1 and isinstance(out[0], RpcError)
 
 
+def _tcp_sockets() -> int:
+    return len(psutil.Process().net_connections(kind="tcp"))
+
+
 def test_nothing_is_left_behind_after_close() -> None:
-    before = set(threading.enumerate())
-    st = ServerThread(__import__("rpc.rpc_testkit").rpc_testkit.make_server()).start()
+    threads_before = set(threading.enumerate())
+    sockets_before = _tcp_sockets()
+    st = ServerThread(make_server()).start()
     clients = [_client(st) for _ in range(3)]
     for c in clients:
         assert c.call(Add(1, 1)) == Sum(2)
-    assert st.server.connection_count == 3
+    # A thread that led the reading for others, and a follower, leave nothing behind either.
+    workers = [threading.Thread(target=clients[0].call, args=(Sleep(0.01, i),)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(10)
+
+    async def use_async() -> None:
+        async with AsyncRpcClient(st.endpoint, response_type=Response, cluster_id=CLUSTER) as a:
+            assert await a.call(Add(1, 1)) == Sum(2)
+
+    asyncio.run(use_async())
+    assert st.server.connection_count >= 3
     for c in clients:
         c.close()
     wait_until(lambda: st.server.connection_count == 0, what="connections closed")
     server = st.server
     st.stop()
-    assert set(threading.enumerate()) == before
+    assert set(threading.enumerate()) == threads_before
     assert server.connection_count == 0
+    assert _tcp_sockets() == sockets_before  # the listener and every connection are closed
     st.stop()  # idempotent
 
 
+def test_server_thread_that_cannot_bind_raises_and_leaves_no_thread(server: ServerThread) -> None:
+    before = set(threading.enumerate())
+    taken = server.address[1]
+    with pytest.raises(OSError):
+        ServerThread(make_server(port=taken)).start()
+    assert set(threading.enumerate()) == before
+
+
 def test_server_close_drops_connections_and_clients_see_rpc_fail() -> None:
-    st = ServerThread(__import__("rpc.rpc_testkit").rpc_testkit.make_server()).start()
+    st = ServerThread(make_server()).start()
     try:
         with _client(st) as c:
             assert c.call(Add(1, 1)) == Sum(2)

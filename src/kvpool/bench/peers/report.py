@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.bench.peers.workload import Measurement, case_name
+from kvpool.bench.peers.workload import Measurement, case_name, size_name
 
 __all__ = [
     "TARGETS",
@@ -213,23 +213,39 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
     return rows
 
 
+# Fixed styles, so that the same system looks the same in every run's picture.
+_STYLES: dict[str, tuple[str, str, str]] = {
+    "kvpool/shm": ("C0", "-", "o"),
+    "kvpool/tcp": ("C1", "-", "o"),
+    "mooncake/tcp": ("C2", "-", "^"),
+    "redis/tcp": ("C3", "-", "v"),
+    "limit/memcpy": ("0.45", "--", "."),
+    "limit/socket": ("0.1", ":", "."),
+}
+
+
 def plot(results: Sequence[Measurement], path: str, title: str = "") -> None:
     """Throughput (GB/s, log) by value size per system/path: put and get side by side.
 
-    Single-value cases are lines; batch cases are drawn as open markers at their value size.
-    Needs matplotlib (the optional extra `plot`); raises ImportError without it.
+    Single-value cases are lines; batch cases are open squares at their value size. The limits
+    are grey dashed (memcpy) and dotted (socket) lines. Needs matplotlib (extra `plot`).
     """
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a window
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     try:
-        labels = sorted({m.label for m in results}, key=lambda s: (not s.startswith("kvpool"), s))
-        colors = {label: f"C{i}" for i, label in enumerate(labels)}
+        order = list(_STYLES)
+        labels = sorted(
+            {m.label for m in results},
+            key=lambda s: (order.index(s) if s in order else len(order), s),
+        )
+        sizes = sorted({m.value_size for m in results})
         for ax, op in zip(axes, ("put", "get"), strict=True):
-            for label in labels:
+            for i, label in enumerate(labels):
+                color, line, marker = _STYLES.get(label, (f"C{4 + i}", "-", "o"))
                 single = sorted(
                     (m for m in results if m.label == label and m.op == op and m.batch == 1),
                     key=lambda m: m.value_size,
@@ -238,30 +254,34 @@ def plot(results: Sequence[Measurement], path: str, title: str = "") -> None:
                     ax.plot(
                         [m.value_size for m in single],
                         [m.bytes_per_s / _GB for m in single],
-                        marker="o",
-                        color=colors[label],
+                        linestyle=line,
+                        marker=marker,
+                        color=color,
                         label=label,
                     )
-                for m in results:
-                    if m.label == label and m.op == op and m.batch > 1:
-                        ax.scatter(
-                            [m.value_size],
-                            [m.bytes_per_s / _GB],
-                            marker="s",
-                            facecolors="none",
-                            edgecolors=colors[label],
-                            s=60,
-                        )
+                batches = [m for m in results if m.label == label and m.op == op and m.batch > 1]
+                if batches:
+                    ax.scatter(
+                        [m.value_size for m in batches],
+                        [m.bytes_per_s / _GB for m in batches],
+                        marker="s",
+                        facecolors="none",
+                        edgecolors=color,
+                        s=70,
+                        label=f"{label}, batch {batches[0].batch}" if op == "get" else None,
+                    )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("value size (bytes); open squares: batch calls")
+            ax.set_xticks(sizes, [size_name(s) for s in sizes])
+            ax.minorticks_off()
+            ax.set_xlabel("value size")
             ax.set_title(op)
-            ax.grid(True, which="both", alpha=0.3)
-        axes[0].set_ylabel("GB/s (1e9 bytes/s)")
-        axes[1].legend(loc="lower right", fontsize="small")
+            ax.grid(True, which="major", alpha=0.3)
+        axes[0].set_ylabel("GB/s (1e9 bytes/s), log scale")
+        axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
         if title:
-            fig.suptitle(title)
+            fig.suptitle(title, fontsize="medium")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)

@@ -233,7 +233,6 @@ class Store:
         except BaseException:
             self._teardown()
             raise
-        self._client_id = self._node.client_id
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle

@@ -382,7 +382,7 @@ class ReclaimEngine(Generic[K]):
                 for lists in self._by_usage(exclude=set()):
                     if lists.active_bytes <= 0:
                         continue
-                    n_active = lists.counts()[0]
+                    n_active = lists.active_len
                     demoted, _ = lists.shrink_active(short, 2 * n_active, self.config.isolate_batch)
                     self.stats.demoted_bytes += demoted
                     got = self._shrink_inactive(lists, short)
@@ -454,7 +454,7 @@ class ReclaimEngine(Generic[K]):
         want = max(excess, float(quota - lists.inactive_bytes))
         if want <= 0 or lists.active_bytes <= 0:
             return
-        n_active = lists.counts()[0]
+        n_active = lists.active_len
         demoted, _ = lists.shrink_active(math.ceil(want), n_active, self.config.isolate_batch)
         self.stats.demoted_bytes += demoted
 
@@ -462,7 +462,7 @@ class ReclaimEngine(Generic[K]):
         """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
         moving, looking at each record present at the start at most once."""
         cfg = self.config
-        budget = lists.counts()[1]
+        budget = lists.inactive_len
         now = self.clock()
         freed = pending = scanned = 0
         deferred: list[tuple[EvictInfo[K], int]] = []

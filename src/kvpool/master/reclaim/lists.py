@@ -175,6 +175,8 @@ class ReclaimLists(Generic[K]):
         next pass meets them first; otherwise they go to the head (rotated: looked at, kept).
         """
         assert where in (ListState.ACTIVE, ListState.INACTIVE)
+        if not recs:
+            return 0
         lst = self._active if where is ListState.ACTIVE else self._inactive
         n = 0
         with self.lock:
@@ -273,6 +275,16 @@ class ReclaimLists(Generic[K]):
     def resident_count(self) -> int:
         """Number of those records."""
         return self.usage.count[self.shard]
+
+    @property
+    def active_len(self) -> int:
+        """Records on active (`len` of a dict is atomic: no lock needed for a size hint)."""
+        return len(self._active)
+
+    @property
+    def inactive_len(self) -> int:
+        """Records on inactive (a size hint, like `active_len`)."""
+        return len(self._inactive)
 
     def counts(self) -> tuple[int, int, int]:
         """(active, inactive, unevictable) record counts."""

@@ -1,0 +1,80 @@
+"""The table, the targets and the JSON of `kvpool bench compare`, from hand-made measurements."""
+
+from __future__ import annotations
+
+from kvpool.bench.peers.report import Skipped, json_rows, render_table, render_targets
+from kvpool.bench.peers.workload import Measurement, case_name, size_name
+
+
+def m(system: str, path: str, op: str, size: int, ops: float, batch: int = 1) -> Measurement:
+    return Measurement(
+        system=system,
+        path=path,
+        op=op,
+        value_size=size,
+        batch=batch,
+        ops_per_s=ops,
+        bytes_per_s=ops * size,
+        p50_us=10.0,
+        p99_us=20.0,
+        rounds=5,
+        calls=100,
+    )
+
+
+RESULTS = [
+    m("kvpool", "shm", "get", 1 << 20, 3000),
+    m("kvpool", "tcp", "get", 1 << 20, 900),
+    m("mooncake", "tcp", "get", 1 << 20, 500),
+    m("limit", "memcpy", "get", 1 << 20, 10000),
+    m("limit", "socket", "get", 1 << 20, 1000),
+    m("redis", "tcp", "get", 1 << 20, 1500),
+]
+
+
+def test_sizes_and_cases_read_as_people_write_them() -> None:
+    assert [size_name(n) for n in (4096, 1 << 20, 16 << 20, 1000)] == [
+        "4 KiB",
+        "1 MiB",
+        "16 MiB",
+        "1000 B",
+    ]
+    assert case_name(4096, 64) == "64 x 4 KiB"
+
+
+def test_table_shows_kvpool_over_each_peer_and_the_skipped_systems() -> None:
+    table = render_table(RESULTS, [Skipped("mooncake/tcp", "no wheel", "pip install x")])
+    mooncake = next(line for line in table.splitlines() if "mooncake/tcp" in line)
+    assert mooncake.split()[-2:] == ["6.00x", "1.80x"]  # 3000/500 and 900/500
+    assert "skipped: mooncake/tcp: no wheel; install: pip install x" in table
+
+
+def test_targets_say_met_or_missed_with_the_worst_ratio() -> None:
+    text = render_targets(RESULTS)
+    assert "kvpool/Mooncake, >= 1 MiB >= 3.0: met (lowest 6.00 at get 1 MiB" in text
+    assert "kvpool shm / memcpy, >= 1 MiB >= 0.7: MISSED (lowest 0.30" in text
+    assert "kvpool tcp / raw socket, >= 1 MiB >= 0.7: met (lowest 0.90" in text
+    assert "kvpool/Mooncake, small single ops >= 1.5: not measured" in text
+
+
+def test_json_rows_have_the_design_fields_and_ratio_rows_name_their_peer() -> None:
+    rows = json_rows(RESULTS)
+    plain = [r for r in rows if "metric" not in r]
+    assert len(plain) == len(RESULTS)
+    assert plain[0] == {
+        "system": "kvpool",
+        "path": "shm",
+        "op": "get",
+        "value_size": 1 << 20,
+        "batch": 1,
+        "ops_per_s": 3000,
+        "bytes_per_s": 3000 * (1 << 20),
+        "p50_us": 10.0,
+        "p99_us": 20.0,
+        "rounds": 5,
+        "calls": 100,
+    }
+    ratios = {(r["path"], r["peer"]): r["value"] for r in rows if r.get("metric") == "ratio"}
+    assert ratios[("shm", "mooncake/tcp")] == 6.0
+    assert ratios[("tcp", "limit/socket")] == 0.9
+    assert len(ratios) == 2 * 4  # both kvpool paths against the four other rows

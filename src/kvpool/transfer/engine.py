@@ -100,6 +100,7 @@ class _Route:
     peer: PeerMapping | None
     endpoint: str
     checked_at: float
+    wire_name: bytes = b""
 
 
 class SegmentHold:
@@ -343,7 +344,7 @@ class TransferEngine:
         if not loc.endpoint:
             raise TransferError(f"segment {name} has no transfer endpoint")
         parse_endpoint(loc.endpoint)
-        return _Route(RouteKind.TCP, loc.size, None, None, loc.endpoint, now)
+        return _Route(RouteKind.TCP, loc.size, None, None, loc.endpoint, now, name.encode())
 
     # ---- transfers -----------------------------------------------------------------------
 
@@ -360,10 +361,30 @@ class TransferEngine:
         `TransferError` (with the failing code) naming the first failed request."""
         self._check_open()
         prepared = [self._prepare(i, r) for i, r in enumerate(requests)]
+        if len(prepared) == 1 and self._tcp_one(prepared[0], timeout):
+            return
         if not self._copy_all_inline(prepared):
             future = self._start(prepared, timeout, inline=True)
             future.wait(self.timeout if timeout is None else timeout)
             future.raise_for_status()
+
+    def _tcp_one(self, req: _Prepared, timeout: float | None) -> bool:
+        """The fast path of `transfer` for one small request over TCP (a cross-host KV get):
+        one exchange on a pooled connection, no future, no lanes. False (nothing done) when
+        the request does not qualify; raises `TransferError` when it fails."""
+        op, view, name, offset, n = req
+        route = self._routes.get(name)
+        if route is None or route.kind is not RouteKind.TCP or n >= self._tcp.stripe_bytes:
+            return False
+        if offset + n > route.size:
+            return False  # the general path reports it
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        code, why = self._tcp.exchange_one(
+            route.endpoint, Piece(0, int(op), view, route.wire_name, offset, n), deadline
+        )
+        if code is not ErrorCode.OK:
+            raise TransferError(f"request 0 ({op.name} {name}@{offset}+{n}) failed: {why}", code)
+        return True
 
     def _copy_all_inline(self, prepared: list[_Prepared]) -> bool:
         """The fast path of `transfer` (a same-host KV get is one 4 KiB copy): when every

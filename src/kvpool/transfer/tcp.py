@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from kvpool.errors import ErrorCode
 from kvpool.transfer.base import MemoryRegion, Transport
@@ -83,6 +83,44 @@ class _Conn:
 
 class _ProtocolError(ConnectionError):
     pass
+
+
+class LaneSink(Protocol):
+    """What a lane reports to: a `TransferFuture`, or `_OneResult` for one inline piece."""
+
+    @property
+    def aborted(self) -> bool: ...
+
+    def complete(self, index: int, code: ErrorCode, message: str = "") -> None: ...
+
+    def add_abort_hook(self, key: int, hook: Callable[[], None]) -> bool: ...
+
+    def remove_abort_hook(self, key: int) -> None: ...
+
+
+class _OneResult:
+    """A `LaneSink` for one piece run inline: no lock, no event (only the calling thread
+    touches it), nothing to abort from outside."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self) -> None:
+        self.code = ErrorCode.TRANSFER_FAIL
+        self.message = "not run"
+
+    @property
+    def aborted(self) -> bool:
+        return False
+
+    def complete(self, index: int, code: ErrorCode, message: str = "") -> None:
+        self.code = code
+        self.message = message
+
+    def add_abort_hook(self, key: int, hook: Callable[[], None]) -> bool:
+        return True
+
+    def remove_abort_hook(self, key: int) -> None:
+        pass
 
 
 class TcpTransport(Transport):
@@ -172,6 +210,14 @@ class TcpTransport(Transport):
         if inline:
             self._run_lane(endpoint, lanes[0], future, deadline, True)
 
+    def exchange_one(self, endpoint: str, p: Piece, deadline: float) -> tuple[ErrorCode, str]:
+        """Run one piece in the calling thread; returns its code and, on failure, why.
+
+        The same protocol and failure handling as a one-piece lane, without the future."""
+        future = _OneResult()
+        self._run_lane(endpoint, [p], future, deadline, True)
+        return future.code, future.message
+
     def _split(self, pieces: list[Piece], future: TransferFuture) -> list[Piece]:
         out: list[Piece] = []
         counts: dict[int, int] = {}
@@ -195,7 +241,7 @@ class TcpTransport(Transport):
         self,
         endpoint: str,
         lane: list[Piece],
-        future: TransferFuture,
+        future: LaneSink,
         deadline: float,
         inline: bool,
     ) -> None:
@@ -250,7 +296,7 @@ class TcpTransport(Transport):
                     self._checkin(conn)
 
     def _pipeline(
-        self, conn: _Conn, lane: list[Piece], future: TransferFuture, progress: list[int]
+        self, conn: _Conn, lane: list[Piece], future: LaneSink, progress: list[int]
     ) -> None:
         sock = conn.sock
         if len(lane) == 1:  # the common small case (one KV get or put), without the pipeline
@@ -298,7 +344,7 @@ class TcpTransport(Transport):
     def _receive(
         conn: _Conn,
         in_flight: deque[tuple[Piece, int]],
-        future: TransferFuture,
+        future: LaneSink,
         progress: list[int],
     ) -> int:
         """Read one answer; returns 1 when it answered a READ, else 0."""
@@ -331,7 +377,7 @@ class TcpTransport(Transport):
         return 1 if p.op == _READ else 0
 
     @staticmethod
-    def _fail(lane: list[Piece], start: int, future: TransferFuture, why: str) -> None:
+    def _fail(lane: list[Piece], start: int, future: LaneSink, why: str) -> None:
         for p in lane[start:]:
             future.complete(p.index, ErrorCode.TRANSFER_FAIL, why)
 

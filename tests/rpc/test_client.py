@@ -314,3 +314,39 @@ def test_connect_to_nothing_is_rpc_fail() -> None:
         with pytest.raises(RpcError) as info:
             c.call(Add(1, 1))
         assert info.value.code == ErrorCode.RPC_FAIL
+
+
+def test_reading_passes_to_a_caller_still_waiting_not_to_one_already_answered(
+    server: ServerThread, client: RpcClient
+) -> None:
+    # A leads; B and C sleep. The replies of A and B arrive in one read (a Gather group
+    # completes them in the same loop iteration, and the server coalesces the write). A must
+    # then hand the reading to C, whose reply comes later; handing it to B (answered, about
+    # to return) would leave C with no reader until its timeout.
+    results: dict[str, object] = {}
+
+    def run(name: str, req: object) -> None:
+        try:
+            results[name] = client.call(req, timeout=5)
+        except BaseException as exc:
+            results[name] = exc
+
+    threads = {
+        "A": threading.Thread(target=run, args=("A", Gather("handoff", 3, 1))),
+        "B": threading.Thread(target=run, args=("B", Gather("handoff", 3, 2))),
+        "C": threading.Thread(target=run, args=("C", Sleep(0.5, 3))),
+    }
+    client.connect()
+    conn = client._conn
+    assert conn is not None
+    threads["A"].start()
+    wait_until(lambda: conn.reading, what="A reads")
+    threads["B"].start()
+    wait_until(lambda: len(conn.sleepers) == 1, what="B sleeps")
+    threads["C"].start()
+    wait_until(lambda: len(conn.sleepers) == 2, what="C sleeps")
+    with _client(server) as other:
+        assert other.call(Gather("handoff", 3, 99)) == Slept(99)
+    for t in threads.values():
+        t.join(10)
+    assert results == {"A": Slept(1), "B": Slept(2), "C": Slept(3)}

@@ -23,6 +23,7 @@ from rpc.rpc_testkit import (
     Add,
     BadReply,
     Big,
+    Gather,
     Kick,
     RawConn,
     Response,
@@ -333,3 +334,41 @@ def test_large_frames_cross_many_reads(client: RpcClient, size: int) -> None:
     assert client.call(Say(text), timeout=30) == Said(text)
     replies = client.call_many([Say(text[: size // 4]), Add(1, 1), Big(size)], timeout=30)
     assert replies == [Said(text[: size // 4]), Sum(2), Said("x" * size)]
+
+
+def test_a_peer_cannot_park_unbounded_work_on_the_server() -> None:
+    # With max_inflight=4, a connection with four Gathers waiting is not read any further:
+    # the fifth Gather of the group is never seen, so the group stays incomplete, while
+    # another connection is still served. When the group's fifth member arrives on another
+    # connection, all five complete and the first connection is read again.
+    st = ServerThread(make_server(max_inflight=4)).start()
+    try:
+        with RawConn(st.endpoint) as raw:
+            raw.hello()
+            frames = b"".join(
+                encode_frame(i, msgspec.msgpack.encode(Gather("inflight", 6, i)))
+                for i in range(1, 6)
+            )
+            raw.send(frames + encode_frame(99, msgspec.msgpack.encode(Add(1, 1))))
+            with RpcClient(st.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
+                assert c.call(Add(2, 2)) == Sum(4)  # others are served meanwhile
+                # Four arrived at the server (the limit), so 4 + this one is not yet 6...
+                with pytest.raises(RpcError):
+                    c.call(Gather("inflight", 6, 50), timeout=0.3)
+                # ...but a second helper completes the group once the fifth is read.
+                got = c.call(Gather("inflight", 6, 51), timeout=10)
+            assert got == Slept(51)
+            replies = dict(raw.recv_reply() for _ in range(6))
+            assert replies == {**{i: Slept(i) for i in range(1, 6)}, 99: Sum(2)}
+    finally:
+        st.stop()
+
+
+def test_a_client_leaving_does_not_cancel_its_running_request(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.request(1, Gather("orphan", 2, 1))
+        wait_until(lambda: server.server.connection_count == 1, what="connected")
+    # The Gather of the departed client still counts: this one completes the group.
+    with RpcClient(server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
+        assert c.call(Gather("orphan", 2, 2), timeout=10) == Slept(2)

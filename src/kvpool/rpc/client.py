@@ -426,6 +426,7 @@ class RpcClient:
             conn.broken = exc
             if self._conn is conn:
                 self._conn = None
+            conn.sleepers.clear()
             for call in conn.pending.values():
                 call.error = _as_rpc_error(exc, fresh=True)
                 call.done = True
@@ -530,6 +531,10 @@ class RpcClient:
                         other.error = error
                         other.done = True
                         if other is not call and other.cond is not None:
+                            # Out of the sleepers at once: a sleeper already answered must
+                            # never be picked as the next reader (it would just return, and
+                            # the callers still waiting would have no one reading for them).
+                            conn.sleepers.pop(other.request_id, None)
                             other.cond.notify()
                     broken = conn.decoder.error
                     if call.done and broken is None:

@@ -23,6 +23,7 @@ Threading: every method runs on the loop that ran `start()`, and so does the han
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import itertools
 import logging
@@ -36,6 +37,7 @@ from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed
 from kvpool.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_FLAG,
+    Frame,
     FrameDecoder,
     FrameEncoder,
     FrameError,
@@ -72,7 +74,11 @@ class Connection(asyncio.Protocol):
 
     Public read-only attributes: ``conn_id``, ``peer`` ("host:port"), ``client_name`` (from the
     Hello), ``handshaken``. ``close()`` ends the connection from the service side (for example
-    when a client is evicted); requests still running then have their replies dropped.
+    when a client is evicted).
+
+    A handler's awaitable runs to completion even when its connection goes away (the reply is
+    then dropped): a service never sees a request cancelled half-way because a client left.
+    Only `RpcServer.close()` cancels what is still running.
     """
 
     def __init__(self, server: RpcServer, conn_id: ConnectionId) -> None:
@@ -87,7 +93,12 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._closing = False
         self._close_requested = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Handler tasks of this connection still running, bounded by max_inflight.
+        self._inflight = 0
+        self._paused_for_writes = False
+        self._paused_for_inflight = False
+        # Frames received but not yet served (only while max_inflight pauses serving).
+        self._backlog: collections.deque[Frame] = collections.deque()
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -103,38 +114,58 @@ class Connection(asyncio.Protocol):
         self._closing = True
         self._transport = None
         self._out.clear()
-        for task in list(self._tasks):
-            task.cancel()
         self._server._connection_gone(self)
 
     def pause_writing(self) -> None:
         # The peer is not reading its replies: stop reading its requests until it catches up.
-        if self._transport is not None and not self._closing:
-            self._transport.pause_reading()
+        self._paused_for_writes = True
+        self._update_reading()
 
     def resume_writing(self) -> None:
-        if self._transport is not None and not self._closing:
-            self._transport.resume_reading()
+        self._paused_for_writes = False
+        self._update_reading()
+
+    def _resume_serving(self) -> None:
+        if self._closing:
+            return
+        self._drain()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        if self._paused_for_writes or self._paused_for_inflight:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
-        decoder = self._decoder
         try:
-            frames = decoder.feed(data)
+            frames = self._decoder.feed(data)
         except FrameError:
             frames = []
+        self._backlog.extend(frames)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Serve the frames received so far, in order, unless too much work is in flight."""
+        backlog = self._backlog
         server = self._server
         refused = False
-        for request_id, payload in frames:
+        while backlog and not self._paused_for_inflight:
+            request_id, payload = backlog.popleft()
             if not self.handshaken:
                 if not self._handshake(request_id, payload):
                     refused = True
+                    backlog.clear()
                     break
                 continue
             self._serve(request_id, payload, server)
-        exc = decoder.error
-        if exc is not None and not refused:
+        exc = self._decoder.error
+        if exc is not None and not backlog and not refused and not self._closing:
             # Framing is lost: answer the frames that came before the break (done above),
             # then the break itself, then close.
             log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, exc)
@@ -143,7 +174,7 @@ class Connection(asyncio.Protocol):
             )
             self._closing = True
         self._flush()
-        if self._closing and self._transport is not None:
+        if (refused or self._closing) and self._transport is not None:
             # close() sends what is buffered first, so the error reply reaches the peer.
             self._transport.close()
 
@@ -217,8 +248,14 @@ class Connection(asyncio.Protocol):
             self._out.append(server._encode_reply(request_id, reply))
             return
         task = asyncio.ensure_future(self._finish(request_id, request, reply))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        server._tasks.add(task)
+        task.add_done_callback(server._tasks.discard)
+        self._inflight += 1
+        if self._inflight >= server.max_inflight and not self._paused_for_inflight:
+            # A peer may not park unbounded work on the server: stop serving (and reading)
+            # its requests until some of its running ones finish.
+            self._paused_for_inflight = True
+            self._update_reading()
 
     async def _finish(self, request_id: int, request: Any, pending: Awaitable[Any]) -> None:
         server = self._server
@@ -230,6 +267,12 @@ class Connection(asyncio.Protocol):
             frame = server._handler_error(request_id, request, exc)
         else:
             frame = server._encode_reply(request_id, reply)
+        finally:
+            self._inflight -= 1
+            if self._paused_for_inflight and self._inflight < self._server.max_inflight:
+                self._paused_for_inflight = False
+                # Serve the backlog (and read again) from the loop, not from this finally.
+                asyncio.get_running_loop().call_soon(self._resume_serving)
         if self._closing:
             return
         self._out.append(frame)
@@ -296,6 +339,7 @@ class RpcServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         server_name: str = "kvpool",
         protocol_version: int = PROTOCOL_VERSION,
+        max_inflight: int = 4096,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -303,7 +347,11 @@ class RpcServer:
             raise InvalidParams(f"port: {port!r} is not a TCP port")
         if not isinstance(cluster_id, str) or not cluster_id or len(cluster_id) > 256:
             raise InvalidParams(f"cluster_id: {cluster_id!r} must be a non-empty string")
+        if not isinstance(max_inflight, int) or max_inflight < 1:
+            raise InvalidParams(f"max_inflight: {max_inflight!r} must be a positive integer")
         self._handler = handler
+        #: Handler tasks one connection may have running before the server stops reading it.
+        self.max_inflight = max_inflight
         self.host = host
         self.port = port
         self.cluster_id = cluster_id
@@ -326,6 +374,7 @@ class RpcServer:
         self._connections: dict[ConnectionId, Connection] = {}
         self._conn_ids = itertools.count(1)
         self._all_gone: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._address: tuple[str, int] | None = None
 
@@ -397,6 +446,11 @@ class RpcServer:
                     if not self._connections:
                         break
                     await asyncio.sleep(0)
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_GRACE_S)
         await server.wait_closed()
 
     # -- reply encoding (shared by connections) ---------------------------------------------

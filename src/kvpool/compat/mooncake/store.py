@@ -41,6 +41,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
+import numpy as np
+
 from kvpool.client import Store
 from kvpool.compat.mooncake import tensor as tensor_format
 from kvpool.compat.mooncake.memory import BufferHandle, PointerRegistry
@@ -153,6 +155,13 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._buffer_size = 0
         self._pointers = PointerRegistry()
+        # The read side of Mooncake's local buffer: `get` reads into it and copies out once.
+        # Reading into fresh memory instead (the native Store's `get`) and then copying into
+        # the `bytes` Mooncake returns touches two fresh allocations per call, and first-touch
+        # page faults made a 16 MiB `get` 5-10x slower here. Allocated untouched (numpy.empty):
+        # pages are faulted in by the first reads that need them, then stay warm.
+        self._staging: np.ndarray[Any, np.dtype[np.uint8]] | None = None
+        self._staging_lock = threading.Lock()
 
     # ------------------------------------------------------------------ setup / close
 
@@ -217,8 +226,17 @@ class MooncakeDistributedStore:
         if port is None:
             port = _endpoint_port(segments) or _any_free_port()
         hostname = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        staging = None
+        if p.local_buffer_size > 0:
+            staging = np.empty(p.local_buffer_size, dtype=np.uint8)
+            try:
+                store.register_buffer(staging)
+            except BaseException:
+                store.close()
+                raise
         with _local_lock:
             _local_segments[hostname] = segments
+        self._staging = staging
         self._store, self._params = store, p
         self._hostname = hostname
         self._buffer_size = p.local_buffer_size
@@ -233,6 +251,7 @@ class MooncakeDistributedStore:
         with _local_lock:
             _local_segments.pop(hostname, None)
         self._pointers.clear()
+        self._staging = None
         try:
             store.close()
         except KVPoolError as exc:
@@ -554,10 +573,26 @@ class MooncakeDistributedStore:
         if store is None or not k:
             return b""
         try:
-            return bytes(store.get(k))
+            return self._read(store, k, bytes)
         except Exception as exc:
             _code(exc)
             return b""
+
+    def _read(self, store: Store, key: str, wrap: Callable[[Any], T]) -> T:
+        """The value of `key` wrapped by `wrap` (bytes or BufferHandle), copied once out of
+        the staging buffer when it is free and large enough, else out of a fresh read."""
+        staging = self._staging
+        # Never wait for the staging buffer: a thread that finds it busy reads the plain way,
+        # so concurrent gets are not serialised.
+        if staging is not None and self._staging_lock.acquire(blocking=False):
+            try:
+                n = store.get_into(key, staging)
+                return wrap(staging.data[:n])
+            except InvalidParams:
+                pass  # larger than the staging buffer: read it into memory of its own
+            finally:
+                self._staging_lock.release()
+        return wrap(store.get(key))
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
         """The values, b"" for each missing key; [b""] when the whole batch fails."""
@@ -588,7 +623,7 @@ class MooncakeDistributedStore:
         if store is None or not k:
             return None
         try:
-            return BufferHandle(store.get(k))
+            return self._read(store, k, BufferHandle)
         except Exception as exc:
             _code(exc)
             return None

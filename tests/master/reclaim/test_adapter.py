@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from kvpool.errors import ErrorCode
 from kvpool.master.config import MasterConfig
 from kvpool.master.reclaim import ListState
@@ -187,3 +189,38 @@ def test_pool_mode_never_loses_an_object_without_somewhere_to_move_it() -> None:
     assert pool.exists("a") and pool.exists("b")
     assert pool.state("a") is ListState.INACTIVE
     assert pool.engine.stats.swap_outs_refused >= 1
+
+
+def test_in_a_running_loop_kswapd_runs_as_separate_steps_between_requests() -> None:
+    async def main() -> None:
+        clock = ManualClock()
+        hooks = MasterReclaimHooks(kswapd_step_records=2)
+        config = MasterConfig(
+            num_shards=4,
+            seed=1,
+            default_kv_lease_ttl=0.0,
+            eviction_high_watermark_ratio=0.8,
+            eviction_ratio=0.3,
+        )
+        svc = MasterService(config, clock=clock, hooks=hooks)
+        info = m.SegmentInfo(m.SegmentName("seg"), 20 * OBJ, HOST, "127.0.0.1:1", "")
+        svc.handle(m.MountSegment(NODE, HOST, info))
+
+        def used() -> int:
+            return svc.memory_usage()[1]
+
+        for i in range(17):
+            svc.handle(m.PutStart(WRITER, f"k{i}", OBJ))
+            svc.handle(m.PutEnd(WRITER, f"k{i}", 1))
+        # Crossing the watermark scheduled kswapd; nothing was reclaimed inside the request.
+        assert used() == 17 * OBJ and hooks.engine.kswapd_wanted()
+        await asyncio.sleep(0)
+        assert used() == 15 * OBJ  # one step of two records, then the loop is free again
+        for _ in range(100):
+            if not hooks.engine.kswapd_wanted():
+                break
+            await asyncio.sleep(0)
+        assert used() == 10 * OBJ and hooks.engine.stats.kswapd_steps >= 4
+        assert hooks.engine.stats.direct_calls == 0
+
+    asyncio.run(main())

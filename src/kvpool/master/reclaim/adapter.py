@@ -10,8 +10,9 @@ terms, so that neither side knows the other's internals:
   under its key is stale, and the engine drops it on the next pass that meets it;
 * a record's size is the replica's aligned allocation, the unit of `memory_usage()`;
 * the engine's shards are the service's metadata shards (`ObjectMeta.shard`);
-* `reclaim_for` is direct reclaim (inactive lists only, group commit); `tick` runs pin expiry
-  and at most `steps_per_tick` kswapd steps, so one tick holds the loop for a few ms at most.
+* `reclaim_for` is direct reclaim (inactive lists only, group commit); kswapd runs one bounded
+  step per event-loop callback (see `MasterReclaimHooks`), and `tick` expires soft pins and
+  restarts kswapd when it is wanted.
 
 What the service cannot do yet, and so what this adapter refuses rather than fakes:
 
@@ -26,6 +27,7 @@ What the service cannot do yet, and so what this adapter refuses rather than fak
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from kvpool.master import hooks
@@ -99,17 +101,23 @@ class MasterReclaimHooks:
 
     Build it, pass it as `MasterService(config, hooks=...)` (or `MasterServer(..., hooks=...)`);
     the service calls `attach` from its constructor. `tunables` are extra `ReclaimConfig`
-    fields (isolate_batch, inactive_ratio, kswapd_step_bytes); the rest comes from the
+    fields (isolate_batch, inactive_ratio, kswapd_step_records); the rest comes from the
     service's `MasterConfig`.
+
+    kswapd runs as a chain of event-loop callbacks, one bounded step each, so requests get the
+    loop between steps: the chain starts as soon as a PutEnd crosses the high watermark or a
+    PutStart fails to allocate (the engine's `wakeup`), and the tick restarts it if needed.
+    Without a running loop (the service driven directly, as unit tests do) the tick runs up to
+    `steps_per_tick` steps itself.
     """
 
-    def __init__(self, *, steps_per_tick: int = 4, **tunables: int | float) -> None:
+    def __init__(self, *, steps_per_tick: int = 64, **tunables: int | float) -> None:
         self.steps_per_tick = steps_per_tick
         self._tunables = tunables
-        self._svc: hooks.ReclaimTarget | None = None
         self._engine: ReclaimEngine[ObjectMeta] | None = None
         self._pins: SoftPinIndex[ObjectMeta] | None = None
         self._alignment = 1
+        self._scheduled = False
 
     @property
     def engine(self) -> ReclaimEngine[ObjectMeta]:
@@ -124,7 +132,6 @@ class MasterReclaimHooks:
         return self._pins
 
     def attach(self, target: hooks.ReclaimTarget) -> None:
-        self._svc = target
         config = ReclaimConfig.from_master(target.config, **self._tunables)
         self._alignment = target.config.alignment
         num_shards = target.index.num_shards
@@ -135,6 +142,7 @@ class MasterReclaimHooks:
             shard_of=_shard_of,
             clock=target.now,
         )
+        self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
@@ -163,12 +171,38 @@ class MasterReclaimHooks:
     def tick(self, now: float) -> None:
         self.soft_pins.expire(now)
         engine = self.engine
+        if not engine.kswapd_wanted() or self._scheduled:
+            return
+        if self._wake():
+            return
         for _ in range(self.steps_per_tick):
-            if not engine.kswapd_wanted():
-                break
             step = engine.kswapd_step()
-            if step.freed + step.pending == 0:
+            if step.freed + step.pending == 0 or not engine.kswapd_wanted():
                 break
+
+    def _wake(self) -> bool:
+        """Schedule one kswapd step on the running loop; False when there is no loop."""
+        if self._scheduled:
+            return True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        self._scheduled = True
+        loop.call_soon(self._step)
+        return True
+
+    def _step(self) -> None:
+        self._scheduled = False
+        engine = self.engine
+        try:
+            step = engine.kswapd_step()
+        except Exception:
+            # A bug in the metadata must not end background reclaim; the next tick retries.
+            log.exception("kswapd step failed")
+            return
+        if step.freed + step.pending > 0 and engine.kswapd_wanted():
+            self._wake()
 
 
 def _shard_of(obj: ObjectMeta) -> int:

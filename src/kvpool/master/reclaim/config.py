@@ -35,9 +35,10 @@ class ReclaimConfig:
     """kswapd demotes from active while active bytes exceed this times inactive bytes (Linux's
     inactive_ratio): 1.0 keeps at least half of the resident bytes where new objects prove
     themselves."""
-    kswapd_step_bytes: int = 8 << 20
-    """Bytes one kswapd step reclaims at most before yielding to the event loop (8 MiB is
-    about 2k small objects, a few milliseconds of the loop)."""
+    kswapd_step_records: int = 128
+    """Records (of average size) one kswapd step reclaims at most before the event loop gets a
+    turn: the cost of a step is per record (about 5-10 us each here), so 128 keep a step near
+    a millisecond whatever the object size."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark_ratio <= 1.0:
@@ -50,8 +51,8 @@ class ReclaimConfig:
             raise InvalidParams(f"isolate_batch must be >= 1, got {self.isolate_batch}")
         if self.inactive_ratio <= 0:
             raise InvalidParams(f"inactive_ratio must be > 0, got {self.inactive_ratio}")
-        if self.kswapd_step_bytes < 1:
-            raise InvalidParams(f"kswapd_step_bytes must be >= 1, got {self.kswapd_step_bytes}")
+        if self.kswapd_step_records < 1:
+            raise InvalidParams(f"kswapd_step_records must be >= 1, got {self.kswapd_step_records}")
 
     @classmethod
     def from_master(cls, config: MasterConfig, **tunables: int | float) -> ReclaimConfig:

@@ -134,7 +134,7 @@ class ReclaimEngine(Generic[K]):
         self._migrating: dict[EvictInfo[K], None] = {}
         self._migrating_bytes = 0
         self._kswapd_wanted = False
-        self.wakeup: Callable[[], None] | None = None
+        self.wakeup: Callable[[], object] | None = None
         """Called (from the online path) when kswapd should run now rather than at the next tick."""
         self._local = threading.local()
         # Group commit of direct reclaim: callers add their need to the open group; one leader
@@ -214,7 +214,7 @@ class ReclaimEngine(Generic[K]):
         return self._kswapd_wanted or self._above_high()
 
     def kswapd_step(self) -> ReclaimResult:
-        """Reclaim at most `config.kswapd_step_bytes` toward the low watermark.
+        """Reclaim at most `config.kswapd_step_records` average records toward the low watermark.
 
         Returns an empty result (and stops wanting to run) once used bytes, less those already
         being swapped out, are at or below the low watermark, or when a step made no progress.
@@ -229,7 +229,10 @@ class ReclaimEngine(Generic[K]):
             self._kswapd_wanted = False
             return ReclaimResult()
         self.stats.kswapd_steps += 1
-        result = self._run_pass(min(excess, self.config.kswapd_step_bytes), shrink_active=True)
+        count = sum(self._usage.count)
+        avg = sum(self._usage.bytes) // count if count else excess
+        step = max(1, self.config.kswapd_step_records * avg)
+        result = self._run_pass(min(excess, step), shrink_active=True)
         if result.freed + result.pending == 0:
             self._kswapd_wanted = False
             log.info("kswapd: nothing reclaimable (%d bytes above the low watermark)", excess)

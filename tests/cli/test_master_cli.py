@@ -128,3 +128,29 @@ def test_status_prints_segments_and_clients_as_tables_and_json() -> None:
 def test_status_of_an_unreachable_master_fails_with_a_message() -> None:
     out = kvpool("status", "--master", "127.0.0.1:1", "--timeout", "1")
     assert out.returncode == 1 and "cannot get the status" in out.stderr
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_a_full_pool_evicts_unleased_objects_unless_no_reclaim(reclaim: bool) -> None:
+    flag = "--reclaim" if reclaim else "--no-reclaim"
+    proc = kvpool_proc("master", "--port", "0", flag)
+    with proc:
+        address = proc.wait_ready()
+        with RpcClient(address, response_type=m.Response) as rpc:
+            info = m.SegmentInfo(m.SegmentName("s"), 8 << 20, m.HostId("h"), "127.0.0.1:7")
+            rpc.call(m.MountSegment(m.ClientId("node"), m.HostId("h"), info))
+            codes = []
+            for i in range(16):  # twice what fits
+                started = rpc.call(m.PutStart(m.ClientId("w"), f"k{i}", 1 << 20))
+                codes.append(started.code)
+                if started.code == 0:
+                    rpc.call(m.PutEnd(m.ClientId("w"), f"k{i}"))
+            if reclaim:
+                assert codes == [0] * 16
+                batch = rpc.call(m.BatchGetReplicaList([f"k{i}" for i in range(16)]))
+                readable = [r.code for r in batch.results].count(0)
+                assert 1 <= readable <= 8  # older objects were evicted to make room
+                assert batch.results[15].code == 0
+            else:
+                assert codes == [0] * 8 + [-200] * 8
+                assert rpc.call(m.GetReplicaList("k0")).code == 0

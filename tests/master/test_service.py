@@ -690,6 +690,18 @@ def test_unmount_drops_its_replicas_and_objects_left_without_one_disappear(
     assert obj is not None and [r.segment.name for r in obj.replicas] == ["seg-x"]
 
 
+def test_remove_all_does_not_count_objects_already_gone_with_their_segment(
+    svc: MasterService,
+) -> None:
+    for i in range(5):
+        put(svc, f"gone{i}", preferred_segments=[m.SegmentName("seg-1")])
+    put(svc, "stays", preferred_segments=[m.SegmentName("seg-0")])
+    svc.handle(m.UnmountSegment(NODE, m.SegmentName("seg-1")))
+    reply = svc.handle(m.RemoveAll(force=True))
+    assert isinstance(reply, m.CountReply) and reply.count == 1
+    assert len(svc.index) == 0
+
+
 def test_sweep_removes_objects_of_a_dead_segment_from_the_count(svc: MasterService) -> None:
     for i in range(10):
         put(svc, f"k{i}", preferred_segments=[m.SegmentName("seg-1")])
@@ -868,6 +880,16 @@ def test_hooks_see_completion_access_removal_and_direct_reclaim(clock: object) -
     # Nothing evictable now: one reclaim call, no retry success.
     assert start(svc, "d", size=MiB).code == E.NO_AVAILABLE_HANDLE
     assert hooks.events[-1] == ("reclaim", str(MiB))
+
+
+def test_no_reclaim_is_asked_for_an_object_larger_than_every_segment(clock: object) -> None:
+    hooks = RecordingHooks()
+    svc = MasterService(MasterConfig(seed=1), clock=clock, hooks=hooks)  # type: ignore[arg-type]
+    mount(svc, "only", size=2 * MiB)
+    put(svc, "a", size=MiB)
+    assert start(svc, "huge", size=3 * MiB).code == E.NO_AVAILABLE_HANDLE
+    assert ("reclaim", str(3 * MiB)) not in hooks.events
+    assert get(svc, "a").code == OK
 
 
 def test_evictable_refuses_leased_hard_pinned_and_in_flight_objects(

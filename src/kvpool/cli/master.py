@@ -4,7 +4,8 @@ Flags carry Mooncake's master flag names (dashes for underscores) and defaults. 
 units ("10s", "500ms", "30min"; a bare number is seconds), sizes take "4GiB" forms. It binds
 127.0.0.1 unless `--host` says otherwise, prints `kvpool master listening on HOST:PORT` once it
 serves (the line tests and `kvpool up` wait for), and on SIGINT or SIGTERM closes every
-connection and exits 0.
+connection and exits 0. Reclaim (`kvpool.master.reclaim`, plugged in through
+`kvpool.master.hooks`) is on unless `--no-reclaim`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import click
 from kvpool.config import parse_duration
 from kvpool.errors import KVPoolError
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
+from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.master.server import MasterServer
 from kvpool.rpc.loop import run
 
@@ -125,6 +128,13 @@ def _ratio() -> click.FloatRange:
     help="How segments are chosen for new replicas.",
 )
 @click.option(
+    "--reclaim/--no-reclaim",
+    default=True,
+    show_default=True,
+    help="Evict (seed 001 active/inactive lists, kswapd and direct reclaim) when memory runs "
+    "short; with --no-reclaim a full pool answers NO_AVAILABLE_HANDLE.",
+)
+@click.option(
     "--num-shards", default=64, show_default=True, type=click.IntRange(1), help="Metadata shards."
 )
 @click.option(
@@ -150,6 +160,7 @@ def master(
     put_start_discard_timeout: float,
     put_start_release_timeout: float,
     allocation_strategy: str,
+    reclaim: bool,
     num_shards: int,
     alignment: int,
 ) -> None:
@@ -176,13 +187,16 @@ def master(
     except KVPoolError as exc:
         raise click.UsageError(exc.message) from exc
     try:
-        run(_serve(config))
+        run(_serve(config, reclaim))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
 
 
-async def _serve(config: MasterConfig) -> None:
-    server = MasterServer(config)
+async def _serve(config: MasterConfig, reclaim: bool) -> None:
+    hooks: ReclaimHooks | None = None
+    if reclaim:
+        hooks = MasterReclaimHooks()
+    server = MasterServer(config, hooks=hooks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -523,8 +523,12 @@ class MasterService:
             local_first=plan.same_node,
         )
         if not got:
-            # Direct reclaim: once, then one more try (as the kernel's allocation slow path).
-            if self._hooks.reclaim_for(self._aligned(size) * plan.replica_num) <= 0:
+            # Direct reclaim: once, then one more try (as the kernel's allocation slow path);
+            # not for an object no segment could hold even empty: evicting would be for nothing.
+            aligned = self._aligned(size)
+            if not any(s.allocator.capacity >= aligned for s in self.segments.live):
+                return ()
+            if self._hooks.reclaim_for(aligned * plan.replica_num) <= 0:
                 return ()
             got = self._placement.allocate(
                 self.segments,
@@ -837,6 +841,11 @@ class MasterService:
                     continue
                 if self._index.get(obj.tenant, obj.key) is not obj:
                     continue  # removed or replaced meanwhile
+                if not obj.has_live_replica():
+                    # Already gone with its segments (the sweep had not reached it yet): not
+                    # a removal of this request, as in Mooncake after ClearInvalidHandles.
+                    self._forget_dead(obj)
+                    continue
                 if not force and (now < obj.lease_deadline or not obj.complete):
                     continue
                 self._remove_obj(obj)

@@ -41,7 +41,10 @@ def test_quick_benchmark_writes_rows_for_every_path(tmp_path: Path) -> None:
             for path in ("memcpy", "socket"):
                 assert ("limit", path, op, size) in seen
     assert all(r["bytes_per_s"] > 0 and r["p99_us"] >= r["p50_us"] for r in rows)
-    assert all("ratio_to_baseline" in r for r in rows if r["path"] in ("shm", "tcp"))
+    singles = [r for r in rows if r["path"] in ("shm", "tcp") and r["batch"] == 1]
+    assert all("ratio_to_baseline" in r for r in singles)
+    batches = {(r["path"], r["op"]) for r in rows if r["batch"] == 64}
+    assert batches == {("shm", "read"), ("shm", "write"), ("tcp", "read"), ("tcp", "write")}
     assert "vs limit" in proc.stdout
 
 

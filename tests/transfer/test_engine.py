@@ -411,3 +411,24 @@ def test_submit_timeout_bounds_a_transfer_to_a_silent_server(make_engine: Make) 
         assert time.monotonic() - t0 < 3
     finally:
         silent.close()
+
+
+def test_single_small_tcp_requests_report_refusals_and_dead_peers(make_engine: Make) -> None:
+    with SegmentMemory.create("real", 1 << 16) as mem:
+        server = TransferServer()
+        server.add_segment(mem)
+        where = {
+            "real": SegmentLocation("real", mem.size, "elsewhere", server.endpoint),
+            "ghost": SegmentLocation("ghost", 4096, "elsewhere", server.endpoint),
+        }
+        eng = make_engine(where, "auto")
+        for _ in range(2):  # the first call resolves; the second takes the one-request path
+            eng.transfer([W(b"abc", "real", 10)])
+            with pytest.raises(TransferError) as info:
+                eng.transfer([R(bytearray(8), "ghost", 0)])
+            assert info.value.code is ErrorCode.SEGMENT_NOT_FOUND
+        assert bytes(mem.buffer[10:13]) == b"abc"
+        server.close()
+        with pytest.raises(TransferError) as info:
+            eng.transfer([R(bytearray(8), "real", 0)])
+        assert info.value.code is ErrorCode.TRANSFER_FAIL

@@ -184,3 +184,35 @@ def test_close_ends_idle_connections_and_threads(
     finally:
         for c in conns:
             c.close()
+
+
+def test_pipelined_requests_are_answered_in_order(
+    served: tuple[TransferServer, SegmentMemory],
+) -> None:
+    server, mem = served
+    mem.buffer[:256] = bytes(range(256))
+    blob = bytearray()
+    expected: list[tuple[int, int, bytes]] = []  # (status, req_id, payload)
+    for i in range(1, 61):
+        kind = i % 4
+        if kind == 0:  # read
+            blob += request(1, b"srv", i, i, 16)
+            expected.append((0, i, bytes(range(i, i + 16))))
+        elif kind == 1:  # write into the upper half
+            data = bytes([i]) * 100
+            blob += request(2, b"srv", i, 1000 + i * 100, 100) + data
+            expected.append((0, i, b""))
+        elif kind == 2:  # refused read
+            blob += request(1, b"srv", i, SIZE, 1)
+            expected.append((int(ErrorCode.INVALID_PARAMS), i, b""))
+        else:  # refused write (payload drained)
+            blob += request(2, b"nope", i, 0, 50) + b"x" * 50
+            expected.append((int(ErrorCode.SEGMENT_NOT_FOUND), i, b""))
+    with connect(server) as s:
+        s.sendall(blob)
+        for status, rid, payload in expected:
+            assert answer(s) == (status, rid, len(payload))
+            assert recv_exact(s, len(payload)) == payload if payload else True
+    for i in range(1, 61, 4):
+        assert bytes(mem.buffer[1000 + i * 100 : 1100 + i * 100]) == bytes([i]) * 100
+    assert b"x" * 50 not in bytes(mem.buffer)

@@ -57,6 +57,7 @@ class _Case:
     op: str
     size: int
     run: Callable[[], None]
+    batch: int = 1  # values per call
     rates: list[float] = field(default_factory=list)  # bytes/s, one per round
     lat_ns: list[int] = field(default_factory=list)
 
@@ -150,7 +151,7 @@ def _iterations(size: int, quick: bool) -> int:
 def _measure(cases: list[_Case], rounds: int, quick: bool) -> None:
     for _ in range(rounds):
         for case in cases:
-            n = _iterations(case.size, quick)
+            n = _iterations(case.size * case.batch, quick)
             case.run()  # warm: connections, mappings, caches
             t_all = time.perf_counter_ns()
             for _ in range(n):
@@ -158,7 +159,7 @@ def _measure(cases: list[_Case], rounds: int, quick: bool) -> None:
                 case.run()
                 case.lat_ns.append(time.perf_counter_ns() - t0)
             elapsed = (time.perf_counter_ns() - t_all) / 1e9
-            case.rates.append(n * case.size / elapsed)
+            case.rates.append(n * case.size * case.batch / elapsed)
 
 
 def _row(case: _Case, baseline: _Case | None) -> dict[str, Any]:
@@ -169,14 +170,14 @@ def _row(case: _Case, baseline: _Case | None) -> dict[str, Any]:
         "path": case.path,
         "op": case.op,
         "value_size": case.size,
-        "batch": 1,
-        "ops_per_s": rate / case.size,
+        "batch": case.batch,
+        "ops_per_s": rate / case.size,  # values (keys) per second
         "bytes_per_s": rate,
         "p50_us": lat[len(lat) // 2] / 1e3,
         "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1e3,
         "rounds": len(case.rates),
     }
-    row["bytes_per_s_at_p50"] = case.size / (row["p50_us"] / 1e6)
+    row["bytes_per_s_at_p50"] = case.size * case.batch / (row["p50_us"] / 1e6)
     if baseline is not None:
         # Two ratios: of the median per-op times (robust to a neighbour stealing the CPU for a
         # few ms, which on a 2-core shared machine happens every run), and of the median
@@ -234,6 +235,25 @@ def _no_segment(name: str) -> SegmentLocation:
     raise click.ClickException(f"segment {name} is not local")
 
 
+_BATCH = 64
+
+
+def _batch_cases(
+    shm: TransferEngine, tcp: TransferEngine, size: int
+) -> list[tuple[_Case, _Case | None]]:
+    """One call moving `_BATCH` values of `size` (a batch get/put of the Store)."""
+    buf = np.ones(size * _BATCH, dtype=np.uint8)
+    cases: list[tuple[_Case, _Case | None]] = []
+    for op, top in (("read", TransferOp.READ), ("write", TransferOp.WRITE)):
+        reqs = [
+            TransferRequest(top, buf[k * size : (k + 1) * size], "bench", k * size)
+            for k in range(_BATCH)
+        ]
+        for eng, path in ((shm, "shm"), (tcp, "tcp")):
+            cases.append((_Case("kvpool", path, op, size, _transferrer(eng, reqs), _BATCH), None))
+    return cases
+
+
 def run(
     sizes: list[int], rounds: int, quick: bool, streams: int | None = None
 ) -> list[dict[str, Any]]:
@@ -262,6 +282,9 @@ def run(
                 sock = _Case("limit", "socket", op, size, _raw(peer.raw, op, raw_view))
                 sys_tcp = _Case("kvpool", "tcp", op, size, _transferrer(tcp, reqs))
                 cases += [(mcp, None), (sys_shm, mcp), (sock, None), (sys_tcp, sock)]
+        small = min(sizes)
+        if small * _BATCH <= loc.size:
+            cases += _batch_cases(shm, tcp, small)
         _measure([c for c, _ in cases], rounds, quick)
         for size in sizes:
             _verify(shm, tcp, size)
@@ -274,7 +297,8 @@ def run(
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'system':<7} {'path':<13} {'op':<6} {'size':>10} {'GB/s':>7} {'ops/s':>9} "
+    head = f"{'system':<7} {'path':<13} {'op':<6} {'size':>10} {'batch':>5} {'GB/s':>7} "
+    head += f"{'values/s':>9} "
     head += f"{'p50 us':>8} {'p99 us':>9} {'vs limit':>9} {'(thru)':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -283,6 +307,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         thru_s = f"{thru * 100:.0f}%" if thru is not None else ""
         lines.append(
             f"{r['system']:<7} {r['path']:<13} {r['op']:<6} {format_size(r['value_size']):>10} "
+            f"{r['batch']:>5} "
             f"{r['bytes_per_s'] / 1e9:>7.2f} {r['ops_per_s']:>9.0f} {r['p50_us']:>8.1f} "
             f"{r['p99_us']:>9.1f} {ratio:>9} {thru_s:>7}"
         )

@@ -41,6 +41,53 @@ _READ: Final = int(TransferOp.READ)
 _WRITE: Final = int(TransferOp.WRITE)
 
 
+class _Replies:
+    """Answers not sent yet, and the segments their READ payloads hold."""
+
+    __slots__ = ("bytes", "held", "parts", "sock")
+
+    MAX_BYTES: Final = 1 << 20
+    MAX_PARTS: Final = 128
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.parts: list[bytes | memoryview] = []
+        self.held: list[SegmentMemory] = []
+        self.bytes = 0
+
+    def add(
+        self, header: bytes, payload: memoryview | None = None, mem: SegmentMemory | None = None
+    ) -> None:
+        self.parts.append(header)
+        self.bytes += len(header)
+        if payload is not None:
+            self.parts.append(payload)
+            self.bytes += payload.nbytes
+        if mem is not None:
+            self.held.append(mem)
+        if self.bytes >= self.MAX_BYTES or len(self.parts) >= self.MAX_PARTS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        try:
+            send_parts(self.sock, self.parts, self.bytes)
+        finally:
+            self.drop()
+
+    def drop(self) -> None:
+        """Forget unsent answers and release what they held (also when the peer is gone)."""
+        for part in self.parts:
+            if isinstance(part, memoryview):
+                part.release()
+        self.parts.clear()
+        self.bytes = 0
+        for mem in self.held:
+            mem.mapping.release()
+        self.held.clear()
+
+
 class TransferServer:
     """TCP server of the segments added with `add_segment`; listens from construction on."""
 
@@ -181,51 +228,64 @@ class TransferServer:
             thread.start()
 
     def _serve_connection(self, sock: socket.socket, key: int) -> None:
-        reader = SocketReader(sock)
-        scratch = memoryview(bytearray(1 << 20))
+        out = _Replies(sock)
         try:
-            while self._serve_one(sock, reader, scratch):
-                pass
+            self._serve(sock, SocketReader(sock), out)
         except (OSError, ConnectionError) as exc:
             log.debug("transfer connection ended: %s", exc)
         except Exception:
             log.exception("transfer connection failed")
         finally:
+            out.drop()
             with self._lock:
                 self._conns.pop(key, None)
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _serve_one(self, sock: socket.socket, reader: SocketReader, scratch: memoryview) -> bool:
-        """Serve one request; False when the connection should end."""
-        if not reader.fill(REQ.size):
-            return False
-        magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
-        if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
-            log.warning("transfer server: malformed request header; closing the connection")
-            sock.sendall(RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0))
-            return False
-        if not reader.fill(name_len):
-            return False
-        code, mem = self._check(bytes(reader.take(name_len)), offset, length)
-        if mem is None:
-            if op == _WRITE:
-                reader.discard(length, scratch)
-            sock.sendall(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
-            return True
-        try:
-            region = mem.mapping.view[offset : offset + length]
+    def _serve(self, sock: socket.socket, reader: SocketReader, out: _Replies) -> None:
+        """Serve requests until the peer closes. Answers to requests that arrived together are
+        sent together: they wait in `out` while the next request is already buffered, and go
+        out in one `sendmsg` before anything could block (a recv, or enough bytes queued)."""
+        scratch = memoryview(bytearray(1 << 20))
+        while True:
+            if reader.buffered < REQ.size:
+                out.flush()
+                if not reader.fill(REQ.size):
+                    return
+            magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
+            if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
+                log.warning("transfer server: malformed request header; closing the connection")
+                out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0))
+                out.flush()
+                return
+            if reader.buffered < name_len:
+                out.flush()
+                if not reader.fill(name_len):
+                    return
+            code, mem = self._check(bytes(reader.take(name_len)), offset, length)
+            if mem is None:
+                if op == _WRITE:
+                    if reader.buffered < length:
+                        out.flush()
+                    reader.discard(length, scratch)
+                out.add(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
+                continue
             if op == _READ:
-                send_parts(
-                    sock, [RESP.pack(RESP_MAGIC, 0, req_id, length), region], RESP.size + length
+                out.add(
+                    RESP.pack(RESP_MAGIC, 0, req_id, length),
+                    mem.mapping.view[offset : offset + length],
+                    mem,
                 )
             else:
-                reader.read_into(region)
-                sock.sendall(RESP.pack(RESP_MAGIC, 0, req_id, 0))
-            region.release()
-        finally:
-            mem.mapping.release()
-        return True
+                try:
+                    if reader.buffered < length:
+                        out.flush()
+                    region = mem.mapping.view[offset : offset + length]
+                    reader.read_into(region)
+                    region.release()
+                finally:
+                    mem.mapping.release()
+                out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 
     def _check(
         self, name: bytes, offset: int, length: int

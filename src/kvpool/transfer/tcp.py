@@ -134,7 +134,7 @@ class TcpTransport(Transport):
         streams: int = 4,
         stripe_bytes: int = 4 << 20,
         chunk_bytes: int = 4 << 20,
-        window: int = 16,
+        window: int = 32,
         connect_timeout: float = 5.0,
         io_timeout: float = 60.0,
         on_peer_failure: Callable[[str], None] | None = None,
@@ -334,7 +334,10 @@ class TcpTransport(Transport):
                 if headers:
                     send_parts(sock, headers)
                     headers = []
-                reads_in_flight -= self._receive(conn, in_flight, future, progress)
+                # Drain to half the window, so the next headers go out together (one sendmsg
+                # for several requests, and the server answers them with one sendmsg too).
+                while len(in_flight) > self.window // 2:
+                    reads_in_flight -= self._receive(conn, in_flight, future, progress)
         if headers:
             send_parts(sock, headers)
         while in_flight:

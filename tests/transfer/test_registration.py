@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, TransferError
 from kvpool.transfer import AddressOverlapped, MemoryRegion, Transport
@@ -206,3 +208,35 @@ def test_non_contiguous_buffers_are_refused() -> None:
         reg.register(np.zeros((8, 8))[:, ::2])
     with pytest.raises(InvalidParams):
         reg.register(object())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(1, 60), st.integers(1, 12)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_registry_matches_a_simple_model(ops: list[tuple[bool, int, int]]) -> None:
+    """Random registers and unregisters of ranges in [1, 72) behave like a list of intervals."""
+    reg = MemoryRegistry([])
+    model: dict[int, int] = {}  # start -> length
+    for is_register, addr, length in ops:
+        if is_register:
+            overlaps = any(a < addr + length and addr < a + n for a, n in model.items())
+            if overlaps:
+                with pytest.raises(AddressOverlapped):
+                    reg.register(addr, length)
+            else:
+                assert reg.register(addr, length) == MemoryRegion(addr, length)
+                model[addr] = length
+        elif addr in model:
+            reg.unregister(addr)
+            del model[addr]
+        else:
+            with pytest.raises(InvalidParams):
+                reg.unregister(addr)
+        assert reg.regions() == [MemoryRegion(a, model[a]) for a in sorted(model)]
+        for a, n in model.items():
+            assert reg.find(a + n - 1, 1) == MemoryRegion(a, n)

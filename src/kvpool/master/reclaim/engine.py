@@ -81,9 +81,12 @@ class ReclaimStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class ReclaimResult:
-    """What one pass did: bytes freed now, bytes whose swap-out started, records looked at."""
+    """What one pass did: bytes freed now, bytes whose swap-out started, records looked at.
+
+    Not frozen: a frozen dataclass's `__init__` goes through `object.__setattr__`, and several
+    of these are built per direct reclaim, on PutStart's slow path."""
 
     freed: int = 0
     pending: int = 0

@@ -207,6 +207,8 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
     assert all(set(r) >= REQUIRED for r in measured)
     labels = {(r["system"], r["path"]) for r in measured}
     assert {("redis", "tcp"), ("limit", "memcpy"), ("limit", "socket")} <= labels
+    if "mooncake" in _systems():
+        assert ("mooncake", "tcp") in labels, proc.output()
     for label in labels:
         cases = {
             (r["op"], r["value_size"], r["batch"])

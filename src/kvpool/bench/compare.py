@@ -256,6 +256,7 @@ def command(
         round_bytes=_QUICK_ROUND_BYTES if quick else _ROUND_BYTES,
     )
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     try:
         results, skipped = run_compare(opts)
     except BenchError as exc:
@@ -263,7 +264,8 @@ def command(
     click.echo(f"kvpool bench compare on {_machine()}")
     click.echo(
         f"{opts.rounds} rounds x {opts.seconds / opts.rounds:.2f} s per phase, "
-        f"{time.monotonic() - started:.0f} s in all; throughput = median over rounds\n"
+        f"{time.monotonic() - started:.0f} s in all; throughput = median over rounds; "
+        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n"
     )
     click.echo(render_table(results, skipped))
     click.echo("")

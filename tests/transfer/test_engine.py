@@ -207,7 +207,14 @@ def test_many_threads_many_batches_keep_every_byte(
     protocol: str, spawn_peer: Callable[..., Any], make_engine: Make
 ) -> None:
     peer = spawn_peer("conc", "32MiB", fill=False)
-    eng = make_engine({"conc": peer.location}, protocol, tcp_streams=2, chunk_bytes=1 << 20)
+    # Small stripe and chunk sizes, so concurrent batches are also striped over connections.
+    eng = make_engine(
+        {"conc": peer.location},
+        protocol,
+        tcp_streams=3,
+        stripe_bytes=256 << 10,
+        chunk_bytes=64 << 10,
+    )
     threads, batches, per_batch, slot = 8, 6, 4, 256 << 10
     errors: list[BaseException] = []
 
@@ -432,3 +439,35 @@ def test_single_small_tcp_requests_report_refusals_and_dead_peers(make_engine: M
         with pytest.raises(TransferError) as info:
             eng.transfer([R(bytearray(8), "real", 0)])
         assert info.value.code is ErrorCode.TRANSFER_FAIL
+
+
+def test_one_batch_can_mix_local_shm_and_tcp_segments(
+    spawn_peer: Callable[..., Any], make_engine: Make, fill_pattern: Pattern
+) -> None:
+    near = spawn_peer("near", "4MiB")
+    far = spawn_peer("far", "4MiB")
+    loc = far.location
+    far_loc = SegmentLocation(loc.name, loc.size, "other-host", loc.endpoint, loc.shm_path)
+    with SegmentMemory.create("mine", 1 << 20) as mem:
+        mem.buffer[:4] = b"MINE"
+        eng = make_engine({"near": near.location, "far": far_loc})
+        eng.attach_local(mem)
+        outs = [bytearray(4), bytearray(1000), bytearray(3 << 20)]
+        reqs = [R(outs[0], "mine", 0), R(outs[1], "near", 77), R(outs[2], "far", 1000)]
+        fut = eng.submit(reqs)
+        assert fut.result(20) == [ErrorCode.OK] * 3
+        assert outs[0] == b"MINE"
+        assert outs[1] == fill_pattern(77, 1000)
+        assert outs[2] == fill_pattern(1000, 3 << 20)
+        assert [eng.route_kind(n) for n in ("mine", "near", "far")] == [
+            RouteKind.LOCAL,
+            RouteKind.SHM,
+            RouteKind.TCP,
+        ]
+        data = os.urandom(5000)
+        eng.transfer([W(data, n, 4096) for n in ("mine", "near", "far")])
+        for n in ("near", "far"):
+            back = bytearray(5000)
+            eng.transfer([R(back, n, 4096)])
+            assert back == data
+        assert bytes(mem.buffer[4096:9096]) == data

@@ -246,7 +246,7 @@ class TransferServer:
         """Serve requests until the peer closes. Answers to requests that arrived together are
         sent together: they wait in `out` while the next request is already buffered, and go
         out in one `sendmsg` before anything could block (a recv, or enough bytes queued)."""
-        scratch = memoryview(bytearray(1 << 20))
+        scratch: memoryview | None = None  # only a refused write needs it
         while True:
             if reader.buffered < REQ.size:
                 out.flush()
@@ -267,6 +267,8 @@ class TransferServer:
                 if op == _WRITE:
                     if reader.buffered < length:
                         out.flush()
+                    if scratch is None:
+                        scratch = memoryview(bytearray(1 << 16))
                     reader.discard(length, scratch)
                 out.add(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
                 continue

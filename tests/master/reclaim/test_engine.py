@@ -486,11 +486,8 @@ class CountingTarget(ReclaimTarget[int]):
         self.used = 0
         self.inspected = 0
 
-    def used_bytes(self) -> int:
-        return self.used
-
-    def capacity_bytes(self) -> int:
-        return 1 << 60
+    def memory_usage(self) -> tuple[int, int]:
+        return 1 << 60, self.used
 
     def inspect(self, rec: EvictInfo[int], now: float) -> Verdict:
         self.inspected += 1

@@ -52,11 +52,8 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         self._svc = service
         self._pool_mode = config.mode is EvictionMode.POOL
 
-    def used_bytes(self) -> int:
-        return self._svc.memory_usage()[1]
-
-    def capacity_bytes(self) -> int:
-        return self._svc.memory_usage()[0]
+    def memory_usage(self) -> tuple[int, int]:
+        return self._svc.memory_usage()
 
     def inspect(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
         obj = rec.key

@@ -48,15 +48,12 @@ class ReclaimTarget(ABC, Generic[K]):
     """What the engine needs from the metadata owner. See the module docstring for threading."""
 
     @abstractmethod
-    def used_bytes(self) -> int:
-        """Bytes allocated in the memory the engine watches (including replicas being written).
+    def memory_usage(self) -> tuple[int, int]:
+        """(capacity, used) bytes of the memory the engine watches; used includes replicas
+        still being written, capacity is 0 when nothing is mounted.
 
-        O(1): called on every PutEnd to decide whether kswapd should wake.
+        Cheap: called on every PutEnd to decide whether kswapd should wake.
         """
-
-    @abstractmethod
-    def capacity_bytes(self) -> int:
-        """Total bytes of that memory (0 when nothing is mounted)."""
 
     @abstractmethod
     def inspect(self, rec: EvictInfo[K], now: float) -> Verdict:

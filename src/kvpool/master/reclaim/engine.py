@@ -222,12 +222,8 @@ class ReclaimEngine(Generic[K]):
         Returns an empty result (and stops wanting to run) once used bytes, less those already
         being swapped out, are at or below the low watermark, or when a step made no progress.
         """
-        cap = self.target.capacity_bytes()
-        excess = (
-            self.target.used_bytes()
-            - self._migrating_bytes
-            - math.floor(cap * self.config.low_watermark_ratio)
-        )
+        cap, used = self.target.memory_usage()
+        excess = used - self._migrating_bytes - math.floor(cap * self.config.low_watermark_ratio)
         if excess <= 0:
             self._kswapd_wanted = False
             return ReclaimResult()
@@ -337,8 +333,8 @@ class ReclaimEngine(Generic[K]):
     # ------------------------------------------------------------------ one pass
 
     def _above_high(self) -> bool:
-        cap = self.target.capacity_bytes()
-        return cap > 0 and self.target.used_bytes() > cap * self.config.high_watermark_ratio
+        cap, used = self.target.memory_usage()
+        return cap > 0 and used > cap * self.config.high_watermark_ratio
 
     def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
         """Reclaim `total` bytes in up to three rounds, each only if the previous fell short:

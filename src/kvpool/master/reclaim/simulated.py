@@ -209,11 +209,8 @@ class SimulatedPool(ReclaimTarget[str]):
 
     # ------------------------------------------------------------------ ReclaimTarget
 
-    def used_bytes(self) -> int:
-        return self.used
-
-    def capacity_bytes(self) -> int:
-        return self.capacity
+    def memory_usage(self) -> tuple[int, int]:
+        return self.capacity, self.used
 
     def inspect(self, rec: EvictInfo[str], now: float) -> Verdict:
         obj = self.objects.get(rec.key)

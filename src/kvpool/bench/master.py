@@ -18,7 +18,8 @@ side is not the bottleneck.
 
 Memory (`"metric": "master_bytes_per_object"`): a fresh master, one segment, then N objects
 (one memory replica, 31-byte keys, a 64-bit checksum each) put in batches; the growth of the
-master's RSS divided by N (N = 1,000,000 in the full run).
+master's RSS divided by N (N = 1,000,000 in the full run). Measured twice: without reclaim hooks
+(the master's own metadata) and with them (what `kvpool master` runs by default).
 
 Every reply is checked (codes, and the replica offsets read back against those PutStart gave);
 the benchmark never asserts a speed.
@@ -71,18 +72,17 @@ class Plan:
     def of(quick: bool) -> Plan:
         if quick:
             return Plan(single_ops=300, batch_reqs=20, repeats=1, memory_objects=20_000)
-        return Plan(single_ops=6000, batch_reqs=300, repeats=3, memory_objects=1_000_000)
+        return Plan(single_ops=10_000, batch_reqs=600, repeats=3, memory_objects=1_000_000)
 
 
 class _Master:
     """A `kvpool master` child plus a client of it; `close()` stops both (idempotent)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reclaim: bool) -> None:
         # A long client TTL: the benchmark's fake node does not ping while it measures.
-        self.proc = ChildProcess(
-            ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"],
-            name="kvpool master (bench)",
-        )
+        args = ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"]
+        args.append("--reclaim" if reclaim else "--no-reclaim")
+        self.proc = ChildProcess(args, name="kvpool master (bench)")
         try:
             self.address = self.proc.wait_ready(60)
             self.rpc = RpcClient(
@@ -233,9 +233,12 @@ def _row(x: _Measured, repeats: int) -> dict[str, Any]:
     }
 
 
-def run(plan: Plan, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
-    """All throughput rows, then the memory row."""
-    master = _Master()
+def run(
+    plan: Plan, reclaim: bool = True, log: Callable[[str], None] = lambda s: None
+) -> list[dict[str, Any]]:
+    """All throughput rows (against a master with or without reclaim hooks), then the memory
+    rows (both ways)."""
+    master = _Master(reclaim)
     try:
         rpc = master.rpc
         # Objects to read: put once, remembered offsets checked on every read.
@@ -325,11 +328,12 @@ def run(plan: Plan, log: Callable[[str], None] = lambda s: None) -> list[dict[st
             runs = per_case[i]
             med = statistics.median_low([r.keys / r.seconds for r in runs])
             chosen = next(r for r in runs if r.keys / r.seconds == med)
-            rows.append(_row(chosen, plan.repeats))
+            rows.append({**_row(chosen, plan.repeats), "reclaim": reclaim})
     finally:
         master.close()
     _add_ratios(rows)
-    rows.append(measure_memory(plan.memory_objects, log))
+    rows.append(measure_memory(plan.memory_objects, reclaim=False, log=log))
+    rows.append(measure_memory(plan.memory_objects, reclaim=True, log=log))
     return rows
 
 
@@ -343,9 +347,12 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
             r["baseline"] = f"echo {r['case']}"
 
 
-def measure_memory(n: int, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """The master's RSS growth per stored object, for `n` objects with one memory replica."""
-    master = _Master()
+def measure_memory(
+    n: int, *, reclaim: bool, log: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
+    """The master's RSS growth per stored object, for `n` objects with one memory replica
+    (with `reclaim`, the reclaim hooks' own records are included)."""
+    master = _Master(reclaim)
     try:
         rpc = master.rpc
         # Warm up the code paths (and their allocations) with a few objects, then remove them.
@@ -369,7 +376,10 @@ def measure_memory(n: int, log: Callable[[str], None] = lambda s: None) -> dict[
         stats = rpc.call(m.Stats())
         _expect(stats.objects == n, f"expected {n} objects, master has {stats.objects}")
         after = master.rss()
-        log(f"memory: {n:,} objects in {seconds:.1f} s, RSS {before >> 20} -> {after >> 20} MiB")
+        log(
+            f"memory (reclaim {'on' if reclaim else 'off'}): {n:,} objects in {seconds:.1f} s, "
+            f"RSS {before >> 20} -> {after >> 20} MiB"
+        )
     finally:
         master.close()
     return {
@@ -381,6 +391,7 @@ def measure_memory(n: int, log: Callable[[str], None] = lambda s: None) -> dict[
         "objects": n,
         "key_bytes": 31,
         "replicas_per_object": 1,
+        "reclaim": reclaim,
         "rss_before_bytes": before,
         "rss_after_bytes": after,
         "fill_keys_per_s": n / seconds,
@@ -402,12 +413,13 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['keys_per_s']:>10.0f}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
             f"{r['master_cpu_us_per_key']:>15.2f}{ratio:>9}"
         )
+    lines.append("")
     for r in rows:
         if r.get("metric") == "master_bytes_per_object":
             lines.append(
-                f"\nmaster memory: {r['value']:.0f} bytes of RSS per object "
-                f"({r['objects']:,} objects, {r['key_bytes']}-byte keys, one memory replica; "
-                f"filled at {r['fill_keys_per_s']:,.0f} keys/s)"
+                f"master memory, reclaim {'on ' if r['reclaim'] else 'off'}: {r['value']:.0f} "
+                f"bytes of RSS per object ({r['objects']:,} objects, {r['key_bytes']}-byte keys, "
+                f"one memory replica; filled at {r['fill_keys_per_s']:,.0f} keys/s)"
             )
     return "\n".join(lines)
 
@@ -417,8 +429,19 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--repeats", type=click.IntRange(1, 20), help="Rounds per case (median).")
 @click.option("--memory-objects", type=click.IntRange(1000), help="Objects for the memory row.")
+@click.option(
+    "--reclaim/--no-reclaim",
+    default=True,
+    show_default=True,
+    help="Throughput cases against a master with (the default) or without reclaim hooks.",
+)
 def command(
-    *, quick: bool, json_path: str | None, repeats: int | None, memory_objects: int | None
+    *,
+    quick: bool,
+    json_path: str | None,
+    repeats: int | None,
+    memory_objects: int | None,
+    reclaim: bool,
 ) -> None:
     """Master control-plane throughput (ops/s, keys/s, master CPU per key) and bytes/object."""
     plan = Plan.of(quick)
@@ -429,7 +452,7 @@ def command(
             repeats or plan.repeats,
             memory_objects or plan.memory_objects,
         )
-    rows = run(plan, log=lambda s: click.echo(s, err=True))
+    rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True))
     click.echo(format_table(rows))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:

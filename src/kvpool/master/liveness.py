@@ -76,19 +76,26 @@ class ClientTable:
     def forget(self, client_id: ClientId) -> None:
         self._clients.pop(client_id, None)
 
-    def add_in_flight(self, obj: ObjectMeta) -> None:
-        bucket = self.in_flight.get(obj.client_id)
+    def in_flight_bucket(self, client_id: ClientId) -> dict[ObjectMeta, None]:
+        """The client's in-flight set, created if needed. It stays valid while a request holds
+        it: buckets are only dropped (when empty) by `prune`, between requests."""
+        bucket = self.in_flight.get(client_id)
         if bucket is None:
-            self.in_flight[obj.client_id] = {obj: None}
-        else:
-            bucket[obj] = None
+            bucket = self.in_flight[client_id] = {}
+        return bucket
+
+    def add_in_flight(self, obj: ObjectMeta) -> None:
+        self.in_flight_bucket(obj.client_id)[obj] = None
 
     def drop_in_flight(self, obj: ObjectMeta) -> None:
         bucket = self.in_flight.get(obj.client_id)
         if bucket is not None:
             bucket.pop(obj, None)
-            if not bucket:
-                del self.in_flight[obj.client_id]
+
+    def prune(self) -> None:
+        """Forget the empty in-flight sets (of clients that come and go)."""
+        for client_id in [c for c, bucket in self.in_flight.items() if not bucket]:
+            del self.in_flight[client_id]
 
     def in_flight_of(self, client_id: ClientId) -> list[ObjectMeta]:
         return list(self.in_flight.get(client_id, ()))

@@ -134,6 +134,7 @@ class _PutPlan:
         "client_id",
         "code",
         "hard_pin",
+        "in_flight",
         "preferred",
         "replica_num",
         "same_node",
@@ -161,6 +162,8 @@ class _PutPlan:
         self.preferred = cfg.preferred_segments
         self.same_node = cfg.prefer_alloc_in_same_node
         self.shards: TenantShards | None = None  # set by _plan once the request is valid
+        #: The client's in-flight set (ClientTable.in_flight_bucket), also set by _plan.
+        self.in_flight: dict[ObjectMeta, None] | None = None
         #: One replica, nothing preferred, nothing local: the placement fast path.
         self.simple = cfg.replica_num == 1 and not cfg.preferred_segments and not self.same_node
 
@@ -394,6 +397,7 @@ class MasterService:
             log.info("releasing stale PutStart of %r", obj.key)
             self._revoke(obj)
             released += 1
+        self.clients.prune()
         parked = self._parked
         while parked and parked[0][0] <= now:
             _, _, size, replicas = heapq.heappop(parked)
@@ -442,6 +446,7 @@ class MasterService:
         plan = _PutPlan(int(code), client_id, tenant, cfg, ttl)
         if plan.code == _OK:
             plan.shards = self._index.tenant_for_insert(tenant)
+            plan.in_flight = self.clients.in_flight_bucket(client_id)
             plan.simple = plan.simple and self._placement.strategy is AllocationStrategy.RANDOM
         return plan
 
@@ -501,8 +506,10 @@ class MasterService:
             plan.hard_pin,
             group,
         )
-        self._index.add(d, obj)
-        self.clients.add_in_flight(obj)
+        d[key] = obj  # ObjectIndex.add, inlined on the hottest write path
+        self._index.count += 1
+        assert plan.in_flight is not None
+        plan.in_flight[obj] = None
         return PutStartReply(_OK, [r.desc(size) for r in replicas])
 
     def _allocate(self, size: int, plan: _PutPlan) -> tuple[Replica, ...]:

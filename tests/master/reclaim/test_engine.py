@@ -531,3 +531,32 @@ def test_a_failing_target_never_strands_isolated_records() -> None:
     assert states == {ListState.INACTIVE}
     # k2 went back to the tail, where it was: the next pass meets it first.
     assert pool.engine.shard(0).inactive_order()[0].key == "k2"
+
+
+def test_a_pass_looks_at_no_more_than_its_scan_limit() -> None:
+    pool = make_pool(1000, scan_limit=64)
+    pool.lease_ttl_s = 10.0
+    fill(pool, [f"k{i}" for i in range(1000)])
+    for i in range(1000):
+        pool.objects[f"k{i}"].lease_deadline = pool.clock() + 10.0
+    assert pool.put("one-more", SIZE) is ErrorCode.NO_AVAILABLE_HANDLE
+    assert pool.engine.stats.kept_leased == 64  # not all 1,000
+    # Kept records rotated to the head: the next pass looks at 64 others.
+    first = {r.key for r in pool.engine.shard(0).inactive_order()[:64]}
+    assert "k0" not in first and "k64" in first
+
+
+def test_pool_mode_asks_for_a_swap_out_once_per_pass_when_nothing_can_take_it() -> None:
+    pool = make_pool(4, mode=EvictionMode.POOL)  # no remote memory
+    fill(pool, ["a", "b", "c", "d"])
+    asked: list[str] = []
+    real = pool.swap_out
+
+    def counting(rec: EvictInfo[str]) -> bool:
+        asked.append(rec.key)
+        return real(rec)
+
+    pool.swap_out = counting  # type: ignore[method-assign]
+    assert pool.engine.direct_reclaim(4 * SIZE) == 0
+    assert asked == ["a"]
+    assert set(pool.objects) == {"a", "b", "c", "d"}

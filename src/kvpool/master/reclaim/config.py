@@ -35,6 +35,10 @@ class ReclaimConfig:
     """kswapd demotes from active while active bytes exceed this times inactive bytes (Linux's
     inactive_ratio): 1.0 keeps at least half of the resident bytes where new objects prove
     themselves."""
+    scan_limit: int = 1024
+    """Records one pass (a direct reclaim, a kswapd step) looks at, at most: a pool full of
+    leased or pinned objects costs a failing PutStart this much, not a walk of every object
+    (records looked at and kept rotate to the head, so the next pass sees others)."""
     kswapd_step_records: int = 128
     """Records (of average size) one kswapd step reclaims at most before the event loop gets a
     turn: the cost of a step is per record (about 5-10 us each here), so 128 keep a step near
@@ -51,6 +55,8 @@ class ReclaimConfig:
             raise InvalidParams(f"isolate_batch must be >= 1, got {self.isolate_batch}")
         if self.inactive_ratio <= 0:
             raise InvalidParams(f"inactive_ratio must be > 0, got {self.inactive_ratio}")
+        if self.scan_limit < 1:
+            raise InvalidParams(f"scan_limit must be >= 1, got {self.scan_limit}")
         if self.kswapd_step_records < 1:
             raise InvalidParams(f"kswapd_step_records must be >= 1, got {self.kswapd_step_records}")
 

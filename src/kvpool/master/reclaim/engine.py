@@ -98,6 +98,15 @@ class ReclaimResult:
         )
 
 
+@dataclass(slots=True)
+class _PassBudget:
+    """State of one pass shared by its shards: records it may still look at, and whether a
+    swap-out was already refused (then nothing else in this pass is offered one)."""
+
+    scan_left: int
+    swap_refused: bool = False
+
+
 def hash_shard_of(num_shards: int) -> Callable[[object], int]:
     """A stable (never Python's `hash()`) shard function over `repr(key)`, for standalone use."""
 
@@ -351,6 +360,7 @@ class ReclaimEngine(Generic[K]):
             return ReclaimResult()
         before = getattr(self._local, "no_direct", False)
         self._local.no_direct = True
+        budget = _PassBudget(self.config.scan_limit)
         try:
             result = ReclaimResult()
             exhausted: set[int] = set()
@@ -360,12 +370,12 @@ class ReclaimEngine(Generic[K]):
                 # difference between each shard's share and what it gave to the next pass.
                 quota = min(share, total - result.freed - result.pending)
                 deficit[index] += share - max(quota, 0)
-                if quota <= 0:
+                if quota <= 0 or budget.scan_left <= 0:
                     continue
                 lists = self._shards[index]
                 if shrink_active:
                     self._balance(lists, quota)
-                got = self._shrink_inactive(lists, quota)
+                got = self._shrink_inactive(lists, quota, budget)
                 result = result + got
                 moved = got.freed + got.pending
                 if moved < quota:
@@ -373,24 +383,24 @@ class ReclaimEngine(Generic[K]):
                 else:
                     deficit[index] -= moved - quota
             short = total - result.freed - result.pending
-            if short > 0:
+            if short > 0 and budget.scan_left > 0:
                 for lists in self._by_usage(exclude=exhausted):
-                    got = self._shrink_inactive(lists, short)
+                    got = self._shrink_inactive(lists, short, budget)
                     result = result + got
                     short -= got.freed + got.pending
-                    if short <= 0:
+                    if short <= 0 or budget.scan_left <= 0:
                         break
-            if short > 0 and shrink_active:
+            if short > 0 and shrink_active and budget.scan_left > 0:
                 for lists in self._by_usage(exclude=set()):
                     if lists.active_bytes <= 0:
                         continue
                     n_active = lists.active_len
                     demoted, _ = lists.shrink_active(short, 2 * n_active, self.config.isolate_batch)
                     self.stats.demoted_bytes += demoted
-                    got = self._shrink_inactive(lists, short)
+                    got = self._shrink_inactive(lists, short, budget)
                     result = result + got
                     short -= got.freed + got.pending
-                    if short <= 0:
+                    if short <= 0 or budget.scan_left <= 0:
                         break
             return result
         finally:
@@ -460,11 +470,14 @@ class ReclaimEngine(Generic[K]):
         demoted, _ = lists.shrink_active(math.ceil(want), n_active, self.config.isolate_batch)
         self.stats.demoted_bytes += demoted
 
-    def _shrink_inactive(self, lists: ReclaimLists[K], quota: int) -> ReclaimResult:
+    def _shrink_inactive(
+        self, lists: ReclaimLists[K], quota: int, pass_budget: _PassBudget
+    ) -> ReclaimResult:
         """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
-        moving, looking at each record present at the start at most once."""
+        moving, looking at each record present at the start at most once, and at no more
+        records than the pass has left."""
         cfg = self.config
-        budget = lists.inactive_len
+        budget = min(lists.inactive_len, pass_budget.scan_left)
         now = self.clock()
         freed = pending = scanned = 0
         deferred: list[tuple[EvictInfo[K], int]] = []
@@ -485,7 +498,9 @@ class ReclaimEngine(Generic[K]):
                     while pos < len(batch) and freed + pending < quota:
                         rec = batch[pos]
                         scanned += 1
-                        f, p = self._check_one(lists, rec, epoch, now, keep=keep, deferred=deferred)
+                        f, p = self._check_one(
+                            lists, rec, epoch, now, keep=keep, deferred=deferred, budget=pass_budget
+                        )
                         pos += 1
                         freed += f
                         pending += p
@@ -498,7 +513,7 @@ class ReclaimEngine(Generic[K]):
                 rec, epoch = deferred.pop(0)
                 if rec.state is ListState.ISOLATED:
                     if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
-                        f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED)
+                        f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, pass_budget)
                         if f:
                             self.stats.soft_pinned_evicted += 1
                             freed += f
@@ -506,6 +521,7 @@ class ReclaimEngine(Generic[K]):
                     deferred.append((rec, epoch))  # changed meanwhile: keep it this time
                     break
         finally:
+            pass_budget.scan_left -= scanned
             for rec, epoch in deferred:
                 self.stats.kept_soft_pinned += 1
                 lists.putback([rec], epoch, ListState.INACTIVE)
@@ -520,6 +536,7 @@ class ReclaimEngine(Generic[K]):
         *,
         keep: list[EvictInfo[K]],
         deferred: list[tuple[EvictInfo[K], int]],
+        budget: _PassBudget,
     ) -> tuple[int, int]:
         """Decide about one isolated record, outside the list lock; (freed, pending) bytes."""
         stats = self.stats
@@ -553,14 +570,19 @@ class ReclaimEngine(Generic[K]):
                 stats.kept_soft_pinned += 1
                 keep.append(rec)
         else:
-            f, p = self._evict(lists, rec, epoch, verdict)
+            f, p = self._evict(lists, rec, epoch, verdict, budget)
             if f == 0 and p == 0 and rec.state is ListState.ISOLATED:
                 keep.append(rec)
             return f, p
         return 0, 0
 
     def _evict(
-        self, lists: ReclaimLists[K], rec: EvictInfo[K], epoch: int, verdict: Verdict
+        self,
+        lists: ReclaimLists[K],
+        rec: EvictInfo[K],
+        epoch: int,
+        verdict: Verdict,
+        budget: _PassBudget,
     ) -> tuple[int, int]:
         """Carry out the eviction of one isolated record; returns (freed, pending) bytes."""
         stats = self.stats
@@ -575,6 +597,9 @@ class ReclaimEngine(Generic[K]):
                     stats.stale += 1
             return freed, 0
         # Pool mode, a primary or soft-pinned replica: move it out before freeing anything.
+        if budget.swap_refused:
+            stats.swap_outs_refused += 1
+            return 0, 0  # nothing could take the last one; kept without asking again
         if not lists.start_migration(rec, epoch):
             return 0, 0
         self._migrating[rec] = None
@@ -583,6 +608,7 @@ class ReclaimEngine(Generic[K]):
             stats.swap_outs_started += 1
             return 0, rec.size
         stats.swap_outs_refused += 1
+        budget.swap_refused = True
         self._untrack_migration(rec)
         lists.end_migration(rec, moved=False)
         return 0, 0

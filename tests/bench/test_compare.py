@@ -187,6 +187,7 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
     require_binary("redis-server")
     out_json = str(tmp_path / "rows.json")
     out_png = str(tmp_path / "plot.png")
+    out_md = str(tmp_path / "table.md")
     with kvpool_proc(
         "bench",
         "compare",
@@ -197,6 +198,8 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
         out_json,
         "--plot",
         out_png,
+        "--markdown",
+        out_md,
         name="bench compare",
     ) as proc:
         rc = proc.popen.wait(timeout=240)
@@ -227,6 +230,9 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
         assert "skipped: kvpool/shm: kvpool.client not available" in proc.output()
     with open(out_png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(out_md, encoding="utf-8") as f:
+        md = f.read()
+    assert "| put | 16 MiB | limit/socket |" in md and "targets (" in md
 
 
 @pytest.mark.slow

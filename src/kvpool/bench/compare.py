@@ -41,7 +41,14 @@ from kvpool.bench.peers.kvpool_peer import KvpoolDriver
 from kvpool.bench.peers.limits import MemcpyDriver, SocketDriver
 from kvpool.bench.peers.mooncake_peer import MooncakeDriver
 from kvpool.bench.peers.redis_peer import RedisDriver
-from kvpool.bench.peers.report import Skipped, json_rows, plot, render_table, render_targets
+from kvpool.bench.peers.report import (
+    Skipped,
+    json_rows,
+    plot,
+    render_markdown,
+    render_table,
+    render_targets,
+)
 from kvpool.bench.peers.workload import (
     Measurement,
     RunPlan,
@@ -227,6 +234,12 @@ def _machine() -> str:
 @click.option(
     "--plot", "plot_file", type=click.Path(dir_okay=False), help="Draw throughput to a PNG."
 )
+@click.option(
+    "--markdown",
+    "markdown_file",
+    type=click.Path(dir_okay=False),
+    help="Write the table and targets as Markdown (for docs/performance.md).",
+)
 @click.option("--quick", is_flag=True, help="A few seconds in all (what the tests run).")
 def command(
     *,
@@ -237,6 +250,7 @@ def command(
     systems: str,
     json_file: str | None,
     plot_file: str | None,
+    markdown_file: str | None,
     quick: bool,
 ) -> None:
     """kvpool next to Mooncake, Redis and the physical limits, interleaved in one run.
@@ -261,15 +275,20 @@ def command(
         results, skipped = run_compare(opts)
     except BenchError as exc:
         raise click.ClickException(f"benchmark failed: {exc}") from exc
-    click.echo(f"kvpool bench compare on {_machine()}")
-    click.echo(
+    heading = (
+        f"kvpool bench compare on {_machine()}\n"
         f"{opts.rounds} rounds x {opts.seconds / opts.rounds:.2f} s per phase, "
         f"{time.monotonic() - started:.0f} s in all; throughput = median over rounds; "
-        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n"
+        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
+    targets = render_targets(results)
+    click.echo(heading + "\n")
     click.echo(render_table(results, skipped))
     click.echo("")
-    click.echo(render_targets(results))
+    click.echo(targets)
+    if markdown_file:
+        with open(markdown_file, "w", encoding="utf-8") as f:
+            f.write(f"{heading}\n\n{render_markdown(results, skipped)}\n\n```\n{targets}\n```\n")
     if json_file:
         with open(json_file, "w", encoding="utf-8") as f:
             json.dump(json_rows(results), f, indent=1)

@@ -1,10 +1,16 @@
 """What `kvpool bench compare` prints and writes: table, ratios, targets, JSON rows, plot.
 
-Ratios compare throughput (keys/s) measured in the same run. Two kvpool rows are the
+Ratios compare kvpool with every other row measured in the same run. Two kvpool rows are the
 numerators: `kvpool/shm` (the default path between processes on one host) and `kvpool/tcp`
-(TCP forced). The table shows, for every other row, both `kvpool/shm ÷ this` and
-`kvpool/tcp ÷ this`; the ones the project's targets name are listed under the table with
-"met" or "MISSED". Nothing here asserts speed.
+(TCP forced). Each ratio comes two ways:
+
+* by throughput: kvpool's keys/s ÷ the peer's (medians over rounds), what the targets use;
+* by p50: the peer's median call time ÷ kvpool's. A neighbour that takes the CPU for a few ms
+  moves the mean (so the throughput) of whoever was running, but hardly the median; when the
+  two ratios disagree, the machine was noisy during that case.
+
+The targets of the issue are listed under the table with "met" or "MISSED". Nothing here
+asserts speed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ __all__ = [
     "Target",
     "json_rows",
     "plot",
+    "render_markdown",
     "render_table",
     "render_targets",
 ]
@@ -80,13 +87,26 @@ def _index(results: Sequence[Measurement]) -> dict[tuple[str, str, str, int, int
 
 
 def _ratio(num: Measurement | None, den: Measurement) -> float | None:
+    """kvpool ÷ peer by throughput (higher is better for kvpool)."""
     if num is None or den.ops_per_s <= 0:
         return None
     return num.ops_per_s / den.ops_per_s
 
 
+def _p50_ratio(num: Measurement | None, den: Measurement) -> float | None:
+    """peer p50 ÷ kvpool p50: the same direction as `_ratio` (higher is better for kvpool)."""
+    if num is None or num.p50_us <= 0:
+        return None
+    return den.p50_us / num.p50_us
+
+
 def _fmt_ratio(r: float | None) -> str:
-    return "" if r is None else f"{r:.2f}x"
+    return "" if r is None else f"{r:.2f}"
+
+
+def _fmt_pair(num: Measurement | None, den: Measurement) -> str:
+    r, p = _ratio(num, den), _p50_ratio(num, den)
+    return "" if r is None or p is None else f"{r:.2f} / {p:.2f}"
 
 
 def _fmt_rate(x: float) -> str:
@@ -97,74 +117,121 @@ def _fmt_rate(x: float) -> str:
     return f"{x:.0f}"
 
 
+_ORDER = {"kvpool": 0, "mooncake": 1, "redis": 2, "limit": 3}
+
+
+def _blocks(
+    results: Sequence[Measurement],
+) -> list[tuple[str, int, int, list[Measurement]]]:
+    """(op, size, batch, rows) per case: small sizes first, put before get, kvpool first."""
+    groups: dict[tuple[str, int, int], list[Measurement]] = {}
+    for m in results:
+        groups.setdefault(_key(m), []).append(m)
+    out = []
+    for (op, size, batch), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != "put")
+    ):
+        rows.sort(key=lambda m: (_ORDER.get(m.system, 9), m.path))
+        out.append((op, size, batch, rows))
+    return out
+
+
+_LEGEND = (
+    "ops/s counts keys (a batch call moves `batch` keys); p50/p99 are per call. "
+    "shm÷ and tcp÷: kvpool/shm (kvpool/tcp) over this row, by throughput / by p50 call time; "
+    "above 1 means kvpool is faster."
+)
+
+
 def render_table(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()) -> str:
     """The text table: one block per (op, case), kvpool first, ratios against kvpool."""
     idx = _index(results)
     header = (
-        f"{'op':<4} {'case':<12} {'system/path':<16} {'ops/s':>9} {'GB/s':>7} "
-        f"{'p50 us':>9} {'p99 us':>9} {'shm/this':>9} {'tcp/this':>9}"
+        f"{'op':<4} {'case':<11} {'system/path':<13} {'ops/s':>7} {'GB/s':>7} "
+        f"{'p50 us':>8} {'p99 us':>8} {'shm÷ thru / p50':>16} {'tcp÷ thru / p50':>16}"
     )
     lines = [header, "-" * len(header)]
-    order = {"kvpool": 0, "mooncake": 1, "redis": 2, "limit": 3}
-    groups: dict[tuple[str, int, int], list[Measurement]] = {}
-    for m in results:
-        groups.setdefault(_key(m), []).append(m)
-    for (op, size, batch), rows in sorted(
-        groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != "put")
-    ):
+    for op, size, batch, rows in _blocks(results):
         shm = idx.get((*KVPOOL_SHM, op, size, batch))
         tcp = idx.get((*KVPOOL_TCP, op, size, batch))
-        for m in sorted(rows, key=lambda m: (order.get(m.system, 9), m.path)):
+        for m in rows:
             mine = m.system == "kvpool"
             lines.append(
-                f"{op:<4} {case_name(size, batch):<12} {m.label:<16} {_fmt_rate(m.ops_per_s):>9} "
-                f"{m.bytes_per_s / _GB:>7.3f} {m.p50_us:>9.1f} {m.p99_us:>9.1f} "
-                f"{'' if mine else _fmt_ratio(_ratio(shm, m)):>9} "
-                f"{'' if mine else _fmt_ratio(_ratio(tcp, m)):>9}"
+                f"{op:<4} {case_name(size, batch):<11} {m.label:<13} {_fmt_rate(m.ops_per_s):>7} "
+                f"{m.bytes_per_s / _GB:>7.3f} {m.p50_us:>8.0f} {m.p99_us:>8.0f} "
+                f"{'' if mine else _fmt_pair(shm, m):>16} {'' if mine else _fmt_pair(tcp, m):>16}"
             )
         lines.append("")
-    lines.append(
-        "ops/s counts keys (a batch call moves `batch` keys); p50/p99 are per call; "
-        "shm/this = kvpool/shm throughput divided by this row's, tcp/this the same for kvpool/tcp."
-    )
+    lines.append(_LEGEND)
     for s in skipped:
         hint = f"; install: {s.install}" if s.install else ""
         lines.append(f"skipped: {s.label}: {s.reason}{hint}")
     return "\n".join(lines)
 
 
+def render_markdown(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()) -> str:
+    """The same table in Markdown, for docs/performance.md."""
+    idx = _index(results)
+    lines = [
+        "| op | case | system/path | ops/s | GB/s | p50 µs | p99 µs "
+        "| kvpool shm ÷ this (thru / p50) | kvpool tcp ÷ this (thru / p50) |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for op, size, batch, rows in _blocks(results):
+        shm = idx.get((*KVPOOL_SHM, op, size, batch))
+        tcp = idx.get((*KVPOOL_TCP, op, size, batch))
+        for m in rows:
+            mine = m.system == "kvpool"
+            label = f"**{m.label}**" if mine else m.label
+            lines.append(
+                f"| {op} | {case_name(size, batch)} | {label} | {_fmt_rate(m.ops_per_s)} "
+                f"| {m.bytes_per_s / _GB:.3f} | {m.p50_us:.0f} | {m.p99_us:.0f} "
+                f"| {'' if mine else _fmt_pair(shm, m)} | {'' if mine else _fmt_pair(tcp, m)} |"
+            )
+    lines.append("")
+    lines.append(_LEGEND)
+    for s in skipped:
+        hint = f" (install: `{s.install}`)" if s.install else ""
+        lines.append(f"\nSkipped: {s.label}: {s.reason}{hint}")
+    return "\n".join(lines)
+
+
 def _target_ratios(
     target: Target, results: Sequence[Measurement]
-) -> list[tuple[Measurement, float]]:
+) -> list[tuple[Measurement, float, float]]:
     idx = _index(results)
-    out: list[tuple[Measurement, float]] = []
+    out: list[tuple[Measurement, float, float]] = []
     for m in results:
         if (m.system, m.path) != target.denominator or not target.applies(m):
             continue
         num = idx.get((*target.numerator, m.op, m.value_size, m.batch))
-        r = _ratio(num, m)
-        if r is not None:
-            out.append((m, r))
+        r, p = _ratio(num, m), _p50_ratio(num, m)
+        if r is not None and p is not None:
+            out.append((m, r, p))
     return out
 
 
 def render_targets(results: Sequence[Measurement], targets: Sequence[Target] = TARGETS) -> str:
-    """One line per target: the worst ratio among the rows it covers, and met or MISSED."""
-    lines = ["targets (throughput ratios in this run):"]
+    """One line per target: met or MISSED by the worst throughput ratio among its rows (and,
+    for reading a noisy run, the verdict by p50), then every row's ratios."""
+    lines = ["targets (kvpool ÷ peer in this run; per row: throughput / p50):"]
     for t in targets:
-        pairs = _target_ratios(t, results)
-        if not pairs:
+        triples = _target_ratios(t, results)
+        if not triples:
             lines.append(f"  {t.name} >= {t.minimum}: not measured")
             continue
-        worst_m, worst = min(pairs, key=lambda p: p[1])
+        worst_m, worst, _ = min(triples, key=lambda x: x[1])
+        worst_p50 = min(x[2] for x in triples)
         verdict = "met" if worst >= t.minimum else "MISSED"
+        verdict_p50 = "met" if worst_p50 >= t.minimum else "MISSED"
         where = f"{worst_m.op} {case_name(worst_m.value_size, worst_m.batch)}"
         every = ", ".join(
-            f"{m.op} {case_name(m.value_size, m.batch)} {r:.2f}"
-            for m, r in sorted(pairs, key=lambda p: (p[0].value_size, p[0].batch, p[0].op))
+            f"{m.op} {case_name(m.value_size, m.batch)} {r:.2f}/{p:.2f}"
+            for m, r, p in sorted(triples, key=lambda x: (x[0].value_size, x[0].batch, x[0].op))
         )
         lines.append(
-            f"  {t.name} >= {t.minimum}: {verdict} (lowest {worst:.2f} at {where}; {every})"
+            f"  {t.name} >= {t.minimum}: {verdict} (lowest {worst:.2f} at {where}; "
+            f"by p50 {verdict_p50}, lowest {worst_p50:.2f})\n      {every}"
         )
     return "\n".join(lines)
 
@@ -172,7 +239,8 @@ def render_targets(results: Sequence[Measurement], targets: Sequence[Target] = T
 def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
     """The rows of design.md "Benchmarks", then one ratio row per (kvpool path, peer, case).
 
-    Ratio rows carry `"metric": "ratio"`, `"value"` (kvpool ÷ peer throughput) and `"peer"`.
+    Ratio rows carry `"metric": "ratio"`, `"value"` (kvpool ÷ peer throughput), `"value_p50"`
+    (peer p50 ÷ kvpool p50) and `"peer"`.
     """
     rows: list[dict[str, Any]] = [
         {
@@ -195,8 +263,9 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
         if m.system == "kvpool":
             continue
         for mine in (KVPOOL_SHM, KVPOOL_TCP):
-            r = _ratio(idx.get((*mine, m.op, m.value_size, m.batch)), m)
-            if r is None:
+            num = idx.get((*mine, m.op, m.value_size, m.batch))
+            r, p = _ratio(num, m), _p50_ratio(num, m)
+            if r is None or p is None:
                 continue
             rows.append(
                 {
@@ -208,6 +277,7 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
                     "metric": "ratio",
                     "peer": m.label,
                     "value": r,
+                    "value_p50": p,
                 }
             )
     return rows

@@ -164,6 +164,16 @@ def test_each_request_has_its_own_status(peer: Any, make_engine: Make) -> None:
     assert info.value.code is ErrorCode.SEGMENT_NOT_FOUND and "request 1" in str(info.value)
 
 
+def test_transfer_batch_returns_codes_instead_of_raising(peer: Any, make_engine: Make) -> None:
+    eng = make_engine({"peer": peer.location})
+    outs = [bytearray(8), bytearray(8), bytearray(8)]
+    codes = eng.transfer_batch(
+        [R(outs[0], "peer", 0), R(outs[1], "nobody", 0), R(outs[2], "peer", peer.location.size)]
+    )
+    assert codes == [ErrorCode.OK, ErrorCode.SEGMENT_NOT_FOUND, ErrorCode.INVALID_PARAMS]
+    assert outs[0] == bytes(range(8))
+
+
 def test_transfer_names_the_first_failed_request(peer: Any, make_engine: Make) -> None:
     eng = make_engine({"peer": peer.location})
     with pytest.raises(TransferError) as info:

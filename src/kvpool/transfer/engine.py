@@ -368,6 +368,17 @@ class TransferEngine:
             future.wait(self.timeout if timeout is None else timeout)
             future.raise_for_status()
 
+    def transfer_batch(
+        self, requests: Sequence[TransferRequest], timeout: float | None = None
+    ) -> list[ErrorCode]:
+        """Like `transfer` (the calling thread does the copies and runs one TCP lane per peer,
+        no hand-off to the pools for small batches) but returns every request's code instead
+        of raising; for a client that handles failures per key (a batch get)."""
+        self._check_open()
+        prepared = [self._prepare(i, r) for i, r in enumerate(requests)]
+        future = self._start(prepared, timeout, inline=True)
+        return future.result(self.timeout if timeout is None else timeout)
+
     def _tcp_one(self, req: _Prepared, timeout: float | None) -> bool:
         """The fast path of `transfer` for one small request over TCP (a cross-host KV get):
         one exchange on a pooled connection, no future, no lanes. False (nothing done) when
@@ -437,6 +448,7 @@ class TransferEngine:
 
         future = TransferFuture(len(prepared), self.abort_grace, describe)
         tcp_groups: dict[str, list[Piece]] = {}
+        copies: list[tuple[int, TransferOp, memoryview, SharedMapping, int]] = []
         for i, (op, view, name, offset, n) in enumerate(prepared):
             try:
                 route = self._route(name)
@@ -452,23 +464,13 @@ class TransferEngine:
                 continue
             mapping = route.mapping
             if mapping is None:
-                piece = Piece(i, int(op), view, name.encode(), offset, n)
+                piece = Piece(i, int(op), view, route.wire_name, offset, n)
                 tcp_groups.setdefault(route.endpoint, []).append(piece)
-                continue
-            if not mapping.acquire():
+            elif not mapping.acquire():
                 self.forget(name)
                 future.complete(i, ErrorCode.SEGMENT_NOT_FOUND, f"segment {name} is closing")
-                continue
-            if inline or n <= self.inline_copy_bytes:
-                try:
-                    seg = mapping.view
-                    if op is _READ:
-                        view[:] = seg[offset : offset + n]
-                    else:
-                        seg[offset : offset + n] = view
-                finally:
-                    mapping.release()
-                future.complete(i, ErrorCode.OK)
+            elif inline or n <= self.inline_copy_bytes:
+                copies.append((i, op, view, mapping, offset))
             else:
                 try:
                     self._memcpy_pool.submit(
@@ -477,7 +479,26 @@ class TransferEngine:
                 except RuntimeError:
                     mapping.release()
                     future.complete(i, ErrorCode.TRANSFER_FAIL, "transfer engine is closed")
-        for endpoint, pieces in tcp_groups.items():
+        # Network first, so remote peers work while this thread copies; in blocking mode the
+        # calling thread then runs the last peer's first lane itself.
+        groups = list(tcp_groups.items())
+        for endpoint, pieces in groups[:-1]:
+            self._tcp.run(endpoint, pieces, future, deadline, False)
+        for i, op, view, mapping, offset in copies:
+            code, why = ErrorCode.OK, ""
+            try:
+                seg = mapping.view
+                if op is _READ:
+                    view[:] = seg[offset : offset + view.nbytes]
+                else:
+                    seg[offset : offset + view.nbytes] = view
+            except (ValueError, TypeError, KVPoolError) as exc:
+                code, why = ErrorCode.TRANSFER_FAIL, f"copy failed: {exc!r}"
+            finally:
+                mapping.release()
+            future.complete(i, code, why)
+        if groups:
+            endpoint, pieces = groups[-1]
             self._tcp.run(endpoint, pieces, future, deadline, inline)
         return future
 

@@ -947,3 +947,30 @@ def test_master_config_rejects_bad_values(field: str, value: object) -> None:
 def test_echo_answers_its_payload(svc: MasterService) -> None:
     reply = svc.handle(m.Echo(b"abc"))
     assert isinstance(reply, m.EchoReply) and reply.payload == b"abc"
+
+
+def test_per_object_records_are_slotted_and_the_key_is_stored_once(svc: MasterService) -> None:
+    key = "-".join(["a-long-key-made-at-run-time", str(id(svc))])  # not interned
+    put(svc, key)
+    obj = svc.index.get("default", key)
+    assert obj is not None
+    assert not hasattr(obj, "__dict__") and not hasattr(obj.replicas[0], "__dict__")
+    # The index's dict key is the object's own key string, not a second copy.
+    shard = svc.index.tenant("default").shards[obj.shard]  # type: ignore[union-attr]
+    (stored,) = [k for k in shard if k == key]
+    assert stored is obj.key
+
+
+def test_mounting_a_known_name_with_another_size_is_segment_already_exists(
+    svc: MasterService,
+) -> None:
+    assert mount(svc, "seg-0", size=32 * MiB) == E.SEGMENT_ALREADY_EXISTS
+
+
+def test_upsert_enable_repins_from_the_next_put_end(svc: MasterService, clock: object) -> None:
+    put(svc, "k")
+    start(svc, "k", upsert=True, soft_pin_action=m.SoftPinAction.ENABLE, soft_pin_ttl_ms=1000)
+    clock.advance(3)  # type: ignore[attr-defined]
+    end(svc, "k")
+    obj = svc.index.get("default", "k")
+    assert obj is not None and obj.soft_pin_deadline == clock() + 1.0  # type: ignore[operator]

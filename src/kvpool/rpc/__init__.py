@@ -31,7 +31,7 @@ from kvpool.rpc.aio import AsyncRpcClient
 from kvpool.rpc.client import RpcClient, parse_address
 from kvpool.rpc.loop import new_event_loop, run
 from kvpool.rpc.server import Connection, RpcServer
-from kvpool.rpc.thread import ServerThread
+from kvpool.rpc.thread import ServerThread, Serving
 
 __all__ = [
     "AsyncRpcClient",
@@ -39,6 +39,7 @@ __all__ = [
     "RpcClient",
     "RpcServer",
     "ServerThread",
+    "Serving",
     "new_event_loop",
     "parse_address",
     "run",

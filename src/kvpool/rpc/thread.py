@@ -1,7 +1,8 @@
-"""`ServerThread`: an `RpcServer` on its own event loop in a background thread.
+"""`ServerThread`: an `RpcServer` (or a service wrapping one) on its own loop in a thread.
 
 For tests, benchmarks and for embedding a service (the master) in a process whose main thread is
-synchronous. The thread owns the loop: it creates it (uvloop when available), starts the server,
+synchronous. Anything with the `Serving` shape runs: ``await start()``, ``await close()``,
+``address`` and ``endpoint`` (an `RpcServer`, or `MasterServer` which adds background tasks). The thread owns the loop: it creates it (uvloop when available), starts the server,
 runs until `stop()`, then closes the server, cancels what is left and closes the loop. Other
 threads reach the loop only through `submit()` / `call_soon()`, which hand work over safely.
 """
@@ -13,28 +14,45 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from kvpool.errors import KVPoolError, StoreClosed
 from kvpool.rpc.loop import new_event_loop
-from kvpool.rpc.server import RpcServer
 
-__all__ = ["ServerThread"]
+__all__ = ["ServerThread", "Serving"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+class Serving(Protocol):
+    """What `ServerThread` runs."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def address(self) -> tuple[str, int]: ...
+
+    @property
+    def endpoint(self) -> str: ...
+
+
+S = TypeVar("S", bound=Serving)
+
 _START_TIMEOUT_S: Final = 30.0
 
 
-class ServerThread:
+class ServerThread(Generic[S]):
     """Runs `server` in a daemon thread; `start()` returns once it listens.
 
-    Use as a context manager or call `stop()` (idempotent); either joins the thread.
+    Use as a context manager or call `stop()` (idempotent); either joins the thread. Never
+    call `stop()` from the server's own loop (it waits for that loop to finish).
     """
 
-    def __init__(self, server: RpcServer, *, name: str = "kvpool-rpc-server") -> None:
+    def __init__(self, server: S, *, name: str = "kvpool-rpc-server") -> None:
         self.server = server
         self.name = name
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -43,7 +61,7 @@ class ServerThread:
         self._startup_error: BaseException | None = None
         self._stopped = False
 
-    def start(self) -> ServerThread:
+    def start(self) -> ServerThread[S]:
         if self._thread is not None:
             return self
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -118,7 +136,7 @@ class ServerThread:
             if thread.is_alive():
                 log.error("%s did not stop within %s s", self.name, timeout)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> ServerThread[S]:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

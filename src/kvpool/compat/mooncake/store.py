@@ -194,8 +194,8 @@ class MooncakeDistributedStore:
                     if exc.code in (ErrorCode.RPC_FAIL, ErrorCode.RPC_TIMEOUT)
                     else int(exc.code)
                 )
-            except OSError as exc:
-                log.error("setup: %s", exc)
+            except Exception as exc:  # a setup that raises would break Mooncake's contract
+                log.error("setup: %s", exc, exc_info=not isinstance(exc, OSError))
                 return INTERNAL
         return OK
 

@@ -121,7 +121,8 @@ def _row(
         value_size=case.value_size,
         batch=case.batch,
         ops_per_s=n / elapsed if elapsed > 0 else 0.0,
-        bytes_per_s=n * case.value_size / elapsed if elapsed > 0 else 0.0,
+        # A lookup moves no value bytes: its row reports keys/s only.
+        bytes_per_s=n * case.value_size / elapsed if elapsed > 0 and op != "lookup" else 0.0,
         p50_us=_percentile_us(lat, 50),
         p99_us=_percentile_us(lat, 99),
         calls=len(lat),
@@ -156,13 +157,14 @@ def _pipeline(
     while done < len(batches):
         while nxt < len(batches) and len(pending) < depth:
             keys, objs = batches[nxt]
+            t_submit = time.perf_counter()  # before: an adapter may complete inside submit
             if kind == "store":
                 tid = adapter.submit_store_task(keys, objs)
             elif kind == "lookup":
                 tid = adapter.submit_lookup_and_lock_task(keys)
             else:
                 tid = adapter.submit_load_task(keys, objs)
-            pending[tid] = (nxt, time.perf_counter())
+            pending[tid] = (nxt, t_submit)
             nxt += 1
         if time.monotonic() > deadline:
             raise KVPoolError(f"{kind} tasks did not complete in time", ErrorCode.RPC_TIMEOUT)
@@ -500,8 +502,9 @@ def run(
             got, errs = bench_adapter(spec, case, depth)
             more, errs2 = bench_manager(spec, case, manager)
             for r in (*got, *more):
-                r.ratio = r.bytes_per_s / limit.bytes_per_s if limit.bytes_per_s else None
-                r.baseline = "memcpy"
+                if r.bytes_per_s and limit.bytes_per_s:
+                    r.ratio = r.bytes_per_s / limit.bytes_per_s
+                    r.baseline = "memcpy"
             rows += got + more
             errors += errs + errs2
     return rows, errors

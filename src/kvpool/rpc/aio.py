@@ -231,8 +231,9 @@ class AsyncRpcClient:
         first_error: BaseException | None = None
         futures: list[tuple[int, asyncio.Future[Any]]] = []
         sent = 0
+        refill_at = window // 2  # refill by half windows, as the sync client does
         while len(results) < len(payloads):
-            if sent < len(payloads) and len(futures) - len(results) < window:
+            if sent < len(payloads) and len(futures) - len(results) <= refill_at:
                 take = payloads[sent : sent + window - (len(futures) - len(results))]
                 futures.extend(self._send(proto, take, loop))
                 sent += len(take)

@@ -257,8 +257,11 @@ class RpcClient:
         inflight: list[tuple[int, _Call]] = []
         head = 0  # next index of `inflight` to collect
         sent = 0
+        # Refill once half the window has come back: one sendall per half window rather than
+        # one per reply collected.
+        refill_at = window // 2
         while True:
-            if sent < len(payloads) and len(inflight) - head < window:
+            if sent < len(payloads) and len(inflight) - head <= refill_at:
                 assert conn is not None
                 frames: list[bytes] = []
                 nbytes = 0

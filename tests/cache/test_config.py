@@ -118,3 +118,20 @@ def test_trim_and_validate_load_plans() -> None:
 def test_object_key_round_trip_in_config_json() -> None:
     k = ObjectKey("a/b", 1, b"\x00\x01")
     assert ObjectKey.from_string(k.to_string()) == k
+
+
+def test_adapter_modules_and_their_dependencies_load_only_when_configured() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kvpool.cache as c\n"
+        "c.create_adapter({'type': 'mock'}).close()\n"
+        "heavy = [m for m in ('boto3', 'redis', 'kvpool.client', 'kvpool.cache.adapters.s3',"
+        " 'kvpool.cache.adapters.resp', 'kvpool.cache.adapters.pool') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -716,6 +716,67 @@ class MooncakeDistributedStore:
 
         return self._run_list(len(ks), op)
 
+    def get_into_ranges(
+        self,
+        buffer_ptrs: list[int],
+        all_keys: list[list[str]],
+        all_dst_offsets: list[list[list[int]]],
+        all_src_offsets: list[list[list[int]]],
+        all_sizes: list[list[list[int]]],
+    ) -> list[list[list[int]]]:
+        """Byte ranges of objects into registered buffers, buffer by buffer: for buffer `b`,
+        key `k` of `all_keys[b]` and its fragment `i`, copy `all_sizes[b][k][i]` bytes from
+        offset `all_src_offsets[b][k][i]` of the object to `buffer_ptrs[b] +
+        all_dst_offsets[b][k][i]`. Answers the bytes copied (or a code) per fragment, shaped
+        like `all_sizes`; mismatched lengths answer -600 at the level where they occur (the
+        shapes the wheel answers). Each object is read once, whole, then copied from."""
+        n = len(buffer_ptrs)
+        starts = [_ptr(p) for p in buffer_ptrs]
+        store = self._store
+        if store is None:
+            return [[[UNAVAILABLE]] for _ in range(n)]
+        if not n == len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) == len(all_sizes):
+            return [[[INVALID]] for _ in range(n)]
+        rows = list(zip(all_keys, all_dst_offsets, all_src_offsets, all_sizes, strict=True))
+        shaped = [len(k) == len(d) == len(s) == len(z) for k, d, s, z in rows]
+        wanted = sorted(
+            {_check_key(k) for ok, row in zip(shaped, rows, strict=True) if ok for k in row[0]}
+        )
+        try:
+            values = dict(zip(wanted, self._batch_values(store, wanted), strict=True))
+        except Exception as exc:
+            return [[[_code(exc)]] for _ in range(n)]
+        out: list[list[list[int]]] = []
+        for start, ok, (keys, dsts, srcs, sizes) in zip(starts, shaped, rows, strict=True):
+            if not ok:
+                out.append([[INVALID] for _ in keys])
+                continue
+            row: list[list[int]] = []
+            for key, dst, src, size in zip(keys, dsts, srcs, sizes, strict=True):
+                if not len(dst) == len(src) == len(size):
+                    row.append([INVALID])
+                    continue
+                value = values.get(key)
+                frags: list[int] = []
+                for d, s_off, z in zip(dst, src, size, strict=True):
+                    frags.append(self._copy_range(value, start + _ptr(d), _ptr(s_off), _ptr(z)))
+                row.append(frags)
+            out.append(row)
+        return out
+
+    def _copy_range(self, value: bytearray | None, dst: int, src: int, size: int) -> int:
+        if value is None:
+            return NOT_FOUND
+        if size == 0:
+            return 0
+        if src < 0 or size < 0 or src + size > len(value):
+            return INVALID
+        view = self._pointers.find(dst, size)
+        if view is None:
+            return INVALID
+        view[:] = value[src : src + size]
+        return size
+
     # ------------------------------------------------------------------ queries
 
     def is_exist(self, key: str) -> int:

@@ -26,6 +26,7 @@ from kvpool.transfer import (
     quarantined_count,
 )
 from kvpool.transfer.memory import retry_quarantined
+from kvtest.procs import wait_until
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE
 Make = Callable[..., TransferEngine]
@@ -481,3 +482,20 @@ def test_one_batch_can_mix_local_shm_and_tcp_segments(
             eng.transfer([R(back, n, 4096)])
             assert back == data
         assert bytes(mem.buffer[4096:9096]) == data
+
+
+def _mapped(segment: str) -> bool:
+    with open("/proc/self/maps") as f:
+        return f"/memfd:kvpool:{segment} " in f.read()
+
+
+def test_an_idle_mapping_of_a_dead_owner_is_unmapped(
+    spawn_peer: Callable[..., Any], make_engine: Make
+) -> None:
+    peer = spawn_peer("reaped", "4MiB", fill=False)
+    eng = make_engine({"reaped": peer.location}, "shm", reap_interval=0.1)
+    eng.transfer([R(bytearray(8), "reaped", 0)])
+    assert _mapped("reaped")
+    peer.proc.kill9()
+    # Nobody touches the segment again, yet its memory must not outlive its owner here.
+    wait_until(lambda: not _mapped("reaped"), timeout=10, what="the dead owner's mapping to go")

@@ -151,6 +151,7 @@ class TransferEngine:
         stripe_bytes: int = 4 << 20,
         chunk_bytes: int = 4 << 20,
         liveness_interval: float = 0.1,
+        reap_interval: float = 1.0,
         extra_transports: Sequence[Transport] = (),
     ) -> None:
         if protocol not in ("auto", "shm", "tcp"):
@@ -188,6 +189,11 @@ class TransferEngine:
         self._local: dict[str, tuple[SegmentMemory, int]] = {}
         self._routes: dict[str, _Route] = {}
         self._closed = False
+        # Unmaps peers' segments whose owner is gone even when nothing touches them any more,
+        # so a dead node's memory is freed within `reap_interval` s, not when this engine ends.
+        self.reap_interval = reap_interval
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
 
     # ---- memory registration -------------------------------------------------------------
 
@@ -332,6 +338,7 @@ class TransferEngine:
         if self.protocol != "tcp" and loc.host_id == self.host_id and loc.shm_path:
             try:
                 peer = open_peer_mapping(loc)
+                self._start_reaper()
                 return _Route(RouteKind.SHM, loc.size, peer.mapping, peer, loc.endpoint, now)
             except KVPoolError as exc:
                 if self.protocol == "shm" or not loc.endpoint:
@@ -564,6 +571,31 @@ class TransferEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
+    def _start_reaper(self) -> None:
+        with self._lock:
+            if self._reaper is not None or self._closed:
+                return
+            self._reaper = threading.Thread(
+                target=self._reap_loop, name="kvpool-transfer-reaper", daemon=True
+            )
+            self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(self.reap_interval):
+            with self._lock:
+                peers = [(n, r.peer) for n, r in self._routes.items() if r.peer is not None]
+            for name, peer in peers:
+                if not peer.owner_alive():
+                    log.info("segment %s: its owner is gone; unmapping it", name)
+                    with self._lock:
+                        route = self._routes.get(name)
+                        if route is not None and route.peer is peer:
+                            del self._routes[name]
+                        else:
+                            continue
+                    peer.mapping.close()  # quarantined while a transfer holds it
+            retry_quarantined()
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransferError(
@@ -583,6 +615,9 @@ class TransferEngine:
             self._local.clear()
         for mem, token in local:
             mem.remove_close_hook(token)
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
         # Queued copies still run (they hold their mappings and complete their futures).
         self._memcpy_pool.shutdown(wait=True)
         self.file_read_pool.shutdown(wait=True, cancel_futures=True)

@@ -90,6 +90,12 @@ class Kick(msgspec.Struct, tag=True, array_like=True):
     """The service closes this connection (as the master does to an evicted client)."""
 
 
+class Finished(msgspec.Struct, tag=True, array_like=True):
+    """Answered with Sum(number of members of `group` whose handler ran to the end)."""
+
+    group: str
+
+
 class Sum(msgspec.Struct, tag=True, array_like=True):
     value: int
 
@@ -107,7 +113,20 @@ class You(msgspec.Struct, tag=True, array_like=True):
     client_name: str
 
 
-Request = Add | Say | Sleep | Boom | Missing | WhoAmI | Gather | Big | BadReply | SlowBoom | Kick
+Request = (
+    Add
+    | Say
+    | Sleep
+    | Boom
+    | Missing
+    | WhoAmI
+    | Gather
+    | Big
+    | BadReply
+    | SlowBoom
+    | Kick
+    | Finished
+)
 Response = Sum | Said | Slept | You
 
 
@@ -125,6 +144,7 @@ async def _sleep(seconds: float, token: int) -> Slept:
 class _Group:
     def __init__(self) -> None:
         self.arrived = 0
+        self.finished = 0  # members whose handler ran to the end (not cancelled)
         self.full = asyncio.Event()
 
 
@@ -137,6 +157,7 @@ async def _gather(request: Gather) -> Slept:
     if group.arrived >= request.n:
         group.full.set()
     await group.full.wait()
+    group.finished += 1
     return Slept(request.token)
 
 
@@ -146,6 +167,9 @@ async def _slow_boom(seconds: float) -> Any:
 
 
 def handler(request: Any, conn: Connection) -> Any:
+    if isinstance(request, Finished):
+        group = _groups.get(request.group)
+        return Sum(group.finished if group else 0)
     if isinstance(request, Big):
         return Said("x" * request.n)
     if isinstance(request, BadReply):

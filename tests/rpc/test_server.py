@@ -23,6 +23,7 @@ from rpc.rpc_testkit import (
     Add,
     BadReply,
     Big,
+    Finished,
     Gather,
     Kick,
     RawConn,
@@ -369,6 +370,8 @@ def test_a_client_leaving_does_not_cancel_its_running_request(server: ServerThre
         raw.hello()
         raw.request(1, Gather("orphan", 2, 1))
         wait_until(lambda: server.server.connection_count == 1, what="connected")
-    # The Gather of the departed client still counts: this one completes the group.
+    # This Gather completes the group; the departed client's handler must run to its end too
+    # (its reply is dropped), not be cancelled because its connection went away.
     with RpcClient(server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
         assert c.call(Gather("orphan", 2, 2), timeout=10) == Slept(2)
+        wait_until(lambda: c.call(Finished("orphan")) == Sum(2), what="both handlers finished")

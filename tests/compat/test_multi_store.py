@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 N = 24
 
 
@@ -94,3 +96,28 @@ def test_one_store_serves_many_threads(backend: Any) -> None:
     assert errors == []
     keys = [f"thr-{t}-{i}" for t in range(4) for i in range(40)]
     assert store.batch_remove(keys, True) == [0] * len(keys)
+
+
+def test_the_async_store_runs_each_call_in_an_executor(backend: Any) -> None:
+    import asyncio
+    import importlib
+
+    name = (
+        "kvpool.compat.mooncake.async_store" if backend.name == "kvpool" else "mooncake.async_store"
+    )
+    store = importlib.import_module(name).MooncakeDistributedStoreAsync()
+    backend._stores.append(store)
+    assert store.setup(*backend.setup_args()) == 0
+
+    async def main() -> list[Any]:
+        assert await store.async_put("async-1", b"one") == 0
+        return list(
+            await asyncio.gather(store.async_get("async-1"), store.async_is_exist("async-1"))
+        )
+
+    assert asyncio.run(main()) == [b"one", 1]
+    assert store.get("async-1") == b"one"
+    with pytest.raises(AttributeError):
+        _ = store.async_no_such_method
+    with pytest.raises(AttributeError):
+        _ = store.no_such_attribute

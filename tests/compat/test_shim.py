@@ -76,6 +76,8 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "assert s.ReplicateConfig is k.ReplicateConfig and c.MooncakeConfig is k.MooncakeConfig;"
         "assert s.COMPLETE is k.ReplicaStatus.COMPLETE and s.KVCACHE is k.ObjectDataType.KVCACHE;"
         "assert s.MooncakeDistributedStore().health_check() == 1;"
+        "import mooncake.async_store as a;"
+        "assert a.MooncakeDistributedStoreAsync is k.MooncakeDistributedStoreAsync;"
         "print('ok')"
     )
     ran = subprocess.run(

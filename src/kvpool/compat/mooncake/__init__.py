@@ -14,12 +14,14 @@ Modules (each imports only those above it):
     tensor.py     Mooncake's tensor object format (304-byte header + data)
     setup.py      setup()'s two argument forms, validated
     store.py      MooncakeDistributedStore on kvpool.client.Store
+    async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
 
 docs/compat.md lists what matches Mooncake, what differs on purpose, and what is missing.
 """
 
 from __future__ import annotations
 
+from kvpool.compat.mooncake.async_store import MooncakeDistributedStoreAsync
 from kvpool.compat.mooncake.config import MooncakeConfig
 from kvpool.compat.mooncake.memory import BufferHandle
 from kvpool.compat.mooncake.replicate import (
@@ -36,6 +38,7 @@ __all__ = [
     "BufferHandle",
     "MooncakeConfig",
     "MooncakeDistributedStore",
+    "MooncakeDistributedStoreAsync",
     "ObjectDataType",
     "ReplicaStatus",
     "ReplicateConfig",

@@ -560,3 +560,19 @@ def test_pool_mode_asks_for_a_swap_out_once_per_pass_when_nothing_can_take_it() 
     assert pool.engine.direct_reclaim(4 * SIZE) == 0
     assert asked == ["a"]
     assert set(pool.objects) == {"a", "b", "c", "d"}
+
+
+def test_kswapd_sleeps_between_the_low_and_the_high_watermark() -> None:
+    pool = make_pool(100, high_watermark_ratio=0.9, eviction_ratio=0.2, kswapd_step_records=4)
+    fill(pool, [f"k{i}" for i in range(91)])
+    steps = 0
+    while pool.engine.kswapd_wanted():
+        pool.engine.kswapd_step()
+        steps += 1
+    assert pool.used == 70 * SIZE and steps == 6  # 21 records, 4 per step
+    # Puts below the high watermark do not wake it, even one record above the low one.
+    for i in range(20):
+        fill(pool, [f"n{i}"])
+        assert not pool.engine.kswapd_wanted()
+    fill(pool, ["n20"])
+    assert pool.engine.kswapd_wanted()

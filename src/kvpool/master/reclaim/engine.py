@@ -241,9 +241,13 @@ class ReclaimEngine(Generic[K]):
         avg = sum(self._usage.bytes) // count if count else excess
         step = max(1, self.config.kswapd_step_records * avg)
         result = self._run_pass(min(excess, step), shrink_active=True)
-        if result.freed + result.pending == 0:
-            self._kswapd_wanted = False
+        got = result.freed + result.pending
+        if got == 0:
             log.info("kswapd: nothing reclaimable (%d bytes above the low watermark)", excess)
+        if got == 0 or got >= excess:
+            # Reached the low watermark: sleep until the high one (hysteresis). Waiting for a
+            # step to find nothing to do instead would keep kswapd evicting one object per put.
+            self._kswapd_wanted = False
         return result
 
     def kswapd_pass(self, target_bytes: int | None = None) -> ReclaimResult:

@@ -278,3 +278,31 @@ def test_monitor_sweeps_objects_of_an_unmounted_segment(
         assert rpc.call(m.Stats()).objects == 500
         rpc.call(m.UnmountSegment(node, m.SegmentName("s")))
         wait_until(lambda: rpc.call(m.Stats()).objects == 0, timeout=10, what="sweep")
+
+
+def test_a_batch_larger_than_the_chunk_is_served_in_sub_batches_in_order() -> None:
+    server = MasterServer(MasterConfig(port=0, batch_chunk_keys=100, seed=1), server_name="t")
+    thread = ServerThread(server, name="master-chunks")  # type: ignore[arg-type]
+    with thread, client(thread.start().endpoint) as rpc:
+        rpc.call(m.MountSegment(m.ClientId("node"), HOST, seg("s")))
+        w = m.ClientId("w")
+        n = 1050
+        keys = [f"k{i}" for i in range(n)]
+        groups = [f"g{i % 7}" for i in range(n)]
+        cfg = m.ReplicateConfigMsg(group_ids=groups)
+        started = rpc.call(m.BatchPutStart(w, keys, [64 + i for i in range(n)], cfg))
+        assert len(started.results) == n and all(r.code == 0 for r in started.results)
+        assert [r.replicas[0].size for r in started.results] == [64 + i for i in range(n)]
+        ended = rpc.call(m.BatchPutEnd(w, keys, list(range(n))))
+        assert ended.codes == [0] * n
+        got = rpc.call(m.BatchGetReplicaList([*keys, "missing"]))
+        assert [r.checksum for r in got.results[:n]] == list(range(n))
+        assert got.results[n].code == E.OBJECT_NOT_FOUND
+        obj = server.service.index.get("default", "k1049")
+        assert obj is not None and obj.group_id == f"g{1049 % 7}"
+        exists = rpc.call(m.BatchExistKey(keys))
+        assert all(r.exists for r in exists.results)
+        bad = rpc.call(m.BatchPutStart(w, keys, [1] * (n - 1)))
+        assert [r.code for r in bad.results] == [E.INVALID_PARAMS] * n
+        removed = rpc.call(m.BatchRemove(keys, True))
+        assert removed.codes == [0] * n

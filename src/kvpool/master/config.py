@@ -78,6 +78,8 @@ class MasterConfig:
     """Seconds between runs of the liveness monitor and the stale-PutStart release."""
     reclaim_interval: float = 0.05
     """Seconds between reclaim ticks (`ReclaimHooks.tick`, kswapd's chance to act)."""
+    batch_chunk_keys: int = 4096
+    """Keys of a batch request served per event-loop turn (larger batches are split)."""
     sweep_batch: int = 20_000
     """Objects examined per event-loop turn when sweeping replicas of dead segments."""
     seed: int | None = None
@@ -114,6 +116,8 @@ class MasterConfig:
             raise InvalidParams(f"alignment must be a power of two, got {self.alignment}")
         if self.max_replicas < 1:
             raise InvalidParams(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if self.batch_chunk_keys < 1:
+            raise InvalidParams(f"batch_chunk_keys must be >= 1, got {self.batch_chunk_keys}")
         if self.sweep_batch < 1:
             raise InvalidParams(f"sweep_batch must be >= 1, got {self.sweep_batch}")
         # Strings are accepted for the enums (flags, tests) and stored as the enum member.

@@ -11,7 +11,8 @@ tasks take turns with them:
   replicas of dead segments out of the metadata `sweep_batch` objects per loop turn;
 * the **reclaim tick**, every `reclaim_interval`: `hooks.tick(now)` (kswapd's chance to act);
 * RemoveAll / RemoveByRegex run as tasks that give the loop a turn every few thousand objects,
-  so a million-object removal never stalls the requests behind it.
+  so a million-object removal never stalls the requests behind it; a batch request of more than
+  `batch_chunk_keys` keys is served the same way, as sub-batches.
 
 `close()` stops the tasks, then the RPC server (which closes every connection); it is
 idempotent, and `kvpool master` calls it on SIGINT / SIGTERM.
@@ -28,10 +29,25 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
+
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
-from kvpool.protocol.messages import Message, RemoveAll, RemoveByRegex, Request
+from kvpool.protocol.messages import (
+    BatchExistKey,
+    BatchGetReplicaList,
+    BatchPutEnd,
+    BatchPutRevoke,
+    BatchPutStart,
+    BatchRemove,
+    BatchReply,
+    BatchUpsertStart,
+    Message,
+    RemoveAll,
+    RemoveByRegex,
+    Request,
+)
 from kvpool.rpc.server import Connection, RpcServer
 
 __all__ = ["MasterServer"]
@@ -55,6 +71,8 @@ class MasterServer:
         self._handlers: dict[type[Any], Callable[[Any], Any]] = dict(self.service.handlers)
         self._handlers[RemoveAll] = self._remove_all
         self._handlers[RemoveByRegex] = self._remove_by_regex
+        for batch_type in _BATCH_TYPES:
+            self._handlers[batch_type] = self._batch_handler(self._handlers[batch_type])
         self.rpc = RpcServer(
             self._handle,
             request_type=Request,
@@ -107,6 +125,19 @@ class MasterServer:
     def _handle(self, request: Any, conn: Connection) -> Any:
         return self._handlers[type(request)](request)
 
+    def _batch_handler(self, inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`inner` for batches up to `batch_chunk_keys` keys; a larger batch is served as
+        sub-batches of that size with a loop turn between them (each is a complete request of
+        its own, so nothing is held across the turn), and the results are joined in order."""
+        chunk = self.config.batch_chunk_keys
+
+        def handle(req: Any) -> Any:
+            if len(req.keys) <= chunk or not _splittable(req):
+                return inner(req)
+            return _join(inner, req, chunk)
+
+        return handle
+
     async def _remove_all(self, req: RemoveAll) -> Message:
         return await _chunked(self.service.remove_matching(req.tenant, None, req.force))
 
@@ -152,6 +183,55 @@ class MasterServer:
                 svc.hooks.tick(svc.now())
             except Exception:
                 log.exception("reclaim tick failed")
+
+
+_BATCH_TYPES = (
+    BatchPutStart,
+    BatchUpsertStart,
+    BatchPutEnd,
+    BatchPutRevoke,
+    BatchGetReplicaList,
+    BatchExistKey,
+    BatchRemove,
+)
+
+
+def _splittable(req: Any) -> bool:
+    """Whether every per-key list of `req` has one entry per key (a request that does not
+    is answered INVALID_PARAMS by the service at once, unsplit)."""
+    n = len(req.keys)
+    if isinstance(req, BatchPutStart | BatchUpsertStart):
+        groups = req.config.group_ids
+        return len(req.sizes) == n and (groups is None or len(groups) == n)
+    if isinstance(req, BatchPutEnd):
+        return not req.checksums or len(req.checksums) == n
+    return True
+
+
+def _part(req: Any, lo: int, hi: int) -> Any:
+    """The sub-request of `req` for keys [lo, hi)."""
+    changes: dict[str, Any] = {"keys": req.keys[lo:hi]}
+    if isinstance(req, BatchPutStart | BatchUpsertStart):
+        changes["sizes"] = req.sizes[lo:hi]
+        if req.config.group_ids is not None:
+            changes["config"] = msgspec.structs.replace(
+                req.config, group_ids=req.config.group_ids[lo:hi]
+            )
+    elif isinstance(req, BatchPutEnd) and req.checksums:
+        changes["checksums"] = req.checksums[lo:hi]
+    return msgspec.structs.replace(req, **changes)
+
+
+async def _join(inner: Callable[[Any], Any], req: Any, chunk: int) -> Message:
+    parts: list[Any] = []
+    for lo in range(0, len(req.keys), chunk):
+        if lo:
+            await asyncio.sleep(0)  # let other requests in between sub-batches
+        parts.append(inner(_part(req, lo, lo + chunk)))
+    first = parts[0]
+    if isinstance(first, BatchReply):
+        return BatchReply([c for p in parts for c in p.codes])
+    return type(first)([r for p in parts for r in p.results])  # type: ignore[no-any-return]
 
 
 async def _chunked(steps: Iterator[Message | None]) -> Message:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 
 from kvpool.errors import ErrorCode, TransferError
@@ -32,6 +31,7 @@ class TransferFuture:
         "_aborted",
         "_codes",
         "_describe",
+        "_errors",
         "_event",
         "_first_error",
         "_grace",
@@ -47,7 +47,8 @@ class TransferFuture:
         grace: float = 1.0,
         describe: Callable[[int], str] | None = None,
     ) -> None:
-        self._codes: list[ErrorCode | None] = [None] * count
+        self._codes: list[ErrorCode | None] = [None] * count  # final, per request
+        self._errors: list[ErrorCode | None] = [None] * count  # first failed piece's code
         self._messages: list[str] = [""] * count
         self._pieces = [1] * count
         self._pending = count
@@ -135,25 +136,32 @@ class TransferFuture:
         self._pieces[index] = pieces
 
     def complete(self, index: int, code: ErrorCode, message: str = "") -> None:
-        """One piece of request `index` ended with `code`."""
+        """One piece of request `index` ended with `code`.
+
+        A request ends when its last piece does (with its first error), not at its first
+        failed piece: until then other workers may still be writing into its buffer, and the
+        caller must not get the buffer back while they do.
+        """
         with self._lock:
             if self._codes[index] is not None:
-                return  # already forced or failed
-            if code is not ErrorCode.OK:
+                return  # already finished (or forced after the grace period)
+            if code is not ErrorCode.OK and self._errors[index] is None:
+                self._errors[index] = code
                 self._messages[index] = message or code.name
-                self._codes[index] = code
-                if self._first_error is ErrorCode.OK:
-                    self._first_error = code
-                self._pending -= 1
-            else:
-                self._pieces[index] -= 1
-                if self._pieces[index] > 0:
-                    return
-                self._codes[index] = code
-                self._pending -= 1
+            self._pieces[index] -= 1
+            if self._pieces[index] > 0:
+                return
+            self._finish(index, self._errors[index] or ErrorCode.OK)
             event = self._event if self._pending == 0 else None
         if event is not None:
             event.set()
+
+    def _finish(self, index: int, code: ErrorCode) -> None:
+        """Record request `index`'s final code (call with the lock held)."""
+        self._codes[index] = code
+        if code is not ErrorCode.OK and self._first_error is ErrorCode.OK:
+            self._first_error = code
+        self._pending -= 1
 
     def add_abort_hook(self, key: int, hook: AbortHook) -> bool:
         """Call `hook` on cancel; False (hook not added) when already aborted."""
@@ -168,11 +176,12 @@ class TransferFuture:
             self._abort_hooks.pop(key, None)
 
     def _force_finish(self, message: str) -> None:
-        for i, code in enumerate(self._codes):
-            if code is None:
-                self.complete(i, ErrorCode.TRANSFER_FAIL, message)
-
-
-def deadline_after(timeout: float) -> float:
-    """The monotonic deadline `timeout` seconds from now."""
-    return time.monotonic() + timeout
+        """TENT's forced cleanup: finish every request still pending as TRANSFER_FAIL."""
+        with self._lock:
+            for i, code in enumerate(self._codes):
+                if code is None:
+                    self._messages[i] = self._messages[i] or message
+                    self._finish(i, ErrorCode.TRANSFER_FAIL)
+            event = self._event
+        if event is not None:
+            event.set()

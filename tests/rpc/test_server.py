@@ -375,3 +375,31 @@ def test_a_client_leaving_does_not_cancel_its_running_request(server: ServerThre
     with RpcClient(server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
         assert c.call(Gather("orphan", 2, 2), timeout=10) == Slept(2)
         wait_until(lambda: c.call(Finished("orphan")) == Sum(2), what="both handlers finished")
+
+
+def test_a_peer_that_half_closes_still_gets_its_slow_replies(server: ServerThread) -> None:
+    with RawConn(server.endpoint) as raw:
+        raw.hello()
+        raw.request(1, Sleep(0.2, 1))
+        raw.request(2, Add(1, 1))
+        raw.sock.shutdown(socket.SHUT_WR)
+        assert raw.recv_reply() == (2, Sum(2))
+        assert raw.recv_reply() == (1, Slept(1))
+        assert raw.closed_by_peer()
+    wait_until(lambda: server.server.connection_count == 0, what="closed after the replies")
+
+
+def test_half_close_with_a_backlog_is_answered_in_full_then_closed() -> None:
+    st = ServerThread(make_server(max_inflight=1)).start()
+    try:
+        with RawConn(st.endpoint) as raw:
+            raw.hello()
+            raw.request(1, Sleep(0.1, 1))  # fills the in-flight budget of one
+            raw.request(2, Add(1, 1))  # waits in the backlog
+            raw.request(3, Add(2, 2))
+            raw.sock.shutdown(socket.SHUT_WR)
+            replies = [raw.recv_reply() for _ in range(3)]
+            assert replies == [(1, Slept(1)), (2, Sum(2)), (3, Sum(4))]
+            assert raw.closed_by_peer()
+    finally:
+        st.stop()

@@ -14,7 +14,11 @@
   serving; only a broken frame boundary (oversized or too-short length prefix) or a failed
   handshake closes the connection, after its error reply;
 * applies back-pressure: while the transport's write buffer is above its high-water mark (a
-  peer that sends but does not read) the connection stops reading, so memory stays bounded.
+  peer that sends but does not read), or while a connection has ``max_inflight`` handler tasks
+  running, the connection is neither served nor read further, so memory stays bounded;
+* lets handler tasks finish when their client goes away (the reply is dropped), so a service
+  never sees a request cancelled half-way; only `RpcServer.close()` cancels them. A peer that
+  half-closes still gets the replies it is owed before the server closes its side.
 
 Threading: every method runs on the loop that ran `start()`, and so does the handler. Use
 `ServerThread` (`kvpool.rpc.thread`) to run a server on its own loop in a background thread.
@@ -93,6 +97,7 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._closing = False
         self._close_requested = False
+        self._eof = False
         # Handler tasks of this connection still running, bounded by max_inflight.
         self._inflight = 0
         self._paused_for_writes = False
@@ -177,9 +182,16 @@ class Connection(asyncio.Protocol):
         if (refused or self._closing) and self._transport is not None:
             # close() sends what is buffered first, so the error reply reaches the peer.
             self._transport.close()
+        elif self._eof and not self._inflight and not backlog:
+            self.close()  # a half-closed peer has been answered in full
 
     def eof_received(self) -> bool | None:
-        return None  # close our side too once the peer has finished sending
+        # The peer has finished sending (a half-close). Replies still being computed are
+        # owed to it: keep our side open until they are written, then close.
+        self._eof = True
+        if self._inflight or self._backlog:
+            return True
+        return None  # nothing owed: close now
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -276,6 +288,8 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self._out.append(frame)
+        if self._eof and not self._inflight and not self._backlog:
+            self.close()  # the last reply owed to a peer that half-closed: flush, then close
         if not self._flush_scheduled:
             # Replies of tasks that finish in the same loop iteration leave in one write.
             self._flush_scheduled = True

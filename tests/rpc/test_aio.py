@@ -20,7 +20,7 @@ from kvpool.errors import (
 from kvpool.rpc.aio import AsyncRpcClient
 from kvpool.rpc.loop import new_event_loop
 from kvpool.rpc.thread import ServerThread
-from kvtest.procs import free_port
+from kvtest.procs import free_port, wait_until
 from rpc.rpc_testkit import (
     CLUSTER,
     Add,
@@ -172,3 +172,17 @@ def test_async_connect_to_nothing_is_rpc_fail() -> None:
             assert info.value.code == ErrorCode.RPC_FAIL
 
     run(main())
+
+
+def test_async_close_while_connecting_leaves_no_connection(server: ServerThread) -> None:
+    async def main() -> None:
+        c = _client(server)
+        connecting = asyncio.ensure_future(c.connect())
+        await asyncio.sleep(0)  # the connect is under way, not finished
+        await c.close()
+        with pytest.raises(StoreClosed):
+            await connecting
+        assert not c.connected
+
+    run(main())
+    wait_until(lambda: server.server.connection_count == 0, what="no connection left")

@@ -187,6 +187,11 @@ class AsyncRpcClient:
     def connected(self) -> bool:
         return self._proto is not None and self._proto.broken is None
 
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has been called."""
+        return self._closed
+
     async def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply; concurrent calls pipeline."""
         budget = self.timeout if timeout is None else timeout
@@ -338,6 +343,9 @@ class AsyncRpcClient:
                 raise RpcError(
                     f"connecting to {self.address} timed out", ErrorCode.RPC_TIMEOUT
                 ) from exc
+            if self.closed:  # close() ran while we were connecting: nobody owns this one
+                proto.fail(RpcError(f"client of {self.address} closed"))
+                raise StoreClosed(f"client of {self.address} is closed")
             self._proto = proto
             return proto
 

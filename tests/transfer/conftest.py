@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pytest
@@ -76,6 +77,30 @@ def peer() -> Iterator[Peer]:
         yield p
     finally:
         p.proc.stop()
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closeable)
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[C], C]]:
+    """closing(obj) -> obj, closed at teardown even when the test fails (close() is
+    idempotent everywhere here, so a test may also close it itself)."""
+    owned: list[_Closeable] = []
+
+    def own(obj: C) -> C:
+        owned.append(obj)
+        return obj
+
+    try:
+        yield own
+    finally:
+        for obj in reversed(owned):
+            obj.close()
 
 
 @pytest.fixture

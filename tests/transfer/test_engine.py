@@ -352,8 +352,10 @@ def test_a_held_peer_mapping_survives_forget_until_released(
         _ = hold.buffer
 
 
-def test_closing_a_local_segment_under_a_transfer_quarantines_it(make_engine: Make) -> None:
-    mem = SegmentMemory.create("busy", 1 << 20)
+def test_closing_a_local_segment_under_a_transfer_quarantines_it(
+    make_engine: Make, closing: Callable[[Any], Any]
+) -> None:
+    mem = closing(SegmentMemory.create("busy", 1 << 20))
     eng = make_engine({})
     eng.attach_local(mem)
     hold = eng.hold_segment("busy")
@@ -375,14 +377,16 @@ def test_closed_engine_refuses_work(make_engine: Make) -> None:
     assert info.value.code is ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
 
 
-def test_a_remounted_segment_is_detected_and_resolved_again(make_engine: Make) -> None:
-    old = SegmentMemory.create("re", 1 << 16)
+def test_a_remounted_segment_is_detected_and_resolved_again(
+    make_engine: Make, closing: Callable[[Any], Any]
+) -> None:
+    old = closing(SegmentMemory.create("re", 1 << 16))
     where = {"re": SegmentLocation("re", old.size, host_id(), "", old.shm_path)}
     eng = make_engine(lambda n: where[n], "shm", liveness_interval=0.0)
     eng.transfer([W(b"old", "re", 0)])
     assert bytes(old.buffer[:3]) == b"old"
     old.close()
-    new = SegmentMemory.create("re", 1 << 16)  # the same name, very likely the same fd number
+    new = closing(SegmentMemory.create("re", 1 << 16))  # same name, likely the same fd number
     try:
         where["re"] = SegmentLocation("re", new.size, host_id(), "", new.shm_path)
         with pytest.raises(TransferError) as info:
@@ -394,9 +398,11 @@ def test_a_remounted_segment_is_detected_and_resolved_again(make_engine: Make) -
         new.close()
 
 
-def test_a_pooled_connection_to_a_restarted_server_is_retried(make_engine: Make) -> None:
+def test_a_pooled_connection_to_a_restarted_server_is_retried(
+    make_engine: Make, closing: Callable[[Any], Any]
+) -> None:
     with SegmentMemory.create("rs", 1 << 16) as mem:
-        first = TransferServer()
+        first = closing(TransferServer())
         first.add_segment(mem)
         port = first.port
         loc = SegmentLocation("rs", mem.size, host_id(), first.endpoint, "")
@@ -431,9 +437,11 @@ def test_submit_timeout_bounds_a_transfer_to_a_silent_server(make_engine: Make) 
         silent.close()
 
 
-def test_single_small_tcp_requests_report_refusals_and_dead_peers(make_engine: Make) -> None:
+def test_single_small_tcp_requests_report_refusals_and_dead_peers(
+    make_engine: Make, closing: Callable[[Any], Any]
+) -> None:
     with SegmentMemory.create("real", 1 << 16) as mem:
-        server = TransferServer()
+        server = closing(TransferServer())
         server.add_segment(mem)
         where = {
             "real": SegmentLocation("real", mem.size, "elsewhere", server.endpoint),

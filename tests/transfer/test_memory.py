@@ -54,8 +54,10 @@ def test_bad_sizes_are_refused(size: object) -> None:
         SegmentMemory.create("s", size)  # type: ignore[arg-type]
 
 
-def test_close_runs_hooks_first_then_unmaps_and_is_idempotent() -> None:
-    mem = SegmentMemory.create("hooks", 4096)
+def test_close_runs_hooks_first_then_unmaps_and_is_idempotent(
+    closing: Callable[[Any], Any],
+) -> None:
+    mem = closing(SegmentMemory.create("hooks", 4096))
     seen: list[bool] = []
     mem.add_close_hook(lambda m: seen.append(m.mapping.closed))
     mem.close()
@@ -65,8 +67,8 @@ def test_close_runs_hooks_first_then_unmaps_and_is_idempotent() -> None:
     assert not os.path.exists(mem.shm_path)
 
 
-def test_a_held_segment_is_quarantined_until_released() -> None:
-    mem = SegmentMemory.create("held", 8192)
+def test_a_held_segment_is_quarantined_until_released(closing: Callable[[Any], Any]) -> None:
+    mem = closing(SegmentMemory.create("held", 8192))
     mem.buffer[:5] = b"hello"
     assert mem.mapping.acquire()
     mem.close()
@@ -77,8 +79,10 @@ def test_a_held_segment_is_quarantined_until_released() -> None:
     assert mem.mapping.closed and not mem.mapping.quarantined
 
 
-def test_an_exported_view_keeps_the_mapping_quarantined_until_retried() -> None:
-    mem = SegmentMemory.create("exported", 4096)
+def test_an_exported_view_keeps_the_mapping_quarantined_until_retried(
+    closing: Callable[[Any], Any],
+) -> None:
+    mem = closing(SegmentMemory.create("exported", 4096))
     leak = mem.buffer[0:16]  # a slice someone kept past close()
     mem.close()
     assert mem.mapping.quarantined

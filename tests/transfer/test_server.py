@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -157,9 +158,9 @@ def test_removed_segment_is_no_longer_served(
         assert answer(s)[0] == int(ErrorCode.SEGMENT_NOT_FOUND)
 
 
-def test_closing_a_segment_removes_it_from_the_server() -> None:
+def test_closing_a_segment_removes_it_from_the_server(closing: Callable[[Any], Any]) -> None:
     with TransferServer() as server:
-        mem = SegmentMemory.create("gone", 4096)
+        mem = closing(SegmentMemory.create("gone", 4096))
         server.add_segment(mem)
         mem.close()
         assert server.segment_names() == []

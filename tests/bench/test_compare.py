@@ -239,7 +239,13 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
 def test_sigterm_mid_run_stops_every_child() -> None:
     require_binary("redis-server")
     proc = kvpool_proc(
-        "bench", "compare", "--systems", "redis,limit", "--seconds", "30", name="bench compare"
+        "bench",
+        "compare",
+        "--systems",
+        "kvpool,redis,limit",
+        "--seconds",
+        "30",
+        name="bench compare",
     )
     try:
         bench = psutil.Process(proc.pid)
@@ -247,9 +253,10 @@ def test_sigterm_mid_run_stops_every_child() -> None:
         def children_up() -> list[psutil.Process]:
             kids = bench.children(recursive=True)
             names = " ".join(" ".join(k.cmdline()) for k in kids)
-            return kids if "redis-server" in names and "limits" in names else []
+            wanted = ("redis-server", "kvpool.bench.peers.limits", "kvpool master", "kvpool node")
+            return kids if all(w in names for w in wanted) else []
 
-        kids = wait_until(children_up, timeout=60, what="redis-server and the socket server")
+        kids = wait_until(children_up, timeout=90, what="every system's processes")
         proc.wait_for_line(r"round 1", timeout=60)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.popen.wait(timeout=30) != 0

@@ -8,7 +8,7 @@ the transport takes part in it like any other so the registry's rules hold for e
 
 from __future__ import annotations
 
-from kvpool.transfer.base import MemoryRegion, Transport
+from kvpool.transfer.base import MemoryRegion, Transport, override
 
 __all__ = ["ShmTransport"]
 
@@ -18,11 +18,14 @@ class ShmTransport(Transport):
 
     name = "shm"
 
+    @override
     def register_memory(self, region: MemoryRegion) -> None:
         """Nothing to pin: memcpy reaches any mapped memory of this process."""
 
+    @override
     def unregister_memory(self, region: MemoryRegion) -> None:
         """Nothing was pinned."""
 
+    @override
     def close(self) -> None:
         """Holds nothing: the engine owns the mappings."""

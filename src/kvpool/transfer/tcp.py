@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from kvpool.errors import ErrorCode
-from kvpool.transfer.base import MemoryRegion, Transport
+from kvpool.transfer.base import MemoryRegion, Transport, override
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.location import parse_endpoint
 from kvpool.transfer.request import TransferOp
@@ -156,12 +156,15 @@ class TcpTransport(Transport):
 
     # ---- Transport -----------------------------------------------------------------------
 
+    @override
     def register_memory(self, region: MemoryRegion) -> None:
         """Nothing to pin: sockets read and write any mapped memory."""
 
+    @override
     def unregister_memory(self, region: MemoryRegion) -> None:
         """Nothing was pinned."""
 
+    @override
     def close(self) -> None:
         with self._lock:
             if self._closed:

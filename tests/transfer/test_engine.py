@@ -507,3 +507,20 @@ def test_an_idle_mapping_of_a_dead_owner_is_unmapped(
     peer.proc.kill9()
     # Nobody touches the segment again, yet its memory must not outlive its owner here.
     wait_until(lambda: not _mapped("reaped"), timeout=10, what="the dead owner's mapping to go")
+
+
+def test_ipv6_loopback_endpoints_work(make_engine: Make, closing: Callable[[Any], Any]) -> None:
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        server = closing(TransferServer("::1"))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    mem = closing(SegmentMemory.create("v6", 4096))
+    server.add_segment(mem)
+    assert server.endpoint.startswith("[::1]:")
+    eng = make_engine({"v6": SegmentLocation("v6", 4096, "elsewhere", server.endpoint)})
+    eng.transfer([W(b"six", "v6", 1)])
+    assert bytes(mem.buffer[1:4]) == b"six"

@@ -1,10 +1,12 @@
 """Round-trip benchmarks of the RPC layer, generic over the service's messages.
 
-Any service measures its calls through the same cases, so its numbers compare directly with
-the bare RPC floor (an echo through this layer): the master's benchmark runs these cases on
-``Echo`` and on ``GetReplicaList``. The caller brings the messages:
+A service can measure its calls through the same cases, so its numbers compare directly with
+the bare RPC floor (an echo through this layer, tests/rpc/bench_rpc.py). The caller brings the
+messages and a check of every reply:
 
-    rows = run_cases(endpoint, make_request=lambda i: Echo(payload), check=..., ...)
+    spec = BenchSpec(endpoint, response_type=Response, make_request=lambda i: Echo(payload),
+                     check=lambda i, reply: ..., cluster_id=...)
+    rows = run_cases(spec)
 
 Cases (each a row of design.md's benchmark format, ``op`` and ``value_size`` from the caller):
 

@@ -39,10 +39,10 @@ class ReclaimConfig:
     """Records one pass (a direct reclaim, a kswapd step) looks at, at most: a pool full of
     leased or pinned objects costs a failing PutStart this much, not a walk of every object
     (records looked at and kept rotate to the head, so the next pass sees others)."""
-    kswapd_step_records: int = 128
+    kswapd_step_records: int = 64
     """Records (of average size) one kswapd step reclaims at most before the event loop gets a
-    turn: the cost of a step is per record (about 5-10 us each here), so 128 keep a step near
-    a millisecond whatever the object size."""
+    turn. A step's cost is per record (about 10 us each on the 2-core test VM), so 64 keep a
+    step under a millisecond whatever the object size."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark_ratio <= 1.0:

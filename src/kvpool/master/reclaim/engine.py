@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 _GROUP_RESULTS_KEPT = 64
 # Reclaims up to this many average records go to one shard drawn by usage (see `_split`).
 _SMALL_RECLAIM_RECORDS = 4
+# A larger pass visits at most about this many shards (see `_split`).
+_MAX_SHARDS_PER_PASS = 16
 
 
 @dataclass(slots=True)
@@ -424,19 +426,22 @@ class ReclaimEngine(Generic[K]):
 
         A reclaim of a few records (a direct reclaim for one put) goes to one shard drawn with
         probability used_i / sum(used): proportional on average, and one shard's lock instead
-        of all of them. A larger one is split; a shard owed less than one average record keeps
-        its share as a debt (`_deficit`) for a later pass instead of being visited for a sliver,
-        and whatever nobody took goes to the shard owed most.
+        of all of them. A larger one is split; a shard owed less than one average record (or
+        than 1/16 of the pass) keeps its share as a debt (`_deficit`) for a later pass instead
+        of being visited for a sliver, and whatever nobody took goes to the shard owed most.
         """
         used = self._usage.bytes
         total_used = sum(used)
         if total_used <= 0:
             return []
         n = len(used)
-        grain = total_used / max(1, sum(self._usage.count))
-        if total <= _SMALL_RECLAIM_RECORDS * grain:
+        avg = total_used / max(1, sum(self._usage.count))
+        if total <= _SMALL_RECLAIM_RECORDS * avg:
             (index,) = self._rng.choices(range(n), weights=used)
             return [(index, total)]
+        # Visiting a shard has a fixed cost, so a pass visits only shards owed at least a
+        # 1/_MAX_SHARDS_PER_PASS of it; the others' shares wait in their debt.
+        grain = max(avg, total / _MAX_SHARDS_PER_PASS)
         quotas: list[tuple[int, int]] = []
         assigned = 0
         deficit = self._deficit

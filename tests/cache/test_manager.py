@@ -418,3 +418,15 @@ def test_two_adapters_sharing_an_eventfd_are_refused() -> None:
     a = MockAdapter()
     with pytest.raises(InvalidParams):
         StorageManager(adapters=[a, Twin(a)])
+
+
+def test_large_groups_are_split_into_bounded_store_tasks(closing: list[StorageManager]) -> None:
+    a = RecordingMock()
+    sm = manager(a, store_max_keys_per_task=16)
+    closing.append(sm)
+    ks = [key(i) for i in range(40)]
+    sm.store(ks, [value(i) for i in range(40)])
+    assert sm.wait_stores(10)
+    assert [len(c) for c in a.store_calls] == [16, 16, 8]
+    assert a.stored_keys() == set(ks)
+    assert all(sm.l1.read_lock_count(k) == 0 for k in ks)

@@ -48,6 +48,8 @@ class StorageManagerConfig:
     """Name of the registered PrefetchPolicy."""
     prefetch_max_in_flight: int = 8
     """Prefetch requests worked on at once; more are queued."""
+    store_max_keys_per_task: int = 16
+    """Keys per store task: larger groups are split so an adapter's workers share them."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.l1, L1Config):
@@ -61,9 +63,10 @@ class StorageManagerConfig:
             raise InvalidParams(
                 f"unknown prefetch policy {self.prefetch_policy!r}; known: {prefetch_policy_names()}"
             )
-        m = self.prefetch_max_in_flight
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise InvalidParams(f"prefetch_max_in_flight must be an int >= 1, got {m!r}")
+        for name in ("prefetch_max_in_flight", "store_max_keys_per_task"):
+            m = getattr(self, name)
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise InvalidParams(f"{name} must be an int >= 1, got {m!r}")
 
     @classmethod
     def from_cli_args(

@@ -96,7 +96,11 @@ class StorageManager:
             raise
         self._adapters = built
         self._store = StoreController(
-            self._l1, built, descriptors, create_store_policy(self._config.store_policy)
+            self._l1,
+            built,
+            descriptors,
+            create_store_policy(self._config.store_policy),
+            max_keys_per_task=self._config.store_max_keys_per_task,
         )
         self._prefetch = PrefetchController(
             self._l1,

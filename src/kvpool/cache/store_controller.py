@@ -26,6 +26,7 @@ from kvpool.cache.adapters.base import EventFd, L2Adapter, L2TaskId, drain_event
 from kvpool.cache.keys import ObjectKey
 from kvpool.cache.l1 import L1Listener, L1Manager, L1Status
 from kvpool.cache.policy import AdapterDescriptor, StorePolicy
+from kvpool.errors import InvalidParams
 
 __all__ = ["StoreController", "StoreListener", "StoreStats"]
 
@@ -77,7 +78,16 @@ class StoreController:
         adapters: Sequence[L2Adapter],
         descriptors: Sequence[AdapterDescriptor],
         policy: StorePolicy,
+        *,
+        max_keys_per_task: int = 16,
     ) -> None:
+        if (
+            isinstance(max_keys_per_task, bool)
+            or not isinstance(max_keys_per_task, int)
+            or max_keys_per_task < 1
+        ):
+            raise InvalidParams(f"max_keys_per_task must be an int >= 1, got {max_keys_per_task!r}")
+        self._max_keys = max_keys_per_task
         self._l1 = l1
         self._adapters = list(adapters)
         self._descriptors = list(descriptors)
@@ -140,25 +150,31 @@ class StoreController:
             groups.setdefault(k.group, []).append(k)
         for group_keys in groups.values():
             targets = self._policy.select_store_targets(group_keys, self._descriptors)
-            for idx, tkeys in targets.items():
-                if not 0 <= idx < len(self._adapters) or not tkeys:
+            for idx, all_keys in targets.items():
+                if not 0 <= idx < len(self._adapters):
                     continue
-                res = self._l1.reserve_read(tkeys)
-                ok_keys = [k for k, r in zip(tkeys, res, strict=True) if r.status is L1Status.OK]
-                objs = [r.obj for r in res if r.status is L1Status.OK and r.obj is not None]
-                self._stats.skipped_keys += len(tkeys) - len(ok_keys)
-                if not ok_keys:
-                    continue
-                try:
-                    tid = self._adapters[idx].submit_store_task(ok_keys, objs)
-                except Exception as exc:
-                    # Failure must not leak the read locks just taken.
-                    self._l1.finish_read(ok_keys)
-                    self._stats.submit_errors += 1
-                    logger.warning("store submit to adapter %d failed: %s", idx, exc)
-                    continue
-                self._in_flight[(idx, tid)] = ok_keys
-                self._stats.submitted_tasks += 1
+                # Bounded tasks: a long prompt's hundreds of chunks become several tasks that an
+                # adapter's workers run in parallel, instead of one task on one worker.
+                for start in range(0, len(all_keys), self._max_keys):
+                    self._submit(idx, all_keys[start : start + self._max_keys])
+
+    def _submit(self, idx: int, tkeys: list[ObjectKey]) -> None:
+        res = self._l1.reserve_read(tkeys)
+        ok_keys = [k for k, r in zip(tkeys, res, strict=True) if r.status is L1Status.OK]
+        objs = [r.obj for r in res if r.status is L1Status.OK and r.obj is not None]
+        self._stats.skipped_keys += len(tkeys) - len(ok_keys)
+        if not ok_keys:
+            return
+        try:
+            tid = self._adapters[idx].submit_store_task(ok_keys, objs)
+        except Exception as exc:
+            # Failure must not leak the read locks just taken.
+            self._l1.finish_read(ok_keys)
+            self._stats.submit_errors += 1
+            logger.warning("store submit to adapter %d failed: %s", idx, exc)
+            return
+        self._in_flight[(idx, tid)] = ok_keys
+        self._stats.submitted_tasks += 1
 
     def _process_completions(self, idx: int) -> None:
         done = self._adapters[idx].pop_completed_store_tasks()

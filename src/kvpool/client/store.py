@@ -97,7 +97,7 @@ from kvpool.protocol.messages import (
     TenantId,
     UpsertStart,
 )
-from kvpool.transfer.engine import TransferEngine
+from kvpool.transfer.engine import RouteKind, TransferEngine
 from kvpool.transfer.location import SegmentLocation
 from kvpool.transfer.registration import buffer_address, byte_view
 from kvpool.transfer.request import TransferOp, TransferRequest
@@ -112,6 +112,8 @@ MAX_KEY_BYTES: Final = 4096
 """Longer keys are refused (INVALID_PARAMS): keys are names, not payloads."""
 DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
 _PROTOCOLS: Final = ("auto", "shm", "tcp")
+_PENDING: Final = ErrorCode.INTERNAL_ERROR
+"""Placeholder code of a request handed to the engine (replaced by the engine's code)."""
 # Why checksums are computed in the calling thread, after (or before) the copy, and not
 # overlapped with it: handing the copy to the engine's copy thread and hashing meanwhile was
 # measured (16 MiB get, interleaved runs on this 2-core machine while others were busy) at
@@ -363,35 +365,89 @@ class Store:
     # ------------------------------------------------------------------ transfers
 
     def _transfer(self, reqs: list[TransferRequest]) -> list[ErrorCode]:
-        """Run `reqs` as one engine batch (in parallel); one code per request."""
+        """Run `reqs` (buffers are byte memoryviews); one code per request.
+
+        In a batch, requests on segments this process can map (its own, or a same-host
+        peer's) are copied right here while holding the mapping; the rest go to the engine as
+        one batch.
+        """
         if not reqs:
             return []
         engine = self._open()
-        if len(reqs) == 1:
+        rest = reqs
+        codes: list[ErrorCode] = []
+        if len(reqs) > 1 and self.protocol != "tcp":  # one request: the engine is as quick
+            done = self._copy_mapped(engine, reqs)
+            if done is not None:
+                codes, rest = done
+                if not rest:
+                    return codes
+        if len(rest) == 1:
             # One request: run it in this thread (no hand-off to a copy thread, which costs
             # more than a small copy); the engine raises its code.
             try:
-                engine.transfer(reqs, self.transfer_timeout)
-                return [ErrorCode.OK]
+                engine.transfer(rest, self.transfer_timeout)
+                sent = [ErrorCode.OK]
             except TransferError as exc:
-                codes = [exc.code]
+                sent = [exc.code]
         else:
-            codes = engine.submit(reqs, self.transfer_timeout).result(self.transfer_timeout)
-        for req, code in zip(reqs, codes, strict=True):
+            sent = engine.submit(rest, self.transfer_timeout).result(self.transfer_timeout)
+        for req, code in zip(rest, sent, strict=True):
             if code != ErrorCode.OK:
                 log.debug(
                     "transfer %s %s@%d failed: %s", req.op.name, req.segment, req.offset, code
                 )
                 self._forget(req.segment)
-        return codes
+        if rest is reqs:
+            return sent
+        # Put the engine's codes back in the places of the requests it ran.
+        it = iter(sent)
+        return [next(it) if c is _PENDING else c for c in codes]
 
-    def _finish(self, reqs: list[TransferRequest], codes: list[ErrorCode]) -> list[ErrorCode]:
-        for req, code in zip(reqs, codes, strict=True):
-            if code != ErrorCode.OK:
-                self._forget(req.segment)
-        return codes
+    def _copy_mapped(
+        self, engine: TransferEngine, reqs: list[TransferRequest]
+    ) -> tuple[list[ErrorCode], list[TransferRequest]] | None:
+        """Copy the requests whose segment is mapped here (LOCAL or SHM route) in this thread;
+        returns (codes, the requests left for the engine) or None when none qualified.
 
-    # ------------------------------------------------------------------ put
+        Why not always the engine: its per-request bookkeeping (future, routing, completion)
+        costs ~5-15 us, which is most of a 4 KiB read, and a batch of 64 small reads measured
+        0.6-0.9 ms through `submit` against 0.07-0.18 ms copied here under one hold.
+        """
+        by_seg: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            by_seg.setdefault(r.segment, []).append(i)
+        codes: list[ErrorCode] = [_PENDING] * len(reqs)
+        rest: list[TransferRequest] = []
+        for seg, idxs in by_seg.items():
+            try:
+                if engine.route_kind(seg) is RouteKind.TCP:
+                    raise TransferError("not mapped")
+                hold = engine.hold_segment(seg)
+            except KVPoolError:
+                rest.extend(reqs[i] for i in idxs)
+                continue
+            with hold:
+                mem = hold.buffer
+                size = mem.nbytes
+                for i in idxs:
+                    r = reqs[i]
+                    view = r.buffer
+                    assert isinstance(view, memoryview)
+                    end = r.offset + view.nbytes
+                    if end > size:
+                        codes[i] = ErrorCode.INVALID_PARAMS  # never copy outside the segment
+                    elif r.op is TransferOp.READ:
+                        view[:] = mem[r.offset : end]
+                        codes[i] = ErrorCode.OK
+                    else:
+                        mem[r.offset : end] = view
+                        codes[i] = ErrorCode.OK
+        if not rest and _PENDING not in codes:
+            return codes, []
+        if len(rest) == len(reqs):
+            return None
+        return codes, rest
 
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> bool:
         """Store `value` under `key` unless the key exists. True: stored; False: the key
@@ -534,11 +590,8 @@ class Store:
                 owner.append(i)
         started = [i for i, r in enumerate(rep.results) if r.code == ErrorCode.OK]
         try:
-            # Copies of up to 1 MiB run inline in submit(); larger ones go to the engine's copy
-            # thread and overlap with the hashing here (a batch amortises the hand-off).
-            fut = self._open().submit(reqs, self.transfer_timeout)
+            codes = self._transfer(reqs)
             sums = {i: checksum(views[i]) for i in started if out[i] == ErrorCode.OK}
-            codes = self._finish(reqs, fut.result(self.transfer_timeout))
         except BaseException:
             self._revoke([keys[i] for i in started])
             raise

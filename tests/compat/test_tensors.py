@@ -58,6 +58,11 @@ def test_batch_tensor_calls_and_misses(backend: Any) -> None:
     assert store.upsert_tensor("b0", torch.zeros(2)) == 0
     assert torch.equal(store.get_tensor("b0"), torch.zeros(2))
     assert store.get_tensor("nope") is None
+    cfg = backend.module.ReplicateConfig()
+    cfg.with_hard_pin = True
+    assert store.batch_pub_tensor(["p0", "p1"], ts[:2], cfg) == [0, 0]
+    assert store.batch_upsert_pub_tensor(["p0"], [ts[2]], cfg) == [0]
+    assert torch.equal(store.get_tensor("p0"), ts[2])
 
 
 def test_get_tensor_into_registered_memory(backend: Any) -> None:

@@ -868,6 +868,23 @@ class MooncakeDistributedStore:
             return INVALID
         return self._put(key, _join_parts((header, data)), config, upsert=upsert)
 
+    def batch_pub_tensor(
+        self, keys: list[str], tensors_list: list[Any], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        """pub_tensor per key; one code per key."""
+        ks = _check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID] * len(ks)
+        return [self.pub_tensor(k, t, config) for k, t in zip(ks, tensors_list, strict=True)]
+
+    def batch_upsert_pub_tensor(
+        self, keys: list[str], tensors_list: list[Any], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        ks = _check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID] * len(ks)
+        return [self.upsert_pub_tensor(k, t, config) for k, t in zip(ks, tensors_list, strict=True)]
+
     def batch_put_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
         ks = _check_keys(keys)
         if len(ks) != len(tensors_list):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import sys
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
@@ -350,3 +352,28 @@ def test_reading_passes_to_a_caller_still_waiting_not_to_one_already_answered(
     for t in threads.values():
         t.join(10)
     assert results == {"A": Slept(1), "B": Slept(2), "C": Slept(3)}
+
+
+def _call_in_child(c: RpcClient, out: Connection) -> None:
+    out.send(c.call(WhoAmI(), timeout=10))
+
+
+def test_a_forked_child_connects_anew_and_leaves_the_parents_connection_alone(
+    client: RpcClient,
+) -> None:
+    parent = client.call(WhoAmI())
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_call_in_child, args=(client, sender))
+    child.start()
+    sender.close()
+    try:
+        assert receiver.poll(20), "the child got no reply"
+        child_you = receiver.recv()
+    finally:
+        child.join(20)
+        receiver.close()
+    assert child.exitcode == 0
+    assert isinstance(parent, You) and isinstance(child_you, You)
+    assert child_you.conn_id != parent.conn_id  # the child made its own connection
+    assert client.call(WhoAmI()) == parent  # and the parent's is untouched

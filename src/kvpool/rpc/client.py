@@ -12,6 +12,10 @@ own reply arrives; then it passes the reading role to one waiting follower. With
 no thread switch at all, which a dedicated reader thread would add to every call (measured in
 docs/parts/perf-rpc.md). Having no thread of its own also means the client leaks none.
 
+Fork: a child process forked while a client exists drops the parent's connection (without
+disturbing it) and connects anew on its first call, so a client made before ``fork()`` (as
+multiprocessing and inference-engine workers do) keeps working on both sides.
+
 Faults: a broken connection fails every call in flight with `RpcError` (RPC_FAIL) and the next
 call reconnects, handshake included. A call that runs past its timeout raises `RpcError`
 (RPC_TIMEOUT) and forgets its request id, so its late reply is dropped when it arrives (ids are
@@ -25,10 +29,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar, Union
 
@@ -188,6 +194,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._closed = False
         self.server_name = ""
+        _live_clients.add(self)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -336,6 +343,19 @@ class RpcClient:
         self.close()
 
     # -- connection -------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: forget the parent's connection (the child connects anew).
+
+        The socket is the parent's too, so it is only closed here (which drops this process's
+        descriptor), never shut down; the locks may have been held by a parent thread at the
+        moment of the fork, so they are replaced.
+        """
+        self._lock = threading.Lock()
+        self._connect_lock = threading.Lock()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.sock.close()
 
     def _usable_conn(self, now: float) -> _Conn | None:
         """The current connection, unless it was found closed by the server while idle."""
@@ -589,6 +609,17 @@ class RpcClient:
         )
         call.done = True
 
+
+#: Every client alive in this process, so a forked child can drop the parent's connections.
+_live_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
+
+
+def _forget_connections_in_child() -> None:
+    for client in list(_live_clients):
+        client._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_connections_in_child)
 
 _TIMEVAL = struct.Struct("@ll")
 

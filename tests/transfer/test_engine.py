@@ -524,3 +524,30 @@ def test_ipv6_loopback_endpoints_work(make_engine: Make, closing: Callable[[Any]
     eng = make_engine({"v6": SegmentLocation("v6", 4096, "elsewhere", server.endpoint)})
     eng.transfer([W(b"six", "v6", 1)])
     assert bytes(mem.buffer[1:4]) == b"six"
+
+
+def test_concurrent_small_requests_reuse_pooled_connections(
+    make_engine: Make, closing: Callable[[Any], Any]
+) -> None:
+    mem = closing(SegmentMemory.create("pool", 1 << 20))
+    server = closing(TransferServer())
+    server.add_segment(mem)
+    eng = make_engine({"pool": SegmentLocation("pool", mem.size, "elsewhere", server.endpoint)})
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            buf = bytearray(64)
+            for _ in range(200):
+                eng.transfer([R(buf, "pool", t * 64)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors
+    # 8 threads x 200 requests: at most one connection per thread, not one per request.
+    assert server.accepted_connections <= 8

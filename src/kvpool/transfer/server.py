@@ -103,6 +103,7 @@ class TransferServer:
         self._lock = threading.Lock()
         self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
         self._max_connections = max_connections
+        self._accepted = 0
         self._closed = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -195,8 +196,14 @@ class TransferServer:
         self.close()
 
     def connection_count(self) -> int:
+        """Connections open now."""
         with self._lock:
             return len(self._conns)
+
+    @property
+    def accepted_connections(self) -> int:
+        """Connections accepted since start (a client that churns connections shows here)."""
+        return self._accepted
 
     # ---- serving -------------------------------------------------------------------------
 
@@ -213,6 +220,7 @@ class TransferServer:
                     if self._closed:
                         return
                     continue
+                self._accepted += 1
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # Blocking, no timeout: clients pool connections that idle between requests.
                 # A peer that dies closes its socket (or keep-alive notices a dead host).

@@ -145,6 +145,10 @@ class TcpTransport(Transport):
         self.window = max(1, window)
         self.connect_timeout = connect_timeout
         self.io_timeout = io_timeout
+        # Idle connections kept per peer. Every thread that transfers concurrently needs its
+        # own; keeping too few makes busy clients connect and close per request, which costs a
+        # handshake each time and piles up TIME_WAIT sockets until ephemeral ports run out.
+        self.max_idle = max(16, 2 * self.streams)
         self._on_peer_failure = on_peer_failure
         self._idle: dict[str, list[_Conn]] = {}
         self._active: set[_Conn] = set()
@@ -425,7 +429,7 @@ class TcpTransport(Transport):
             self._active.discard(conn)
             if not self._closed:
                 conns = self._idle.setdefault(conn.endpoint, [])
-                if len(conns) < 2 * self.streams:
+                if len(conns) < self.max_idle:
                     conns.append(conn)
                     return
         conn.close()

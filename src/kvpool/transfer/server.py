@@ -92,7 +92,7 @@ class TransferServer:
     """TCP server of the segments added with `add_segment`; listens from construction on."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 512
+        self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 2048
     ) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")

@@ -264,3 +264,32 @@ def test_tensors_view_the_same_memory_when_torch_is_installed() -> None:
     assert t.dtype == torch.float16 and tuple(t.shape) == (2, 3)
     t.fill_(2.0)
     assert r.obj.arrays()[0].tolist() == [[2.0] * 3] * 2
+
+
+def test_memory_of_dropped_objects_is_reused_only_once_nothing_else_holds_it() -> None:
+    l1 = make(capacity=4 * 1024)
+    put(l1, 1)
+    addr = l1.reserve_read([k(1)])[0].obj.array.ctypes.data  # type: ignore[union-attr]
+    l1.finish_read([k(1)])
+    l1.delete([k(1)])
+    (r,) = l1.reserve_write([k(2)], KB)
+    assert r.obj is not None and r.obj.array.ctypes.data == addr  # recycled: no new page faults
+    # An outside view (an adapter's buffer, an engine's tensor) pins the old memory.
+    pinned = r.obj.buffer
+    l1.abort_write([k(2)])
+    del r
+    (r2,) = l1.reserve_write([k(3)], KB)
+    assert r2.obj is not None and r2.obj.array.ctypes.data != addr
+    pinned[:4] = b"safe"  # still valid memory, and nobody else's
+
+
+def test_recycled_memory_counts_against_capacity() -> None:
+    l1 = make(capacity=4 * 1024)
+    put(l1, 1, 2, 3, 4)
+    l1.delete([k(1), k(2), k(3), k(4)])
+    assert l1.usage().recycled_bytes == 4 * 1024
+    big = MemoryLayout.of_bytes(4 * 1024)
+    (r,) = l1.reserve_write([k(9)], big)  # needs every byte: the recycled arrays are released
+    assert r.status is L1Status.OK
+    assert l1.usage().used_bytes == 4 * 1024
+    assert l1.usage().recycled_bytes == 0

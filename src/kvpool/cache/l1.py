@@ -29,13 +29,16 @@ gets `ListenerReentryError` instead of a deadlock.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from kvpool.cache.keys import ObjectKey
 from kvpool.cache.memory import MemoryLayout, MemoryObj
@@ -81,6 +84,8 @@ class L1Usage:
     writing: int
     read_locked: int
     temporary: int
+    recycled_bytes: int = 0
+    """Memory of dropped objects kept for reuse (counted against the capacity)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,59 @@ class L1Listener:
         """Keys that left L1 (deleted, evicted, freed or abandoned)."""
 
 
+class _Recycler:
+    """Arrays of dropped objects, reused for new objects of the same size.
+
+    Fresh memory costs a page fault per 4 KiB on first touch (well under 1 GB/s on this kind of
+    VM, see design.md), so allocating every chunk anew caps L1 at page-fault speed; reusing the
+    arrays of dropped objects removes that. Reuse is only safe when nothing can still reach the
+    old array: an adapter still reading or writing it (a store task, a load abandoned at
+    shutdown), or an engine still holding the object or a view of it. Every such holder keeps a
+    Python reference to the array (MemoryObj, memoryview, numpy view, torch.frombuffer), so an
+    array is taken only when the recycler's own references are the only ones left; others wait.
+    Recycled bytes count against the L1 capacity and are released first when room is needed.
+    """
+
+    __slots__ = ("_arrays", "bytes")
+
+    # References to a candidate inside `take`: the list slot, the local name and getrefcount's
+    # own argument. Anything above means someone else still holds the array.
+    _UNSHARED_REFS = 3
+
+    def __init__(self) -> None:
+        self._arrays: dict[int, list[np.ndarray[Any, np.dtype[np.uint8]]]] = {}
+        self.bytes = 0
+
+    def put(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> None:
+        self._arrays.setdefault(array.nbytes, []).append(array)
+        self.bytes += array.nbytes
+
+    def take(self, size: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+        """An unshared array of `size` bytes, or None (the caller allocates)."""
+        candidates = self._arrays.get(size)
+        if not candidates:
+            return None
+        for i in range(len(candidates) - 1, -1, -1):  # newest first: the warmest in cache
+            arr = candidates[i]
+            if sys.getrefcount(arr) <= self._UNSHARED_REFS:
+                del candidates[i]
+                self.bytes -= size
+                return arr
+        return None
+
+    def trim(self, room: int) -> None:
+        """Release recycled arrays until they hold at most `room` bytes."""
+        for size in list(self._arrays):
+            arrays = self._arrays[size]
+            while arrays and self.bytes > room:
+                arrays.pop()
+                self.bytes -= size
+            if not arrays:
+                del self._arrays[size]
+            if self.bytes <= room:
+                return
+
+
 class _Entry:
     __slots__ = ("obj", "read_deadline", "readers", "temporary", "write_deadline", "writing")
 
@@ -153,6 +211,7 @@ class L1Manager:
         self._used = 0
         self._listeners: list[L1Listener] = []
         self._closed = False
+        self._recycler = _Recycler()
         self.evicted_count = 0
         self.expired_count = 0
 
@@ -216,6 +275,7 @@ class L1Manager:
     def _drop(self, key: ObjectKey, removed: list[ObjectKey]) -> None:
         e = self._entries.pop(key)
         self._used -= e.obj.size
+        self._recycler.put(e.obj.array)
         removed.append(key)
 
     def _evict(self, target_used: float, now: float, removed: list[ObjectKey]) -> None:
@@ -263,7 +323,9 @@ class L1Manager:
                 if self._used + size > cap:
                     out.append(L1Result(L1Status.OUT_OF_MEMORY, None))
                     continue
-                obj = MemoryObj(key, layout)
+                # Room for the new object's memory: recycled arrays count against the capacity.
+                self._recycler.trim(cap - self._used - size)
+                obj = MemoryObj(key, layout, self._recycler.take(size))
                 self._entries[key] = _Entry(obj, temporary, now + self._config.write_ttl_s)
                 self._used += size
                 out.append(L1Result(L1Status.OK, obj))
@@ -477,6 +539,7 @@ class L1Manager:
                 writing=sum(1 for e in entries if e.writing),
                 read_locked=sum(1 for e in entries if self._readers(e, now)),
                 temporary=sum(1 for e in entries if e.temporary),
+                recycled_bytes=self._recycler.bytes,
             )
 
     def keys(self) -> list[ObjectKey]:
@@ -493,4 +556,5 @@ class L1Manager:
             self._closed = True
             self._entries.clear()
             self._used = 0
+            self._recycler.trim(0)
             self._listeners.clear()

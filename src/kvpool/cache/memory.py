@@ -63,10 +63,19 @@ class MemoryObj:
 
     __slots__ = ("_array", "key", "layout")
 
-    def __init__(self, key: ObjectKey, layout: MemoryLayout) -> None:
+    def __init__(
+        self,
+        key: ObjectKey,
+        layout: MemoryLayout,
+        array: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
+    ) -> None:
         self.key = key
         self.layout = layout
-        self._array: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(layout.nbytes, dtype=np.uint8)
+        if array is None:
+            array = np.empty(layout.nbytes, dtype=np.uint8)
+        elif array.dtype != np.uint8 or array.ndim != 1 or array.nbytes != layout.nbytes:
+            raise InvalidParams(f"MemoryObj needs a flat uint8 array of {layout.nbytes} bytes")
+        self._array: np.ndarray[Any, np.dtype[np.uint8]] = array
 
     @property
     def size(self) -> int:

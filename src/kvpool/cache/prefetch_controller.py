@@ -348,6 +348,9 @@ class PrefetchController:
     def _complete(self, req: PrefetchRequest, hits: int) -> None:
         req.phase = RequestPhase.DONE
         req.result = hits
+        # The engine may keep the handle for long; it must not keep the buffers alive (L1
+        # reuses a dropped object's memory only once nothing references it).
+        req.objs = []
         with self._lock:
             self._running.pop(req.id, None)
             self._stats.completed += 1

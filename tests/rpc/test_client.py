@@ -377,3 +377,12 @@ def test_a_forked_child_connects_anew_and_leaves_the_parents_connection_alone(
     assert isinstance(parent, You) and isinstance(child_you, You)
     assert child_you.conn_id != parent.conn_id  # the child made its own connection
     assert client.call(WhoAmI()) == parent  # and the parent's is untouched
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "5"])
+def test_a_call_timeout_must_be_positive(client: RpcClient, timeout: object) -> None:
+    with pytest.raises(InvalidParams):
+        client.call(Add(1, 1), timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParams):
+        client.call_many([Add(1, 1)], timeout=timeout)  # type: ignore[arg-type]
+    assert client.call(Add(1, 1)) == Sum(2)

@@ -45,7 +45,7 @@ from kvpool.protocol.handshake import (
     Welcome,
     check_welcome,
 )
-from kvpool.rpc.client import parse_address
+from kvpool.rpc.client import _check_timeout, parse_address
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]
@@ -152,9 +152,7 @@ class AsyncRpcClient:
     ) -> None:
         self.address = address
         self._host, self._port = parse_address(address)
-        if not isinstance(timeout, int | float) or not timeout > 0:
-            raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
-        self.timeout = float(timeout)
+        self.timeout = float(_check_timeout(timeout))
         self.cluster_id = cluster_id
         self.client_name = client_name
         self.protocol_version = protocol_version
@@ -194,7 +192,7 @@ class AsyncRpcClient:
 
     async def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply; concurrent calls pipeline."""
-        budget = self.timeout if timeout is None else timeout
+        budget = self.timeout if timeout is None else _check_timeout(timeout)
         payload = self._payload(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
@@ -225,7 +223,7 @@ class AsyncRpcClient:
         `RpcClient.call_many`."""
         if window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
-        budget = self.timeout if timeout is None else timeout
+        budget = self.timeout if timeout is None else _check_timeout(timeout)
         payloads = [self._payload(r) for r in requests]
         if not payloads:
             return []

@@ -81,6 +81,12 @@ _WINDOW_BYTES: Final = 1 << 20
 _DEFAULT_WINDOW: Final = 128
 
 
+def _check_timeout(timeout: float) -> float:
+    if not isinstance(timeout, int | float) or not timeout > 0:
+        raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
+    return timeout
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``"host:port"`` → (host, port); raises `InvalidParams` naming the bad value."""
     if not isinstance(address, str):
@@ -162,9 +168,7 @@ class RpcClient:
     ) -> None:
         self.address = address
         self._host, self._port = parse_address(address)
-        if not isinstance(timeout, int | float) or not timeout > 0:
-            raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
-        self.timeout = float(timeout)
+        self.timeout = float(_check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
             raise InvalidParams(f"idle_check_after: {idle_check_after!r} must be >= 0 seconds")
         #: A call on a connection idle this long first checks (one non-blocking peek) that the
@@ -201,7 +205,7 @@ class RpcClient:
     def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply. Thread-safe; concurrent calls pipeline."""
         now = time.monotonic()
-        deadline = now + (self.timeout if timeout is None else timeout)
+        deadline = now + (self.timeout if timeout is None else _check_timeout(timeout))
         payload = self._payload(request)
         conn = self._usable_conn(now) or self._connect(deadline)
         with self._lock:
@@ -256,7 +260,7 @@ class RpcClient:
         if window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
         now = time.monotonic()
-        deadline = now + (self.timeout if timeout is None else timeout)
+        deadline = now + (self.timeout if timeout is None else _check_timeout(timeout))
         payloads = [self._payload(r) for r in requests]
         results: list[Any] = [None] * len(payloads)
         first_error: BaseException | None = None

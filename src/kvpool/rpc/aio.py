@@ -221,7 +221,7 @@ class AsyncRpcClient:
     ) -> list[Any]:
         """Replies to `requests` in order, up to `window` in flight; semantics of
         `RpcClient.call_many`."""
-        if window < 1:
+        if not isinstance(window, int) or window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
         budget = self.timeout if timeout is None else _check_timeout(timeout)
         payloads = [self._payload(r) for r in requests]

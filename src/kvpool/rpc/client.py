@@ -257,7 +257,7 @@ class RpcClient:
         after every reply has been collected, unless `return_exceptions` puts exceptions in
         the list in place of replies.
         """
-        if window < 1:
+        if not isinstance(window, int) or window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
         now = time.monotonic()
         deadline = now + (self.timeout if timeout is None else _check_timeout(timeout))

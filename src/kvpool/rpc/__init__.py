@@ -13,18 +13,24 @@ and hands the clients its response union.
 
 Modules:
 
-* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure,
+* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure
+  (a peer that does not read, or has ``max_inflight`` requests running, is not read further),
   error replies for bad input; the loop that runs it owns all of its state.
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
-  its own); `call`, `call_many`, `call_as`.
+  its own); `call`, `call_many`, `call_as`. Idle connections are checked before use and a
+  forked child connects anew.
 * `aio`: `AsyncRpcClient`, the same calls as coroutines.
-* `thread`: `ServerThread`, a server in a background thread (tests, embedding the master).
+* `thread`: `ServerThread`, anything `Serving` (an `RpcServer`, the master) in a background
+  thread on its own loop (tests, embedding the master).
 * `loop`: `new_event_loop()` / `run()`, uvloop when installed.
 * `bench`: the generic round-trip benchmark every RPC service can reuse.
 
 Faults versus outcomes: a connection fault is `RpcError` (RPC_FAIL / RPC_TIMEOUT) and the next
 call reconnects; an `ErrorReply` raises the exception for its code; service outcomes are fields
-of the service's replies and are never raised here.
+of the service's replies and are never raised here. A handler that raises a kvpool exception
+answers with that exception's code; any other exception answers INTERNAL_ERROR and is logged.
+
+Measurements and the reasons behind the client's design: docs/parts/perf-rpc.md.
 """
 
 from kvpool.rpc.aio import AsyncRpcClient

@@ -264,3 +264,31 @@ def test_sigterm_mid_run_stops_every_child() -> None:
         assert not alive, [k.cmdline() for k in alive]
     finally:
         proc.stop()
+
+
+class LazyDriver(DictDriver):
+    """Writes a value into the caller's buffer once, then returns the buffer untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served: set[str] = set()
+
+    @override
+    def get(self, key: str, out: memoryview) -> memoryview:
+        value = self.data[key]
+        if key not in self.served:
+            out[: len(value)] = value
+            self.served.add(key)
+        return out[: len(value)]
+
+    @override
+    def reset(self) -> None:
+        super().reset()
+        self.served.clear()  # so only a repeated read within one get phase is lazy
+
+
+def test_a_get_that_writes_nothing_is_caught_even_when_one_key_is_read_again() -> None:
+    cases = plan_cases((1 << 20,), 1, 1 << 20)  # one key per fill: the same key read repeatedly
+    assert cases[0].n_keys == 1
+    with pytest.raises(BenchError, match="wrong bytes"):
+        run_cases([LazyDriver()], cases, RunPlan(rounds=1, seconds_per_phase=0.05))

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TextIO
 
 import click
 
@@ -83,9 +84,9 @@ def make_drivers(systems: Sequence[str]) -> list[Driver]:
 class Progress:
     """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
 
-    def __init__(self, stream: object = None) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self._out = stream if stream is not None else sys.stderr
-        self._tty = bool(getattr(self._out, "isatty", lambda: False)())
+        self._tty = self._out.isatty()
         self._t0 = time.monotonic()
         self._last = ""
 
@@ -96,20 +97,20 @@ class Progress:
             f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
             f"{time.monotonic() - self._t0:5.0f}s {what}"
         )
-        write = getattr(self._out, "write")  # noqa: B009 - any text stream
-        if self._tty:
-            write("\r" + line.ljust(len(self._last)))
+        if self._tty:  # redraw in place; pad over a longer previous line
+            self._out.write("\r" + line.ljust(len(self._last)))
             if done >= total:
-                write("\n")
+                self._out.write("\n")
         else:
-            write(line + "\n")
+            self._out.write(line + "\n")
         self._last = line
-        getattr(self._out, "flush", lambda: None)()
+        self._out.flush()
 
     def note(self, text: str) -> None:
-        write = getattr(self._out, "write")  # noqa: B009
-        write(("\n" if self._tty and self._last else "") + text + "\n")
+        """A line of its own (a system starting or skipped), below the bar."""
+        self._out.write(("\n" if self._tty and self._last else "") + text + "\n")
         self._last = ""
+        self._out.flush()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -204,6 +204,16 @@ SCENARIOS: dict[str, list[Step]] = {
         Call("get", "d1", expect=b"first"),
         Call("upsert_batch", ["u1", "u1"], [b"first", b"second"], expect=0),
         Call("get", "u1", expect=b"first"),
+        Call(
+            "put_batch",
+            ["g1", "g1", "g2"],
+            [b"1", b"2", b"3"],
+            Cfg(group_ids=["a", "a", "b"]),
+            expect=0,
+        ),
+        Call("get_batch", ["g1", "g2"], expect=[b"1", b"3"]),
+        Call("put_batch", ["g3", "g4"], [b"1", b"2"], Cfg(group_ids=["a"]), expect=-600),
+        Call("batch_is_exist", ["g3", "g4"], expect=[0, 0]),
     ],
     "replicate_configs": [
         Call("put", "r2", b"x", Cfg(replica_num=2), expect=0),  # best effort: one segment
@@ -404,6 +414,18 @@ SCENARIOS: dict[str, list[Step]] = {
             kvpool=[0, -600],
             why="checked per key",
         ),
+        # SGLang passes one group id per key; a key refused here must not upset the others'.
+        Call(
+            "batch_put_from",
+            ["g1", "g2", "g3"],
+            [Ptr(), Foreign(), Ptr(3)],
+            [3, 3, 3],
+            Cfg(group_ids=["a", "b", "c"]),
+            expect=[0, 0, 0],
+            kvpool=[0, -600, 0],
+            why="checked per key",
+        ),
+        Call("get_batch", ["g1", "g3"], expect=[b"012", b"345"]),
         Call(
             "put_from",
             "u5",

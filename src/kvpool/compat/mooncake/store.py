@@ -34,6 +34,7 @@ flight answer an error code.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import socket
@@ -379,6 +380,7 @@ class MooncakeDistributedStore:
         order, dup = _first_occurrences(keys)
         ks = [keys[i] for i in order]
         vs = [views[i] for i in order]
+        native = _select_groups(native, order, len(keys))
         if zero_copy:
             codes = store.batch_put_from(ks, vs, native)
         elif upsert:
@@ -527,7 +529,7 @@ class MooncakeDistributedStore:
                 store,
                 [keys[i] for i, _ in good],
                 [v for _, v in good],
-                native,
+                _select_groups(native, [i for i, _ in good], len(keys)),
                 upsert=upsert,
                 zero_copy=zero_copy and not upsert,
             )
@@ -984,6 +986,15 @@ class MooncakeDistributedStore:
         return [
             self.get_tensor_into(k, p, n) for k, p, n in zip(ks, buffer_ptrs, sizes, strict=True)
         ]
+
+
+def _select_groups(native: Any, indices: list[int], n_keys: int) -> Any:
+    """`native` for the keys at `indices` of a batch of `n_keys`: group ids are one per key
+    (SGLang passes them so), so a batch written in part needs the matching part of them."""
+    groups = None if native is None else native.group_ids
+    if groups is None or len(indices) == n_keys or len(groups) != n_keys:
+        return native  # nothing to select (or a mismatch the native config reports itself)
+    return dataclasses.replace(native, group_ids=tuple(groups[i] for i in indices))
 
 
 def _join_parts(parts: Sequence[Any]) -> memoryview:

@@ -370,6 +370,24 @@ def test_upsert_of_another_size_reallocates(svc: MasterService) -> None:
     assert get(svc, "k").size == 2 * MiB
 
 
+def test_upsert_of_another_size_is_a_new_generation_for_the_hooks(clock: object) -> None:
+    hooks = RecordingHooks()
+    svc = MasterService(MasterConfig(seed=1), clock=clock, hooks=hooks)  # type: ignore[arg-type]
+    mount(svc, "only", size=16 * MiB)
+    put(svc, "k", size=MiB, group_ids=["g"], with_hard_pin=True)
+    first = svc.index.get("default", "k")
+    start(svc, "k", size=MiB, upsert=True)  # same size: same record
+    end(svc, "k")
+    assert svc.index.get("default", "k") is first
+    start(svc, "k", size=2 * MiB, upsert=True)
+    second = svc.index.get("default", "k")
+    assert second is not first and second is not None
+    assert (second.group_id, second.hard_pin, len(svc.index)) == ("g", True, 1)
+    assert hooks.events.count(("removed", "k")) == 1
+    end(svc, "k")
+    assert hooks.events[-1] == ("complete", "k") and used(svc) == 2 * MiB
+
+
 def test_upsert_without_room_for_the_new_size_keeps_the_old_value(svc: MasterService) -> None:
     put(svc, "k", size=MiB)
     assert start(svc, "k", size=17 * MiB, upsert=True).code == E.NO_AVAILABLE_HANDLE

@@ -15,7 +15,11 @@ service calls:
 * `on_access(obj)` on each read that found the object readable (GetReplicaList, ExistKey,
   GetSize and their batch forms);
 * `on_object_removed(obj)` exactly once when an object leaves the index for any reason (Remove,
-  PutRevoke, expiry of its client or segment, eviction, preemption of a stale PutStart);
+  PutRevoke, expiry of its client or segment, eviction, preemption of a stale PutStart, and an
+  UpsertStart of another size, which replaces the record by a new one: each `ObjectMeta` is
+  one generation of its key). An UpsertStart of the same size keeps the record and its
+  replicas (rewritten in place, `complete` False until PutEnd), so `on_replica_complete` comes
+  again for the same replicas;
 * `reclaim_for(bytes_needed)` once when PutStart (or UpsertStart) found no room; the hook frees
   what it can (through `ReclaimTarget.evict`) and answers the bytes it freed; PutStart then
   retries its allocation once;

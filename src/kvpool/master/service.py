@@ -609,14 +609,33 @@ class MasterService:
                 r.status = _PROCESSING
             obj.replicas = live
         else:
-            # Case C: new ranges first, so a full pool leaves the old value intact.
+            # Case C: new ranges first, so a full pool leaves the old value intact. The result
+            # is a new object record (a new generation for the reclaim hooks, which see the
+            # old one removed), carrying over what outlives a rewrite: group, hard pin, pin.
             fresh = self._allocate(size, plan)
             if not fresh:
                 return PutStartReply(_NO_SPACE)
             for r in obj.replicas:
                 self._free_replica(r, obj.size)
-            obj.replicas = fresh
-            obj.size = size
+            old, obj = (
+                obj,
+                ObjectMeta(
+                    key,
+                    obj.tenant,
+                    obj.shard,
+                    size,
+                    plan.client_id,
+                    fresh,
+                    now,
+                    obj.soft_pin_ttl,
+                    obj.hard_pin,
+                    obj.group_id,
+                ),
+            )
+            obj.soft_pin_deadline = old.soft_pin_deadline
+            old.replicas = ()
+            self._drop(old)
+            self._index.insert(obj)
         obj.complete = False
         obj.client_id = plan.client_id
         obj.put_start_time = now

@@ -18,7 +18,7 @@ same run on the same trace:
   moves 1 ms per operation).
 * **evict_us_per_object**: time of a kswapd pass that evicts 1,000 objects, divided by 1,000,
   with 10k, 100k and 1M objects resident (`--quick`: 5k and 50k), refilled between rounds;
-  median of rounds.
+  the sizes take turns within each round; median of rounds.
 * **put_p99_us**: p99 of one put (PutStart + PutEnd with its reclaim hooks) with n objects
   resident, in a pool with room for n more (pressure false) and in a full pool of n under
   sustained puts (pressure true), where kswapd runs one bounded step whenever it wants between
@@ -233,33 +233,42 @@ def scan_resistance(scale: Scale, alpha: float, seed: int = 1) -> dict[str, floa
 # ---------------------------------------------------------------- cost per eviction
 
 
-def evict_cost(resident: int, rounds: int, per_round: int = 1_000) -> tuple[float, float]:
-    """Median microseconds per evicted object of a kswapd pass with `resident` objects:
-    (wall clock, this thread's CPU time)."""
-    pool = SimulatedPool(resident * OBJ, ReclaimConfig(), num_shards=SHARDS, clock=ManualClock())
-    walls: list[float] = []
-    cpus: list[float] = []
+def evict_cost(
+    residents: tuple[int, ...], rounds: int, per_round: int = 1_000
+) -> dict[int, tuple[float, float]]:
+    """Microseconds per evicted object of a kswapd pass, by resident object count: (median
+    wall clock, median CPU time of this thread). The pools are built first and measured in
+    turn within every round, so load on a shared machine hits every size alike."""
+    pools = {
+        n: SimulatedPool(n * OBJ, ReclaimConfig(), num_shards=SHARDS, clock=ManualClock())
+        for n in residents
+    }
+    walls: dict[int, list[float]] = {n: [] for n in residents}
+    cpus: dict[int, list[float]] = {n: [] for n in residents}
+    serial = 0
     with _no_gc():
-        for i in range(resident):
-            pool.put(f"k{i}", OBJ)
-        serial = resident
-        for _ in range(rounds):
-            w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-            result = pool.engine.kswapd_pass(per_round * OBJ)
-            c1, w1 = time.thread_time_ns(), time.perf_counter_ns()
-            evicted = result.freed // OBJ
-            if evicted != per_round:
-                raise click.ClickException(f"evicted {evicted} objects, expected {per_round}")
-            walls.append((w1 - w0) / 1000 / evicted)
-            cpus.append((c1 - c0) / 1000 / evicted)
-            for _ in range(evicted):
+        for n, pool in pools.items():
+            for _ in range(n):
                 pool.put(f"k{serial}", OBJ)
                 serial += 1
-        if len(pool.objects) != resident:
-            raise click.ClickException(f"{len(pool.objects)} resident, expected {resident}")
-    del pool
+        for _ in range(rounds):
+            for n, pool in pools.items():
+                w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                result = pool.engine.kswapd_pass(per_round * OBJ)
+                c1, w1 = time.thread_time_ns(), time.perf_counter_ns()
+                evicted = result.freed // OBJ
+                if evicted != per_round:
+                    raise click.ClickException(f"evicted {evicted} objects, expected {per_round}")
+                walls[n].append((w1 - w0) / 1000 / evicted)
+                cpus[n].append((c1 - c0) / 1000 / evicted)
+                for _ in range(evicted):
+                    pool.put(f"k{serial}", OBJ)
+                    serial += 1
+                if len(pool.objects) != n:
+                    raise click.ClickException(f"{len(pool.objects)} resident, expected {n}")
+    del pools
     gc.collect()
-    return statistics.median(walls), statistics.median(cpus)
+    return {n: (statistics.median(walls[n]), statistics.median(cpus[n])) for n in residents}
 
 
 # ---------------------------------------------------------------- put latency
@@ -364,7 +373,7 @@ def command(quick: bool, json_file: str | None, alpha: float) -> None:
                     }
                 )
 
-    costs = {n: evict_cost(n, scale.cost_rounds) for n in scale.resident}
+    costs = evict_cost(scale.resident, scale.cost_rounds)
     for n, (us, cpu_us) in costs.items():
         rows.append(
             {

@@ -292,3 +292,20 @@ def test_a_get_that_writes_nothing_is_caught_even_when_one_key_is_read_again() -
     assert cases[0].n_keys == 1
     with pytest.raises(BenchError, match="wrong bytes"):
         run_cases([LazyDriver()], cases, RunPlan(rounds=1, seconds_per_phase=0.05))
+
+
+def test_kvpools_own_mooncake_shim_is_not_measured_as_mooncake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvpool.bench.peers import mooncake_peer
+
+    fake = tmp_path / "mooncake"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "store.py").write_text("class MooncakeDistributedStore:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MC_LOG_LEVEL", "ERROR")  # what the driver would set; restored after
+    for name in [m for m in sys.modules if m == "mooncake" or m.startswith("mooncake.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(Unavailable, match="is not the real Mooncake"):
+        mooncake_peer.MooncakeDriver().setup(1 << 20)

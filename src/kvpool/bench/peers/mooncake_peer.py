@@ -68,10 +68,17 @@ def find_mooncake_master() -> str | None:
 def _import_store() -> Any:
     _quiet_log()
     try:
-        from mooncake.store import MooncakeDistributedStore
+        import mooncake.store as store_module
     except (ImportError, OSError) as exc:  # OSError: a missing libibverbs / libnuma
         raise Unavailable(f"the Mooncake wheel does not import ({exc})", INSTALL) from exc
-    return MooncakeDistributedStore
+    # kvpool ships a pure-Python `mooncake.store` (compat/mooncake-shim) that runs on kvpool;
+    # measuring it here would compare kvpool with itself. The real one is a C++ extension.
+    origin = getattr(store_module, "__file__", "") or ""
+    if not origin.endswith((".so", ".pyd")):
+        raise Unavailable(
+            f"mooncake.store at {origin} is not the real Mooncake (kvpool's shim?)", INSTALL
+        )
+    return store_module.MooncakeDistributedStore
 
 
 class MooncakeDriver(Driver):

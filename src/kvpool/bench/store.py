@@ -9,9 +9,9 @@ Cases: 4 KiB single put/get, 4 KiB in batches of 64, 1 MiB and 16 MiB (zero-copy
 `get_into` from registered buffers). Each reports ops/s, bytes/s and p50/p99 latency per call.
 
 Baselines measured in the same run, so that ratios mean something on a noisy shared machine:
-memcpy of 16 MiB between touched buffers (numpy), a raw loopback TCP socket moving 16 MiB
-messages (sendall → recv_into, the best any TCP transfer could do), and an `Echo` round trip to
-the master (the floor of any operation that needs one RPC).
+memcpy into touched memory (numpy), a raw loopback TCP socket (sendall → recv_into, the best any
+TCP transfer could do), each measured alternately with the 1 MiB / 16 MiB calls it is compared
+with, and an `Echo` round trip to the master (the floor of any operation that needs one RPC).
 
 Every value read is compared with what was written; the benchmark never asserts a speed.
 """
@@ -130,60 +130,78 @@ def _check(ok: bool, what: str) -> None:
 # ---------------------------------------------------------------- baselines
 
 
-def memcpy_baseline(reps: int, size: int = 16 * MiB, span: int = 256 * MiB) -> Row:
-    """numpy.copyto of `size` bytes into successive slices of a touched `span`-byte buffer:
-    like a put into a pre-faulted segment (a copy into the same slice every time would stay
-    in the CPU caches and run faster than any real transfer can)."""
-    src = np.ones(size, np.uint8)
-    dst = np.ones(span, np.uint8)  # ones, not zeros: every page touched before timing
-    slots = span // size
+class Limits:
+    """The physical limits, measured interleaved with the cases they are compared with.
 
-    def copy(i: int) -> None:
-        o = (i % slots) * size
-        np.copyto(dst[o : o + size], src)
+    `memcpy(src)`: numpy.copyto of `src` into the next slice of a touched 256 MiB buffer (like
+    a put into a pre-faulted segment; copying into the same slice every time would stay in the
+    CPU caches). `socket(n)`: `n` bytes over a loopback TCP connection to a receiver thread
+    (sendall → recv_into, then a one-byte ack), the best any TCP transfer could do. Both run
+    alternately with the kvpool call they are the baseline of, so a busy moment of this shared
+    machine slows both and their ratio stays meaningful.
+    """
 
-    return _row("memcpy", "copy", size, 1, _timed(max(reps, 2 * slots), copy), system="limit")
+    def __init__(self, span: int = 256 * MiB, max_message: int = 16 * MiB) -> None:
+        self._dst = np.ones(span, np.uint8)  # ones, not zeros: every page touched
+        self._next = 0
+        self._payload = b"\x01" * max_message
+        self._lsock = socket.create_server(("127.0.0.1", 0))
+        self._rx = threading.Thread(target=self._receive, name="bench-socket-rx", daemon=True)
+        self._rx.start()
+        self._conn = socket.create_connection(self._lsock.getsockname()[:2])
+        self._conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-
-def socket_baseline(reps: int, size: int = 16 * MiB) -> Row:
-    """sendall → recv_into over loopback TCP between two threads (both release the GIL)."""
-    lsock = socket.create_server(("127.0.0.1", 0))
-    port = lsock.getsockname()[1]
-    sink = bytearray(size)
-    ready = threading.Semaphore(0)
-    done = threading.Semaphore(0)
-
-    def receiver() -> None:
-        conn, _ = lsock.accept()
+    def _receive(self) -> None:
+        conn, _ = self._lsock.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with conn:
-            view = memoryview(sink)
-            for _ in range(reps + 1):
-                ready.release()
+            view = memoryview(bytearray(len(self._payload)))
+            head = bytearray(8)
+            while True:
+                if conn.recv_into(head, 8, socket.MSG_WAITALL) != 8:
+                    return
+                size = int.from_bytes(head, "little")
                 got = 0
                 while got < size:
-                    n = conn.recv_into(view[got:], size - got)
+                    n = conn.recv_into(view[got:size], size - got)
                     if n == 0:
                         return
                     got += n
-                done.release()
+                conn.sendall(b"k")
 
-    t = threading.Thread(target=receiver, name="bench-socket-rx", daemon=True)
-    t.start()
-    payload = b"\x01" * size
-    samples = []
-    try:
-        with socket.create_connection(("127.0.0.1", port)) as c:
-            for i in range(reps + 1):
-                ready.acquire()
-                t0 = time.perf_counter()
-                c.sendall(payload)
-                done.acquire()
-                if i:  # the first message warms the connection up
-                    samples.append(time.perf_counter() - t0)
-    finally:
-        t.join(timeout=10)
-        lsock.close()
-    return _row("socket", "send", size, 1, samples, system="limit")
+    def memcpy(self, src: np.ndarray[Any, Any]) -> float:
+        n = src.nbytes
+        if self._next + n > self._dst.nbytes:
+            self._next = 0
+        dst = self._dst[self._next : self._next + n]
+        self._next += n
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        return time.perf_counter() - t0
+
+    def socket(self, n: int) -> float:
+        t0 = time.perf_counter()
+        self._conn.sendall(n.to_bytes(8, "little"))
+        self._conn.sendall(memoryview(self._payload)[:n])
+        if self._conn.recv(1) != b"k":
+            raise KVPoolError("socket baseline: the receiver went away")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._conn.close()
+        self._rx.join(timeout=10)
+        self._lsock.close()
+
+    def rows(self, reps: int, size: int = 16 * MiB) -> list[Row]:
+        src = np.ones(size, np.uint8)
+        self.memcpy(src)
+        self.socket(size)
+        mem = [self.memcpy(src) for _ in range(max(reps, 16))]
+        sock = [self.socket(size) for _ in range(reps)]
+        return [
+            _row("memcpy", "copy", size, 1, mem, system="limit"),
+            _row("socket", "send", size, 1, sock, system="limit"),
+        ]
 
 
 def rpc_baseline(store: Store, reps: int) -> Row:
@@ -195,7 +213,7 @@ def rpc_baseline(store: Store, reps: int) -> Row:
 # ---------------------------------------------------------------- cases
 
 
-def run_cases(store: Store, path: str, plan: Plan) -> list[Row]:
+def run_cases(store: Store, path: str, plan: Plan, limits: Limits) -> list[Row]:
     rows: list[Row] = []
     rng = np.random.default_rng(7)
     tag = f"bench-{path}"
@@ -239,32 +257,40 @@ def run_cases(store: Store, path: str, plan: Plan) -> list[Row]:
     rows.append(_row(path, "get", 4 * KiB, b, samples))
     store.remove_all(force=True)
 
-    # 1 MiB and 16 MiB, zero-copy from / into registered buffers
+    # 1 MiB and 16 MiB, zero-copy from / into registered buffers, each call alternating with
+    # one measurement of its limit (memcpy for shm, the raw socket for tcp).
     for size, count in ((MiB, plan.mib_ops), (16 * MiB, plan.big_ops)):
         src = rng.integers(0, 256, size, dtype=np.uint8)
         dst = np.zeros(size, np.uint8)
         store.register_buffer(src)
         store.register_buffer(dst)
+
+        def limit(s: int = size, a: np.ndarray[Any, Any] = src) -> float:
+            return limits.memcpy(a) if path == "shm" else limits.socket(s)
+
         try:
             label = f"{tag}-{size}"
-            rows.append(
-                _row(
-                    path,
-                    "put",
-                    size,
-                    1,
-                    _timed(count, lambda i: store.put_from(f"{label}-{i}", src)),  # noqa: B023
-                )
-            )
-            samples = []
+            put_s, put_base, get_s, get_base = [], [], [], []
+            for i in range(count):
+                put_base.append(limit())
+                t0 = time.perf_counter()
+                store.put_from(f"{label}-{i}", src)
+                put_s.append(time.perf_counter() - t0)
             for i in range(count):
                 dst[:1] = 0
+                get_base.append(limit())
                 t0 = time.perf_counter()
                 store.get_into(f"{label}-{i}", dst)
-                samples.append(time.perf_counter() - t0)
+                get_s.append(time.perf_counter() - t0)
                 if i == 0 or i == count - 1:
                     _check(bool(np.array_equal(src, dst)), f"{size}-byte get_into")
-            rows.append(_row(path, "get", size, 1, samples))
+            for op, samples, base in (("put", put_s, put_base), ("get", get_s, get_base)):
+                r = _row(path, op, size, 1, samples)
+                limit_bps = size / statistics.median(base)
+                r.ratio = r.bytes_per_s / limit_bps
+                name = "memcpy" if path == "shm" else "socket"
+                r.baseline = f"{name} {limit_bps / 1e9:.2f} GB/s, interleaved"
+                rows.append(r)
         finally:
             store.unregister_buffer(src)
             store.unregister_buffer(dst)
@@ -285,30 +311,26 @@ def run(
     try:
         address = pool.start() if pool is not None else master
         assert address is not None
-        mem = memcpy_baseline(plan.baseline_reps)
-        sock = socket_baseline(plan.baseline_reps)
-        rows += [mem, sock]
-        cases: list[Row] = []
-        rpcs: list[Row] = []
-        for proto in protocols:
-            path = "shm" if proto == "auto" else proto
-            with Store(address, protocol=proto) as store:
-                store.warm_up()
-                rpcs.append(rpc_baseline(store, plan.small_ops))
-                cases += run_cases(store, path, plan)
-                rpcs.append(rpc_baseline(store, plan.small_ops))
-        # Baselines again after the cases; the faster of the two runs is the limit that
-        # ratios are taken against (conservative when the machine got busier meanwhile).
-        mem = max(mem, memcpy_baseline(plan.baseline_reps), key=lambda r: r.ops_per_s)
-        sock = max(sock, socket_baseline(plan.baseline_reps), key=lambda r: r.ops_per_s)
+        limits = Limits()
+        try:
+            rows += limits.rows(plan.baseline_reps)
+            cases: list[Row] = []
+            rpcs: list[Row] = []
+            for proto in protocols:
+                path = "shm" if proto == "auto" else proto
+                with Store(address, protocol=proto) as store:
+                    store.warm_up()
+                    rpcs.append(rpc_baseline(store, plan.small_ops))
+                    cases += run_cases(store, path, plan, limits)
+                    rpcs.append(rpc_baseline(store, plan.small_ops))
+        finally:
+            limits.close()
+        # The faster of the echo runs is what single-key ratios are taken against
+        # (conservative when the machine got busier meanwhile).
         rpc = max(rpcs, key=lambda r: r.ops_per_s)
-        rows = [mem, sock, rpc]
+        rows.append(rpc)
         for r in cases:
-            if r.value_size >= MiB:
-                base = mem if r.path == "shm" else sock
-                r.ratio = r.bytes_per_s / base.bytes_per_s
-                r.baseline = f"{base.path} {base.bytes_per_s / 1e9:.2f} GB/s"
-            elif r.batch == 1:
+            if r.value_size < MiB and r.batch == 1:
                 r.ratio = r.ops_per_s / rpc.ops_per_s
                 r.baseline = f"rpc echo {rpc.ops_per_s / 1e3:.1f}k/s"
             rows.append(r)

@@ -121,3 +121,23 @@ def test_the_async_store_runs_each_call_in_an_executor(backend: Any) -> None:
         _ = store.async_no_such_method
     with pytest.raises(AttributeError):
         _ = store.no_such_attribute
+
+
+def test_host_memory_from_the_allocator_serves_zero_copy_calls(backend: Any) -> None:
+    """SGLang allocates its host KV pool with MooncakeHostMemAllocator, then registers it."""
+    import ctypes
+
+    store = backend.store()
+    allocator = backend.module.MooncakeHostMemAllocator()
+    size = 1 << 20
+    ptr = allocator.alloc(size)
+    assert ptr != 0 and ptr % 4096 == 0
+    try:
+        assert store.register_buffer(ptr, size) == 0
+        ctypes.memmove(ptr + 4096, b"pooled", 6)
+        assert store.put_from("host-pool", ptr + 4096, 6) == 0
+        assert store.get_into("host-pool", ptr + 8192, 100) == 6
+        assert ctypes.string_at(ptr + 8192, 6) == b"pooled"
+        assert store.unregister_buffer(ptr) == 0
+    finally:
+        assert allocator.free(ptr) == 0

@@ -87,6 +87,7 @@ def test_the_public_names_of_kvpool_compat_mooncake() -> None:
         "MooncakeConfig",
         "MooncakeDistributedStore",
         "MooncakeDistributedStoreAsync",
+        "MooncakeHostMemAllocator",
         "ObjectDataType",
         "ReplicaStatus",
         "ReplicateConfig",

@@ -10,7 +10,7 @@ Modules (each imports only those above it):
     config.py     MooncakeConfig (MOONCAKE_* variables, JSON file), Mooncake's size units
     replicate.py  ReplicateConfig, SoftPinAction, ReplicaStatus, ObjectDataType → kvpool config
     memory.py     PointerRegistry (raw pointers resolved only inside registered memory),
-                  BufferHandle
+                  BufferHandle, MooncakeHostMemAllocator
     tensor.py     Mooncake's tensor object format (304-byte header + data)
     setup.py      setup()'s two argument forms, validated
     store.py      MooncakeDistributedStore on kvpool.client.Store
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from kvpool.compat.mooncake.async_store import MooncakeDistributedStoreAsync
 from kvpool.compat.mooncake.config import MooncakeConfig
-from kvpool.compat.mooncake.memory import BufferHandle
+from kvpool.compat.mooncake.memory import BufferHandle, MooncakeHostMemAllocator
 from kvpool.compat.mooncake.replicate import (
     ObjectDataType,
     ReplicaStatus,
@@ -39,6 +39,7 @@ __all__ = [
     "MooncakeConfig",
     "MooncakeDistributedStore",
     "MooncakeDistributedStoreAsync",
+    "MooncakeHostMemAllocator",
     "ObjectDataType",
     "ReplicaStatus",
     "ReplicateConfig",

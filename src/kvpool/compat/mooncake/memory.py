@@ -11,19 +11,22 @@ vouched for the memory by registering it); every resolved pointer is a slice of 
 The program keeps the memory alive until it unregisters it, exactly as with Mooncake.
 
 `BufferHandle` is what `get_buffer` returns: the value's bytes with Mooncake's handle methods.
+`MooncakeHostMemAllocator` hands out page-aligned host memory by address (SGLang allocates its
+host KV pool with it, then registers that memory).
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
+import mmap
 import operator
 import threading
 from dataclasses import dataclass
 
 from kvpool.errors import InvalidParams
 
-__all__ = ["BufferHandle", "PointerRegistry", "Registration"]
+__all__ = ["BufferHandle", "MooncakeHostMemAllocator", "PointerRegistry", "Registration"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +128,42 @@ class BufferHandle(bytearray):
 
     def size(self) -> int:
         return len(self)
+
+
+class MooncakeHostMemAllocator:
+    """Page-aligned host memory by address: `alloc(size) -> address`, `free(address) -> 0`.
+
+    Each block is an anonymous mapping owned by this allocator: it stays mapped until `free`
+    or until the allocator itself is dropped, so keep the allocator as long as the memory is
+    used (as with Mooncake's). `alloc` answers 0 when the size is not positive or the mapping
+    fails; `free` answers -600 for an address it did not hand out.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # address -> (mapping, the ctypes view that pins it while the address is handed out)
+        self._blocks: dict[int, tuple[mmap.mmap, ctypes.c_char]] = {}
+
+    def alloc(self, size: int) -> int:
+        n = operator.index(size)
+        if n <= 0:
+            return 0
+        try:
+            block = mmap.mmap(-1, n)
+        except OSError:
+            return 0
+        pin = ctypes.c_char.from_buffer(block)
+        address = ctypes.addressof(pin)
+        with self._lock:
+            self._blocks[address] = (block, pin)
+        return address
+
+    def free(self, ptr: int) -> int:
+        with self._lock:
+            entry = self._blocks.pop(operator.index(ptr), None)
+        if entry is None:
+            return int(InvalidParams.default_code)
+        block, pin = entry
+        del entry, pin  # the ctypes export must go before the mapping can be closed
+        block.close()
+        return 0

@@ -26,8 +26,9 @@ Behaviour = Callable[[int, bytes], bytes]
 class BadServer:
     """Accepts connections one at a time, answers the handshake, then applies `behaviour`."""
 
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, welcome: bytes | None = None) -> None:
         self.behaviour = behaviour
+        self.welcome = welcome  # raw bytes to answer the Hello with, instead of a Welcome
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections = 0
@@ -57,6 +58,9 @@ class BadServer:
                 return
             for rid, payload in dec.feed(data):
                 if not welcomed:
+                    if self.welcome is not None:
+                        conn.sendall(self.welcome)
+                        return
                     welcome = Welcome(PROTOCOL_VERSION, CLUSTER, "bad")
                     conn.sendall(encode_frame(rid, msgspec.msgpack.encode(welcome)))
                     welcomed = True
@@ -151,3 +155,34 @@ def test_async_client_reply_before_a_broken_stream(bad_server: BadServer) -> Non
             assert await c.call(Add(1, 1)) == Sum(1)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        struct.pack("<I", 1),  # a broken length prefix
+        encode_frame(0, b"\xc1"),  # not msgpack
+        encode_frame(0, msgspec.msgpack.encode(Sum(1))),  # not a Welcome
+        encode_frame(0, msgspec.msgpack.encode(Welcome(PROTOCOL_VERSION, "other", "x"))),
+    ],
+)
+def test_a_bad_handshake_answer_fails_the_connect_cleanly(answer: bytes) -> None:
+    srv = BadServer(_good, welcome=answer)
+    try:
+        with RpcClient(srv.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
+            with pytest.raises(KVPoolError) as info:
+                c.connect()
+            assert info.value.code in (ErrorCode.RPC_FAIL, ErrorCode.ILLEGAL_CLIENT)
+            assert not c.connected
+
+        async def main() -> None:
+            async with AsyncRpcClient(
+                srv.endpoint, response_type=Response, cluster_id=CLUSTER
+            ) as a:
+                with pytest.raises(KVPoolError) as info:
+                    await a.connect()
+                assert info.value.code in (ErrorCode.RPC_FAIL, ErrorCode.ILLEGAL_CLIENT)
+
+        asyncio.run(main())
+    finally:
+        srv.close()

@@ -431,6 +431,9 @@ class RpcClient:
             )
             if problem is not None:
                 raise problem
+        except FrameError as exc:
+            sock.close()
+            raise RpcError(f"bad frame from {self.address} during the handshake: {exc}") from exc
         except KVPoolError:
             sock.close()
             raise
@@ -442,6 +445,9 @@ class RpcClient:
         except (OSError, msgspec.DecodeError) as exc:
             sock.close()
             raise RpcError(f"handshake with {self.address} failed: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
         self.server_name = welcome.server_name
         return _Conn(sock, decoder, self.timeout)
 

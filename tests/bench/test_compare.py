@@ -68,7 +68,7 @@ class DictDriver(Driver):
         self.data[key] = bytes(value)
 
     @override
-    def get(self, key: str, out: memoryview) -> bytes:
+    def get(self, key: str, out: memoryview) -> memoryview | bytes:
         return self.data[key]
 
     @override
@@ -99,7 +99,7 @@ class CorruptingDriver(DictDriver):
         self.nth = nth
 
     @override
-    def get(self, key: str, out: memoryview) -> bytes:
+    def get(self, key: str, out: memoryview) -> memoryview | bytes:
         self.reads += 1
         value = self.data[key]
         if self.reads == self.nth:

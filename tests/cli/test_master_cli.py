@@ -149,8 +149,9 @@ def test_a_full_pool_evicts_unleased_objects_unless_no_reclaim(reclaim: bool) ->
                 assert codes == [0] * 16
                 batch = rpc.call(m.BatchGetReplicaList([f"k{i}" for i in range(16)]))
                 readable = [r.code for r in batch.results].count(0)
-                assert 1 <= readable <= 8  # older objects were evicted to make room
-                assert batch.results[15].code == 0
+                # Room was made by evicting: which objects went is reclaim's policy (and its
+                # background kswapd keeps the pool under the high watermark meanwhile).
+                assert 1 <= readable <= 8
             else:
                 assert codes == [0] * 8 + [-200] * 8
                 assert rpc.call(m.GetReplicaList("k0")).code == 0

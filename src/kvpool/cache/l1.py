@@ -147,15 +147,18 @@ class _Recycler:
     Recycled bytes count against the L1 capacity and are released first when room is needed.
     """
 
-    __slots__ = ("_arrays", "bytes")
-
-    # References to a candidate inside `take`: the list slot, the local name and getrefcount's
-    # own argument. Anything above means someone else still holds the array.
-    _UNSHARED_REFS = 3
+    __slots__ = ("_arrays", "_unshared", "bytes")
 
     def __init__(self) -> None:
         self._arrays: dict[int, list[np.ndarray[Any, np.dtype[np.uint8]]]] = {}
         self.bytes = 0
+        # How many references getrefcount reports for an array that only the recycler holds,
+        # seen the way `take` sees a candidate (list slot, local name, call argument). Measured
+        # on the running interpreter rather than assumed, since interpreters differ in which
+        # stack references they count; anything above it means someone else holds the array.
+        probe = [np.empty(1, dtype=np.uint8)]
+        arr = probe[0]
+        self._unshared = sys.getrefcount(arr)
 
     def put(self, array: np.ndarray[Any, np.dtype[np.uint8]]) -> None:
         self._arrays.setdefault(array.nbytes, []).append(array)
@@ -168,7 +171,7 @@ class _Recycler:
             return None
         for i in range(len(candidates) - 1, -1, -1):  # newest first: the warmest in cache
             arr = candidates[i]
-            if sys.getrefcount(arr) <= self._UNSHARED_REFS:
+            if sys.getrefcount(arr) <= self._unshared:
                 del candidates[i]
                 self.bytes -= size
                 return arr

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["BenchError", "Driver", "Unavailable", "override"]
+__all__ = ["BenchError", "Driver", "Read", "Unavailable", "override"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -39,6 +39,10 @@ else:
 
     def override(func: _F) -> _F:
         return func
+
+
+Read = memoryview | bytes | bytearray
+"""What a get hands back: a view of the caller's buffer, or a new object from the system."""
 
 
 class Unavailable(Exception):
@@ -92,7 +96,7 @@ class Driver(ABC):
         """Store `value` under `key`, which is absent (the harness `reset`s before reusing keys)."""
 
     @abstractmethod
-    def get(self, key: str, out: memoryview) -> memoryview | bytes:
+    def get(self, key: str, out: memoryview) -> Read:
         """The value of `key`: either written into `out` (return the filled prefix) or returned.
 
         `out` is a writable buffer at least as large as the value; a driver whose API returns a
@@ -104,9 +108,7 @@ class Driver(ABC):
         """Store every value under its key in as few round trips as the system allows."""
 
     @abstractmethod
-    def batch_get(
-        self, keys: Sequence[str], outs: Sequence[memoryview]
-    ) -> Sequence[memoryview | bytes]:
+    def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> Sequence[Read]:
         """The values of `keys`, in order, each as `get` would return it."""
 
     @abstractmethod

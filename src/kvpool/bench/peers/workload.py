@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool.bench.peers.base import BenchError, Driver
+from kvpool.bench.peers.base import BenchError, Driver, Read
 
 __all__ = [
     "Case",
@@ -158,7 +158,7 @@ class ValueSource:
         return [self.case.key(j) for j in js], [self.value(fill, j) for j in js]
 
 
-def verify(label: str, key: str, got: memoryview | bytes, want: memoryview) -> None:
+def verify(label: str, key: str, got: Read, want: memoryview) -> None:
     """Raise `BenchError` unless `got` is byte for byte `want`."""
     if len(got) != len(want):
         raise BenchError(f"{label}: {key!r} read {len(got)} bytes, {len(want)} were written")
@@ -249,7 +249,7 @@ def _get_phase(
             src.poison_outs()
         t0 = time.perf_counter_ns()
         if case.batch == 1:
-            got: Sequence[memoryview | bytes] = [driver.get(keys[0], src.outs[0])]
+            got: Sequence[Read] = [driver.get(keys[0], src.outs[0])]
         else:
             got = driver.batch_get(keys, src.outs)
         dt = time.perf_counter_ns() - t0
@@ -343,7 +343,7 @@ def _warm_up(driver: Driver, src: ValueSource, fills: _Fills, calls: int) -> Non
         keys, values = src.call(fill, j)
         if case.batch == 1:
             driver.put(keys[0], values[0])
-            got: Sequence[memoryview | bytes] = [driver.get(keys[0], src.outs[0])]
+            got: Sequence[Read] = [driver.get(keys[0], src.outs[0])]
         else:
             driver.batch_put(keys, values)
             got = driver.batch_get(keys, src.outs)

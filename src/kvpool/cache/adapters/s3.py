@@ -3,10 +3,12 @@
     {"type": "s3", "bucket": "kv", "endpoint_url": "http://127.0.0.1:9000", "prefix": "kvpool/",
      "region": "us-east-1", "access_key_id": "...", "secret_access_key": "..."}
 
-PUT replaces an object atomically (readers see the old or the new object, never a part), so no
+The keys of one task go out in parallel (`concurrency` requests in flight across all tasks):
+S3 is latency-bound, so one-after-another would cost a round trip per key. PUT replaces an
+object atomically (readers see the old or the new object, never a part), so no
 temp-and-rename is needed. Missing credentials fall back to boto3's usual chain (environment,
 profile, instance role). The boto3 client is thread-safe and its connection pool is sized to
-the adapter's workers; connect and read timeouts bound every call, so `close()` never waits on
+`concurrency`; connect and read timeouts bound every call, so `close()` never waits on
 an unreachable endpoint for longer than them.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +43,23 @@ class S3AdapterConfig(AdapterConfig):
     create_bucket: bool = False
     """Create the bucket at start if it does not exist (tests, MinIO)."""
     workers: int = 8
+    """Tasks worked on at once."""
+    concurrency: int = 16
+    """Requests in flight across all tasks: S3 is latency-bound, so the keys of one task go out
+    in parallel instead of one after another."""
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.bucket, str) or not self.bucket:
             raise InvalidParams(f's3 adapter needs "bucket", got {self.bucket!r}')
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or not 1 <= self.concurrency <= 256
+        ):
+            raise InvalidParams(
+                f"s3.concurrency must be an int in [1, 256], got {self.concurrency!r}"
+            )
         if not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise InvalidParams(f"s3.timeout_s must be > 0, got {self.timeout_s!r}")
 
@@ -57,7 +72,7 @@ class S3Backend(Backend):
         kwargs: dict[str, Any] = {
             "region_name": config.region,
             "config": Config(
-                max_pool_connections=config.workers + 2,
+                max_pool_connections=config.concurrency + 2,
                 connect_timeout=config.timeout_s,
                 read_timeout=config.timeout_s,
                 retries={"max_attempts": 2, "mode": "standard"},
@@ -71,11 +86,15 @@ class S3Backend(Backend):
         self._client: Any = boto3.client("s3", **kwargs)
         self._bucket = config.bucket
         self._prefix = config.prefix
+        self._io = ThreadPoolExecutor(
+            max_workers=config.concurrency, thread_name_prefix="kvpool-l2-s3-io"
+        )
         if config.create_bucket:
             try:
                 with contextlib.suppress(self._client.exceptions.BucketAlreadyOwnedByYou):
                     self._client.create_bucket(Bucket=self._bucket)
             except BaseException:
+                self._io.shutdown(wait=False)
                 self._client.close()
                 raise
 
@@ -91,40 +110,43 @@ class S3Backend(Backend):
             and str(exc.response.get("Error", {}).get("Code")) in _MISSING
         )
 
+    def _put(self, key: ObjectKey, record: Record) -> None:
+        head, payload = record
+        self._client.put_object(
+            Bucket=self._bucket, Key=self._name(key), Body=b"".join((head, payload))
+        )
+
+    def _get(self, key: ObjectKey) -> bytes | None:
+        try:
+            resp = self._client.get_object(Bucket=self._bucket, Key=self._name(key))
+        except Exception as exc:
+            if self._is_missing(exc):
+                return None
+            raise
+        body = resp["Body"]
+        try:
+            data: bytes = body.read()
+            return data
+        finally:
+            body.close()
+
+    def _exists(self, key: ObjectKey) -> bool:
+        try:
+            self._client.head_object(Bucket=self._bucket, Key=self._name(key))
+            return True
+        except Exception as exc:
+            if not self._is_missing(exc):
+                raise
+            return False
+
     def put_many(self, items: Sequence[tuple[ObjectKey, Record]]) -> None:
-        for key, (head, payload) in items:
-            self._client.put_object(
-                Bucket=self._bucket, Key=self._name(key), Body=b"".join((head, payload))
-            )
+        list(self._io.map(lambda item: self._put(*item), items))
 
     def get_many(self, keys: Sequence[ObjectKey]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for key in keys:
-            try:
-                resp = self._client.get_object(Bucket=self._bucket, Key=self._name(key))
-            except Exception as exc:
-                if self._is_missing(exc):
-                    out.append(None)
-                    continue
-                raise
-            body = resp["Body"]
-            try:
-                out.append(body.read())
-            finally:
-                body.close()
-        return out
+        return list(self._io.map(self._get, keys))
 
     def exists_many(self, keys: Sequence[ObjectKey]) -> list[bool]:
-        out: list[bool] = []
-        for key in keys:
-            try:
-                self._client.head_object(Bucket=self._bucket, Key=self._name(key))
-                out.append(True)
-            except Exception as exc:
-                if not self._is_missing(exc):
-                    raise
-                out.append(False)
-        return out
+        return list(self._io.map(self._exists, keys))
 
     def delete_many(self, keys: Sequence[ObjectKey]) -> None:
         names = [self._name(k) for k in keys]
@@ -135,6 +157,7 @@ class S3Backend(Backend):
             )
 
     def close(self) -> None:
+        self._io.shutdown(wait=True, cancel_futures=True)
         self._client.close()
 
 

@@ -576,3 +576,28 @@ def test_kswapd_sleeps_between_the_low_and_the_high_watermark() -> None:
         assert not pool.engine.kswapd_wanted()
     fill(pool, ["n20"])
     assert pool.engine.kswapd_wanted()
+
+
+def test_an_access_racing_a_pass_only_marks_the_isolated_record() -> None:
+    pool = make_pool(10)
+    fill(pool, [f"k{i}" for i in range(10)])
+    real_inspect = pool.inspect
+
+    def inspect_while_reads_arrive(rec: EvictInfo[str], now: float) -> Verdict:
+        if rec.key == "k0":
+            # Two reads of k1 land while k0..k3 are isolated (outside the list lock): on a
+            # listed record they would promote it; on an isolated one they only set the bit.
+            pool.get("k1")
+            pool.get("k1")
+            (k1,) = pool.engine.records_of("k1")
+            assert k1.state is ListState.ISOLATED and k1.referenced
+            assert pool.engine.shard(0).active_order() == []
+        return real_inspect(rec, now)
+
+    pool.inspect = inspect_while_reads_arrive  # type: ignore[method-assign]
+    assert pool.engine.direct_reclaim(4 * SIZE) == 4 * SIZE
+    # The pass saw k1's bit: kept it (one more trip) and took k4 instead.
+    assert "k1" in pool.objects and "k4" not in pool.objects
+    (k1,) = pool.engine.records_of("k1")
+    assert k1.state is ListState.INACTIVE and not k1.referenced
+    assert pool.engine.stats.promoted == 0

@@ -126,6 +126,13 @@ def empty_like(objs: list[MemoryObj]) -> list[MemoryObj]:
     return out
 
 
+def assert_no_locks_left(adapter: L2Adapter) -> None:
+    """Adapters that expose their lock table (mock, the threaded ones) must show it empty."""
+    table = getattr(adapter, "locked_keys", None)
+    if callable(table):
+        assert table() == {}
+
+
 def test_three_event_fds_are_distinct_within_and_across_adapters(
     make_adapter: Callable[[], L2Adapter],
 ) -> None:
@@ -139,12 +146,21 @@ def test_task_ids_are_unique_per_adapter(adapter: L2Adapter) -> None:
     ks = keys_for(4)
     objs = objs_with(ks, 64)
     ids = []
+    lookups = []
     for _ in range(5):
         ids.append(adapter.submit_store_task(ks, objs))
-        ids.append(adapter.submit_lookup_and_lock_task(ks))
+        lookups.append(adapter.submit_lookup_and_lock_task(ks))
+        ids.append(lookups[-1])
     assert len(set(ids)) == len(ids)
     drv = BlockingAdapter(adapter)
-    drv.unlock(ks)  # whatever the lookups locked
+    for tid in lookups:  # release exactly what each lookup locked
+        found = drv._wait(
+            adapter.get_lookup_and_lock_event_fd(),
+            lambda tid=tid: adapter.query_lookup_and_lock_result(tid),
+            "lookup",
+        )
+        drv.unlock(found.gather(ks))
+    assert_no_locks_left(adapter)
 
 
 def test_store_then_lookup_then_load_round_trips_bytes_exactly(adapter: L2Adapter) -> None:
@@ -162,6 +178,7 @@ def test_store_then_lookup_then_load_round_trips_bytes_exactly(adapter: L2Adapte
     assert loaded == Bitmap(8, 8)
     for src, dst in zip(objs, dest, strict=True):
         assert bytes(dst.buffer) == bytes(src.buffer)
+    assert_no_locks_left(adapter)
 
 
 def test_lookup_reports_missing_present_and_mixed_keys(adapter: L2Adapter) -> None:
@@ -175,6 +192,7 @@ def test_lookup_reports_missing_present_and_mixed_keys(adapter: L2Adapter) -> No
     assert mixed.get_indices_list() == [0, 2, 5]
     drv.unlock(present)
     drv.unlock([ks[2]])
+    assert_no_locks_left(adapter)
 
 
 def test_load_sets_only_bits_of_keys_that_exist_with_the_right_size(adapter: L2Adapter) -> None:

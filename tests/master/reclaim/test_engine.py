@@ -601,3 +601,14 @@ def test_an_access_racing_a_pass_only_marks_the_isolated_record() -> None:
     (k1,) = pool.engine.records_of("k1")
     assert k1.state is ListState.INACTIVE and not k1.referenced
     assert pool.engine.stats.promoted == 0
+
+
+def test_a_drop_that_frees_nothing_keeps_the_record_listed() -> None:
+    pool = make_pool(2)
+    fill(pool, ["a", "b"])
+    pool.drop = lambda rec: 0  # type: ignore[method-assign,assignment]
+    assert pool.engine.direct_reclaim(SIZE) == 0
+    # Still tracked: a later pass (with a working drop) can evict it.
+    assert [r.state for r in pool.engine.records_of("a")] == [ListState.INACTIVE]
+    del pool.drop
+    assert pool.engine.direct_reclaim(SIZE) == SIZE

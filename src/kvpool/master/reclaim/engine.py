@@ -597,13 +597,13 @@ class ReclaimEngine(Generic[K]):
         stats = self.stats
         if self.config.mode is EvictionMode.CACHE or verdict is Verdict.DROPPABLE:
             freed = self.target.drop(rec)
-            if lists.forget(rec) or freed:
-                if freed:
-                    stats.dropped += 1
-                    stats.evicted += 1
-                    stats.evicted_bytes += freed
-                else:
-                    stats.stale += 1
+            if freed:
+                lists.forget(rec)  # (already retired if the drop removed the object)
+                stats.dropped += 1
+                stats.evicted += 1
+                stats.evicted_bytes += freed
+            # Nothing freed: the record stays isolated and goes back on the list; if it was
+            # stale after all, the next pass's inspect says so and drops it.
             return freed, 0
         # Pool mode, a primary or soft-pinned replica: move it out before freeing anything.
         if budget.swap_refused:

@@ -45,6 +45,7 @@ __all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
 
 log = logging.getLogger(__name__)
 
+# Freed bytes of the last this-many direct-reclaim groups, for followers that wake late.
 _GROUP_RESULTS_KEPT = 64
 # Reclaims up to this many average records go to one shard drawn by usage (see `_split`).
 _SMALL_RECLAIM_RECORDS = 4
@@ -54,8 +55,8 @@ _MAX_SHARDS_PER_PASS = 16
 
 @dataclass(slots=True)
 class ReclaimStats:
-    """Counters since start (exported by the master as metrics; plain ints, approximate only
-    when several threads run passes at once)."""
+    """Counters since start, for status and metrics (plain ints: approximate only when several
+    threads run passes at once)."""
 
     kswapd_steps: int = 0
     direct_calls: int = 0

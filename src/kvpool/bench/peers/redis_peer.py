@@ -2,11 +2,16 @@
 
 The driver starts its own Debian `redis-server` on a free loopback port with no persistence
 (`--save "" --appendonly no`), and talks to it from one redis-py client with the hiredis
-parser, as a user would: `SET` / `GET` for single values, one pipelined round trip of `SET`s
-for a batch put and one `MGET` for a batch get. `reset` is `FLUSHALL SYNC`.
+parser, as a user would: `SET` / `GET` for single values, one `MSET` for a batch put and one
+`MGET` for a batch get, each batch one round trip. (A pipeline of 64 `SET`s is also one round
+trip, but redis-py builds a command object per key: measured on 2026-11-30 it took 1.5 ms per
+64 x 4 KiB batch against 0.4 ms for `MSET`, so the faster form is measured.) `reset` is
+`FLUSHALL SYNC`.
 
 Redis always returns a new `bytes` for a value (there is no read-into-buffer API), so a get
-pays for that allocation and copy; that is part of what a user of Redis gets.
+pays for that allocation and copy; that is part of what a user of Redis gets. Values are handed
+to redis-py as `bytes` (the copy is timed): measured on 2026-11-30, a 16 MiB SET of a
+memoryview ran at a third of the speed of a SET of the same bytes, copy included.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ class RedisDriver(Driver):
 
     @override
     def put(self, key: str, value: memoryview) -> None:
-        if not self._redis().set(key, value):
+        if not self._redis().set(key, bytes(value)):
             raise BenchError(f"redis SET {key!r} failed")
 
     @override
@@ -106,11 +111,9 @@ class RedisDriver(Driver):
 
     @override
     def batch_put(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
-        pipe = self._redis().pipeline(transaction=False)
-        for key, value in zip(keys, values, strict=True):
-            pipe.set(key, value)
-        if not all(pipe.execute()):
-            raise BenchError("redis pipelined SET failed")
+        mapping = {key: bytes(value) for key, value in zip(keys, values, strict=True)}
+        if not self._redis().mset(mapping):
+            raise BenchError("redis MSET failed")
 
     @override
     def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> list[bytes]:

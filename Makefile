@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 EXTRAS  ?= dev,fast,redis,s3,plot
 STAMP   := $(VENV)/.installed-$(shell echo '$(EXTRAS)' | tr ',' '-')
 
-.PHONY: run test check bench clean venv
+.PHONY: run test test-mooncake check bench clean venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,3 +33,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache
+
+## The compatibility suite against the real Mooncake wheel too (its client binds all interfaces,
+## so this is opt-in; needs Debian's libibverbs1 librdmacm1 libnuma1).
+test-mooncake:
+	$(MAKE) EXTRAS=dev,fast,redis,s3,plot,bench venv
+	KVPOOL_TEST_REAL_MOONCAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/compat

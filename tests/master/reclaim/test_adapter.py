@@ -165,6 +165,9 @@ def test_soft_pinned_objects_go_last_in_cache_mode() -> None:
     assert pool.engine.direct_reclaim(3 * OBJ) == 3 * OBJ
     assert not pool.exists("pinned") and pool.engine.stats.soft_pinned_evicted == 1
     assert len(pool.hooks.soft_pins) == 0
+    stats = pool.hooks.stats()
+    assert stats["soft_pins"] == 0 and stats["soft_pinned_evicted"] == 1
+    assert stats["resident_records"] == 0 and stats["resident_bytes"] == pool.used() == 0
 
 
 def test_soft_pins_expire_on_tick_in_deadline_order() -> None:

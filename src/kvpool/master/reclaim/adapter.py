@@ -177,6 +177,17 @@ class MasterReclaimHooks:
             if step.freed + step.pending == 0 or not engine.kswapd_wanted():
                 break
 
+    def stats(self) -> dict[str, int]:
+        """Reclaim counters plus gauges (resident records and bytes, live soft pins, bytes
+        moving), for the master's Stats reply or metrics."""
+        engine = self.engine
+        out = engine.stats.as_dict()
+        out["resident_records"] = engine.resident_count
+        out["resident_bytes"] = engine.resident_bytes
+        out["migrating_bytes"] = engine.migrating_bytes
+        out["soft_pins"] = len(self.soft_pins)
+        return out
+
     def _wake(self) -> bool:
         """Schedule one kswapd step on the running loop; False when there is no loop."""
         if self._scheduled:

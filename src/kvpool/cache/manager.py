@@ -116,6 +116,10 @@ class StorageManager:
     # -- parts ------------------------------------------------------------------------------
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def l1(self) -> L1Manager:
         return self._l1
 

@@ -85,7 +85,6 @@ class SimulatedPool(ReclaimTarget[str]):
         )
         self.soft_pins: SoftPinIndex[str] = SoftPinIndex(num_shards, self.engine.shard_of)
         self.pending_swaps: list[EvictInfo[str]] = []
-        self.failed_puts = 0
         self._generations = itertools.count(1)
         self._replica_ids = itertools.count(1)
 
@@ -108,7 +107,6 @@ class SimulatedPool(ReclaimTarget[str]):
             if allow_direct_reclaim:
                 self.engine.direct_reclaim(self.used + need - self.capacity)
             if self.used + need > self.capacity:
-                self.failed_puts += 1
                 return ErrorCode.NO_AVAILABLE_HANDLE
         self.used += need
         obj = SimObject(next(self._generations), size, hard_pinned=hard_pin)

@@ -80,11 +80,6 @@ class SoftPinIndex(Generic[K]):
                     on_expired(key, deadline)
         return expired
 
-    def next_deadline(self) -> float | None:
-        """The earliest heap deadline (possibly stale), for sleeping until the next expiry."""
-        heads = [h[0][0] for h in self._heaps if h]
-        return min(heads) if heads else None
-
     def _maybe_compact(self, shard: int) -> None:
         heap = self._heaps[shard]
         live = self._live[shard]

@@ -309,3 +309,32 @@ def test_kvpools_own_mooncake_shim_is_not_measured_as_mooncake(
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(Unavailable, match="is not the real Mooncake"):
         mooncake_peer.MooncakeDriver().setup(1 << 20)
+
+
+@pytest.mark.slow
+def test_a_benchmark_killed_with_sigkill_leaves_no_server_behind() -> None:
+    require_binary("redis-server")
+    proc = kvpool_proc(
+        "bench", "compare", "--systems", "redis,limit", "--seconds", "30", name="bench compare"
+    )
+    try:
+        bench = psutil.Process(proc.pid)
+
+        def servers() -> list[psutil.Process]:
+            kids = bench.children(recursive=True)
+            names = " ".join(" ".join(k.cmdline()) for k in kids)
+            return kids if "redis-server" in names and "kvpool.bench.peers.limits" in names else []
+
+        kids = wait_until(servers, timeout=60, what="redis-server and the socket server")
+        proc.kill9()  # no finally runs: only PR_SET_PDEATHSIG can stop the children now
+        _gone, alive = psutil.wait_procs(kids, timeout=15)
+        assert not alive, [k.cmdline() for k in alive]
+    finally:
+        proc.stop()
+
+
+def test_the_thin_script_runs_the_same_command() -> None:
+    script = Path(__file__).parents[2] / "benchmarks" / "compare.py"
+    with Proc([sys.executable, str(script), "--help"], name="benchmarks/compare.py") as p:
+        assert p.popen.wait(timeout=60) == 0
+        p.wait_for_line(r"--markdown", timeout=10)

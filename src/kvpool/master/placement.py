@@ -66,9 +66,12 @@ class Placement:
                     break
         return chosen
 
-    def one_random(self, live: list[Segment], size: int) -> tuple[Segment, int] | None:
+    def one_random(
+        self, live: list[Segment], size: int, *, count: bool = True
+    ) -> tuple[Segment, int] | None:
         """One range on a random segment with room (from a random start, in mount order):
-        the path of a plain one-replica put, kept free of any list building."""
+        the path of a plain one-replica put, kept free of any list building. `count`: the
+        range is one replica (False: a region the caller cuts and counts itself)."""
         n = len(live)
         if n:
             start = int(self._random() * n)
@@ -76,7 +79,8 @@ class Placement:
                 seg = live[(start + i) % n]
                 off = seg.allocator.alloc(size)
                 if off is not None:
-                    seg.objects += 1
+                    if count:
+                        seg.objects += 1
                     return seg, off
         return None
 

@@ -136,6 +136,10 @@ class _PutPlan:
         "hard_pin",
         "in_flight",
         "preferred",
+        "region_end",
+        "region_left",
+        "region_next",
+        "region_seg",
         "replica_num",
         "same_node",
         "shards",
@@ -164,6 +168,12 @@ class _PutPlan:
         self.shards: TenantShards | None = None  # set by _plan once the request is valid
         #: The client's in-flight set (ClientTable.in_flight_bucket), also set by _plan.
         self.in_flight: dict[ObjectMeta, None] | None = None
+        # A batch's bump region: one range taken for many objects, carved in order (see
+        # MasterService._carve); `region_left` is what the batch may still need (0: off).
+        self.region_seg: Segment | None = None
+        self.region_next = 0
+        self.region_end = 0
+        self.region_left = 0
         #: One replica, nothing preferred, nothing local: the placement fast path.
         self.simple = cfg.replica_num == 1 and not cfg.preferred_segments and not self.same_node
 
@@ -406,6 +416,11 @@ class MasterService:
             released += 1
         return released
 
+    def parked(self) -> list[tuple[Replica, int]]:
+        """Replicas (with their object size) of preempted or force-removed PutStarts, whose
+        ranges stay allocated until their release time."""
+        return [(r, size) for _, _, size, reps in self._parked for r in reps]
+
     def sweep_dead(self) -> Iterator[int]:
         """Drop replicas on unmounted segments from the metadata, and the objects left with
         none, `sweep_batch` objects per step (the server yields to the loop between steps);
@@ -468,11 +483,17 @@ class MasterService:
         groups = req.config.group_ids
         now = self._clock()
         put_one = self._put_one
-        if groups:
-            return BatchPutStartReply(
-                [put_one(plan, keys[i], sizes[i], groups[i], now) for i in range(n)]
-            )
-        return BatchPutStartReply([put_one(plan, keys[i], sizes[i], "", now) for i in range(n)])
+        if plan.simple and n > 1:
+            a = self._config.alignment
+            plan.region_left = sum((s + a - 1) // a * a for s in sizes if s > 0)
+        try:
+            if groups:
+                return BatchPutStartReply(
+                    [put_one(plan, keys[i], sizes[i], groups[i], now) for i in range(n)]
+                )
+            return BatchPutStartReply([put_one(plan, keys[i], sizes[i], "", now) for i in range(n)])
+        finally:
+            self._release_region(plan)
 
     def _put_one(
         self, plan: _PutPlan, key: str, size: int, group: str, now: float
@@ -514,7 +535,9 @@ class MasterService:
 
     def _allocate(self, size: int, plan: _PutPlan) -> tuple[Replica, ...]:
         if plan.simple:
-            one = self._placement.one_random(self.segments.live, size)
+            one = self._carve(size, plan) if plan.region_left else None
+            if one is None:
+                one = self._placement.one_random(self.segments.live, size)
             if one is not None:
                 return (Replica(one[0], one[1], _PROCESSING),)
         host: HostId | None = None
@@ -546,6 +569,41 @@ class MasterService:
                 local_first=plan.same_node,
             )
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
+
+    def _carve(self, size: int, plan: _PutPlan) -> tuple[Segment, int] | None:
+        """A range for one object of a batch, cut from the batch's region.
+
+        A batch of one-replica random puts takes one range on one random segment for all of
+        its objects (what the batch may still need) and cuts it in order: one allocator call
+        per batch instead of one per key. Each object's range is later freed on its own,
+        which the allocator allows (a free of any sub-range coalesces with free neighbours);
+        what the batch did not use goes back at its end (`_release_region`). When no segment
+        has room for the rest of the batch, the batch falls back to one allocation per key.
+        """
+        a = self._config.alignment
+        need = (size + a - 1) // a * a
+        seg = plan.region_seg
+        if seg is None or plan.region_next + need > plan.region_end:
+            self._release_region(plan)
+            want = max(need, plan.region_left)
+            block = self._placement.one_random(self.segments.live, want, count=False)
+            if block is None:
+                plan.region_left = 0
+                return None
+            seg, off = block
+            plan.region_seg, plan.region_next, plan.region_end = seg, off, off + want
+        off = plan.region_next
+        plan.region_next = off + need
+        plan.region_left -= need
+        seg.objects += 1
+        return seg, off
+
+    def _release_region(self, plan: _PutPlan) -> None:
+        seg = plan.region_seg
+        if seg is not None:
+            if seg.alive and plan.region_next < plan.region_end:
+                seg.allocator.free(plan.region_next, plan.region_end - plan.region_next)
+            plan.region_seg = None
 
     def _preempt(self, old: ObjectMeta) -> None:
         """Take a stale PutStart's key away from it; its writer may still be writing, so its

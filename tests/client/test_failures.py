@@ -135,6 +135,14 @@ def test_corrupted_bytes_fail_the_checksum_unless_checking_is_off(pool: PoolFact
         with Store(p.address, verify_checksum=False) as lax:
             got = lax.get("c")
             assert got != b"precious kv cache" * 100 and len(got) == 1700
+        # A large value is copied and hashed chunk by chunk: a flip in its last chunk counts.
+        big = np.random.default_rng(9).integers(0, 256, 2 << 20, dtype=np.uint8).tobytes()
+        owner.put("big", big)
+        assert owner.get("big") == big
+        (r,) = replicas_of(p.address, "big").replicas
+        mem.buffer[r.offset + len(big) - 1] ^= 0x01
+        with pytest.raises(ChecksumMismatch):
+            owner.get("big")
 
 
 def test_a_read_that_outlives_its_lease_is_refused(pool: PoolFactory) -> None:  # noqa: F811

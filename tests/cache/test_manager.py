@@ -430,3 +430,24 @@ def test_large_groups_are_split_into_bounded_store_tasks(closing: list[StorageMa
     assert [len(c) for c in a.store_calls] == [16, 16, 8]
     assert a.stored_keys() == set(ks)
     assert all(sm.l1.read_lock_count(k) == 0 for k in ks)
+
+
+def test_a_key_l1_holds_past_a_gap_that_l2_fills_is_read_from_l1_not_loaded(
+    closing: list[StorageManager],
+) -> None:
+    a = RecordingMock()
+    preload(a, [0])
+    sm = manager(a)
+    closing.append(sm)
+    sm.store([key(1)], [value(1)])  # L1 holds 1 (and the store controller copies it to L2)
+    assert sm.wait_stores(10)
+    ks = [key(0), key(1)]
+    h = sm.submit_prefetch_task(ks, LAYOUT)
+    assert h.l1_hits == 0
+    assert sm.wait_prefetch(h, 10) == 2
+    assert a.load_calls == [[key(0)]]  # key 1 came from L1
+    assert a.locked_keys() == {}
+    with sm.read_prefetched_results(ks) as objs:
+        assert [bytes(o.buffer) for o in objs] == [value(0), value(1)]
+    sm.finish_read_prefetched(ks)
+    assert sm.l1.contains(key(1)) and not sm.l1.contains(key(0))

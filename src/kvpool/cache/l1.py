@@ -501,6 +501,17 @@ class L1Manager:
             e = self._entries.get(key)
             return e is not None and not e.writing
 
+    def readable(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Whether each key is READY in L1 (one critical section; takes no locks)."""
+        self._guard()
+        self._check_keys(keys)
+        with self._lock:
+            out = []
+            for key in keys:
+                e = self._entries.get(key)
+                out.append(e is not None and not e.writing)
+            return out
+
     def read_lock_count(self, key: ObjectKey) -> int:
         """Live read locks on `key` (0 when absent)."""
         self._guard()

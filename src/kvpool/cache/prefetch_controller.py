@@ -6,14 +6,16 @@ One thread runs every request through a small state machine (seed 003 "Prefetch 
       submit_lookup_and_lock_task on EVERY adapter; wait for all of them
     LOOKUP ─▶ LOAD
       1. PrefetchPolicy.select_load_plan → validated (disjoint, within the lookups)
-      2. trim_load_plan_to_prefix        → keys after the first gap are not loaded
-      3. L1.reserve_write(prefix, temporary=True); re-trim at the first key L1 refused
+      2. prefix = keys planned or already READY in L1, up to the first key neither has:
+         keys after the first gap are not loaded; L1's own keys are read-locked, not loaded
+      3. L1.reserve_write(planned keys in the prefix, temporary=True); re-trim at the first
+         key L1 refused (a key that became resident meanwhile is read-locked instead)
       4. phase-1 unlock: keys found and locked in L2 that the plan does not use
       5. submit_load_task per adapter into the reserved L1 objects; wait for all
     LOAD ─▶ DONE
       6. phase-2 unlock: every planned key
-      7. prefix of loaded keys → L1.finish_write_and_reserve_read (atomic write→read lock)
-      8. the rest of the reservations → L1.abort_write (failed or beyond the prefix)
+      7. prefix of loaded-or-L1 keys → L1.finish_write_and_reserve_read (atomic write→read)
+      8. the rest of the reservations → L1.abort_write, L1 read locks beyond it released
       9. request.result = prefix hits (the caller's L1 read locks are on exactly those keys)
 
 A failed or short load only shortens the prefix: objects whose bit is not set are discarded,
@@ -45,7 +47,6 @@ from kvpool.cache.policy import (
     AdapterDescriptor,
     DefaultPrefetchPolicy,
     PrefetchPolicy,
-    trim_load_plan_to_prefix,
     validate_load_plan,
 )
 from kvpool.errors import InvalidParams, StoreClosed
@@ -72,6 +73,7 @@ class PrefetchRequest:
         "done",
         "id",
         "keys",
+        "l1_bits",
         "layout",
         "load_results",
         "load_tasks",
@@ -94,7 +96,8 @@ class PrefetchRequest:
         self.plan: dict[int, Bitmap] = {}
         self.load_tasks: dict[int, L2TaskId] = {}
         self.load_results: dict[int, Bitmap] = {}
-        self.objs: list[MemoryObj] = []
+        self.objs: dict[int, MemoryObj] = {}  # request position → temporary L1 object to load into
+        self.l1_bits = Bitmap(len(keys))  # positions served from L1 (read-locked at plan time)
         self.prefix = 0
         self.result: int | None = None
         self.done = threading.Event()
@@ -265,20 +268,54 @@ class PrefetchController:
             plan = DefaultPrefetchPolicy().select_load_plan(
                 req.keys, req.lookup_results, self._descriptors
             )
-        plan, p = trim_load_plan_to_prefix(plan, n)
+        planned = Bitmap(n)
+        for bm in plan.values():
+            planned = planned | bm
 
-        # Reserve temporary L1 objects for the prefix; a refusal (L1 full, or the key already
-        # being written by someone else) cuts the prefix there.
-        res = self._l1.reserve_write(req.keys[:p], req.layout, temporary=True) if p else []
-        q = next((i for i, r in enumerate(res) if r.status is not L1Status.OK), p)
+        # The prefix runs through keys some adapter will load and keys L1 holds already (written
+        # by the engine, or stored there since the manager's L1 check): a key in L1 past a gap
+        # that L2 fills must not cut the prefix, nor be loaded again.
+        ready = self._l1.readable(req.keys)
+        p = 0
+        while p < n and (planned.test(p) or ready[p]):
+            p += 1
+        load_idx = planned.prefix(p).indices()
+        from_l1 = [i for i in range(p) if not planned.test(i)]
+
+        # Temporary L1 objects for the loads, read locks for the L1 keys. A planned key that
+        # became resident meanwhile (EXISTS) is read from L1 instead; any other refusal (L1
+        # full, the key being written by someone else) cuts the prefix there.
+        res_w = (
+            self._l1.reserve_write([req.keys[i] for i in load_idx], req.layout, temporary=True)
+            if load_idx
+            else []
+        )
+        objs = {
+            i: r.obj
+            for i, r in zip(load_idx, res_w, strict=True)
+            if r.status is L1Status.OK and r.obj is not None
+        }
+        exists = [i for i, r in zip(load_idx, res_w, strict=True) if r.status is L1Status.EXISTS]
+        readers = sorted(from_l1 + exists)
+        res_r = self._l1.reserve_read([req.keys[i] for i in readers]) if readers else []
+        l1_ok = {i for i, r in zip(readers, res_r, strict=True) if r.status is L1Status.OK}
+        q = next((i for i in range(p) if i not in objs and i not in l1_ok), p)
         if q < p:
             with self._lock:
                 self._stats.l1_refusals += 1
-            late = [req.keys[i] for i in range(q, p) if res[i].status is L1Status.OK]
-            if late:
-                self._l1.abort_write(late)
-            plan = {idx: bm.prefix(q) for idx, bm in plan.items() if bm.prefix(q).any()}
-        req.objs = [r.obj for r in res[:q] if r.obj is not None]
+        late_w = [req.keys[i] for i in objs if i >= q]
+        late_r = [req.keys[i] for i in l1_ok if i >= q]
+        if late_w:
+            self._l1.abort_write(late_w)
+        if late_r:
+            self._l1.finish_read(late_r)
+        req.objs = {i: o for i, o in objs.items() if i < q}
+        req.l1_bits = Bitmap.from_indices(n, [i for i in l1_ok if i < q])
+        plan = {
+            idx: Bitmap.from_indices(n, [i for i in bm if i in req.objs])
+            for idx, bm in plan.items()
+        }
+        plan = {idx: bm for idx, bm in plan.items() if bm.any()}
         req.prefix = q
         req.plan = plan
 
@@ -289,7 +326,7 @@ class PrefetchController:
                 self._unlock(idx, unused.gather(req.keys))
         with self._lock:
             self._stats.keys_found += found.popcount()
-            self._stats.keys_planned += q
+            self._stats.keys_planned += len(req.objs)
 
         req.phase = RequestPhase.LOAD
         for idx, bm in plan.items():
@@ -324,18 +361,30 @@ class PrefetchController:
             for j, i in enumerate(idxs):
                 if j < sub.size and sub.test(j):
                     loaded.set(i)
-        q = loaded.prefix(req.prefix).count_leading_ones()
-        res = self._l1.finish_write_and_reserve_read(req.keys[:q]) if q else []
-        good = next((i for i, r in enumerate(res) if r.status is not L1Status.OK), q)
-        if good < q:  # a reservation expired under us: those bytes are not trusted
+        q = (loaded | req.l1_bits).prefix(req.prefix).count_leading_ones()
+        admit = [i for i in range(q) if i in req.objs]
+        res = self._l1.finish_write_and_reserve_read([req.keys[i] for i in admit]) if admit else []
+        bad = next((i for i, r in zip(admit, res, strict=True) if r.status is not L1Status.OK), q)
+        if bad < q:
+            # A reservation expired under us: its bytes are not trusted, and the prefix ends
+            # there. Release what was read-locked beyond it.
             self._l1.finish_read(
-                [req.keys[i] for i in range(good, q) if res[i].status is L1Status.OK]
+                [
+                    req.keys[i]
+                    for i, r in zip(admit, res, strict=True)
+                    if i > bad and r.status is L1Status.OK
+                ]
             )
-        self._l1.abort_write(req.keys[good : req.prefix])
+            q = bad
+        admitted = set(admit)
+        self._l1.abort_write([req.keys[i] for i in req.objs if i not in admitted])
+        beyond = [req.keys[i] for i in req.l1_bits if i >= q]
+        if beyond:
+            self._l1.finish_read(beyond)
         with self._lock:
-            self._stats.keys_loaded += good
-            self._stats.load_failures += req.prefix - q
-        self._complete(req, good)
+            self._stats.keys_loaded += sum(1 for i in req.objs if i < q)
+            self._stats.load_failures += sum(1 for i in req.objs if not loaded.test(i))
+        self._complete(req, q)
 
     def _unlock(self, idx: int, keys: list[ObjectKey]) -> None:
         if not keys:
@@ -350,7 +399,7 @@ class PrefetchController:
         req.result = hits
         # The engine may keep the handle for long; it must not keep the buffers alive (L1
         # reuses a dropped object's memory only once nothing references it).
-        req.objs = []
+        req.objs = {}
         with self._lock:
             self._running.pop(req.id, None)
             self._stats.completed += 1
@@ -367,8 +416,10 @@ class PrefetchController:
         elif req.phase is RequestPhase.LOAD:
             for idx, bm in req.plan.items():
                 self._unlock(idx, bm.gather(req.keys) if bm.size == n else [])
-            if req.prefix:
-                self._l1.abort_write(req.keys[: req.prefix])
+            if req.objs:
+                self._l1.abort_write([req.keys[i] for i in req.objs])
+            if req.l1_bits.any():
+                self._l1.finish_read(req.l1_bits.gather(req.keys))
         self._complete(req, 0)
 
     # -- shutdown ---------------------------------------------------------------------------

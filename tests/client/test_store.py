@@ -303,3 +303,30 @@ def test_memory_registered_by_address_serves_zero_copy_calls(store: Store) -> No
         store.unregister_buffer(addr)
     with pytest.raises(InvalidParams):
         store.put_from("by-addr-2", view_at(addr, 4096))
+
+
+def test_one_store_serves_many_threads_at_once(store: Store) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(50):
+                key = f"t{t}-{i}"
+                value = bytes([t, i]) * (100 + 37 * i)
+                assert store.put(key, value)
+                assert store.get(key) == value
+            keys = [f"t{t}-{i}" for i in range(50)]
+            got = store.batch_get(keys)
+            assert got == [bytes([t, i]) * (100 + 37 * i) for i in range(50)]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors[0]
+    assert not any(th.is_alive() for th in threads)

@@ -56,6 +56,7 @@ __all__ = ["Heartbeat", "HeartbeatStats", "NodeRuntime"]
 log = logging.getLogger(__name__)
 
 DEFAULT_RPC_TIMEOUT_S = 10.0
+UNMOUNT_TIMEOUT_S = 2.0
 MIN_SEGMENT_SIZE = 1 << 12
 """Mooncake refuses segments under 1 KiB; a page is the least that makes sense with mmap."""
 
@@ -272,7 +273,10 @@ class NodeRuntime:
             raise InvalidParams(f"segment {name!r} is not mounted by this process")
         mem, _ = entry
         try:
-            reply = self.rpc.call_as(UnmountSegment(self.client_id, name), Reply)
+            # Bounded: close() must not hang on a master that is gone (it expires us anyway).
+            reply = self.rpc.call_as(
+                UnmountSegment(self.client_id, name), Reply, timeout=UNMOUNT_TIMEOUT_S
+            )
             if reply.code != 0:
                 log.warning("UnmountSegment %s answered %d", name, reply.code)
         except RpcError as exc:

@@ -451,3 +451,45 @@ def test_a_key_l1_holds_past_a_gap_that_l2_fills_is_read_from_l1_not_loaded(
         assert [bytes(o.buffer) for o in objs] == [value(0), value(1)]
     sm.finish_read_prefetched(ks)
     assert sm.l1.contains(key(1)) and not sm.l1.contains(key(0))
+
+
+def test_an_adapter_fault_fails_one_request_and_late_lookup_locks_are_still_released(
+    closing: list[StorageManager],
+) -> None:
+    class Faulty(MockAdapter):
+        def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+            raise RuntimeError("adapter bug")
+
+    inner = MockAdapter()
+    preload(inner, [0, 1])
+    slow = FaultInjectingAdapter(inner, seed=4, max_delay_s=0.2)
+    sm = manager(Faulty(), slow)
+    closing.append(sm)
+    ks = [key(0), key(1)]
+    h = sm.submit_prefetch_task(ks, LAYOUT)
+    assert sm.wait_prefetch(h, 10) == 0  # this request failed alone ...
+    wait_until(lambda: inner.locked_keys() == {}, 10, what="late lookup locks released")
+    assert sm.prefetch_controller.running() == 0
+    assert sm.l1.usage().objects == 0
+
+
+def test_the_controller_keeps_serving_after_a_failed_request(closing: list[StorageManager]) -> None:
+    class FlakyOnce(MockAdapter):
+        failed = False
+
+        def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
+            if not FlakyOnce.failed:
+                FlakyOnce.failed = True
+                raise RuntimeError("transient adapter bug")
+            return super().query_load_result(task_id)
+
+    a = FlakyOnce()
+    preload(a, [0, 1])
+    sm = manager(a)
+    closing.append(sm)
+    ks = [key(0), key(1)]
+    assert sm.wait_prefetch(sm.submit_prefetch_task(ks, LAYOUT), 10) == 0
+    assert sm.l1.usage().objects == 0  # the failed request's buffers were discarded
+    assert sm.wait_prefetch(sm.submit_prefetch_task(ks, LAYOUT), 10) == 2
+    sm.finish_read_prefetched(ks)
+    assert a.locked_keys() == {}

@@ -147,6 +147,7 @@ class PrefetchController:
         self._wake = EventFd()
         self._stop = EventFd()
         self._stats = PrefetchStats()
+        self._orphans: list[tuple[int, L2TaskId, list[ObjectKey]]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -209,16 +210,11 @@ class PrefetchController:
 
     def _step(self) -> None:
         """Admit queued requests and advance every running one as far as results allow."""
+        if self._orphans:
+            self._reap_orphans()
         self._admit()
         for req in list(self._running.values()):
-            try:
-                if req.phase is RequestPhase.LOOKUP:
-                    self._poll_lookups(req)
-                if req.phase is RequestPhase.LOAD:
-                    self._poll_loads(req)
-            except Exception:
-                logger.exception("prefetch request %d failed; answering 0 hits", req.id)
-                self._abandon(req)
+            self._advance(req)
         if self._pending and len(self._running) < self._max_in_flight:
             self._wake.notify()  # requests finished this step; admit more on the next one
 
@@ -240,9 +236,18 @@ class PrefetchController:
                 except Exception as exc:
                     logger.warning("lookup submit to adapter %d failed: %s", idx, exc)
                     req.lookup_results[idx] = Bitmap(n)
-            self._poll_lookups(req)
+            self._advance(req)
+
+    def _advance(self, req: PrefetchRequest) -> None:
+        """Move one request on as far as results allow; a fault fails this request alone."""
+        try:
+            if req.phase is RequestPhase.LOOKUP:
+                self._poll_lookups(req)
             if req.phase is RequestPhase.LOAD:
                 self._poll_loads(req)
+        except Exception:
+            logger.exception("prefetch request %d failed; answering 0 hits", req.id)
+            self._abandon(req)
 
     def _poll_lookups(self, req: PrefetchRequest) -> None:
         for idx, tid in list(req.lookup_tasks.items()):
@@ -412,15 +417,35 @@ class PrefetchController:
             for idx, bm in req.lookup_results.items():
                 if bm.any():
                     self._unlock(idx, bm.gather(req.keys))
-            # Lookups still in flight: their locks are released when the adapter closes.
+            # Lookups still in flight lock what they find when they finish: keep polling them
+            # and release it then (at shutdown, closing the adapter releases them instead).
+            for idx, tid in req.lookup_tasks.items():
+                self._orphans.append((idx, tid, req.keys))
+            req.lookup_tasks.clear()
         elif req.phase is RequestPhase.LOAD:
             for idx, bm in req.plan.items():
                 self._unlock(idx, bm.gather(req.keys) if bm.size == n else [])
-            if req.objs:
-                self._l1.abort_write([req.keys[i] for i in req.objs])
-            if req.l1_bits.any():
-                self._l1.finish_read(req.l1_bits.gather(req.keys))
+        # L1 holdings exist only once a plan was made; release them in either phase.
+        if req.objs:
+            self._l1.abort_write([req.keys[i] for i in req.objs])
+        if req.l1_bits.any():
+            self._l1.finish_read(req.l1_bits.gather(req.keys))
         self._complete(req, 0)
+
+    def _reap_orphans(self) -> None:
+        """Unlock what abandoned requests' late lookups locked."""
+        still: list[tuple[int, L2TaskId, list[ObjectKey]]] = []
+        for idx, tid, keys in self._orphans:
+            try:
+                found = self._adapters[idx].query_lookup_and_lock_result(tid)
+            except Exception as exc:  # a broken adapter must not block the other orphans
+                logger.warning("dropping a late lookup on adapter %d: %s", idx, exc)
+                continue
+            if found is None:
+                still.append((idx, tid, keys))
+            elif found.any() and found.size == len(keys):
+                self._unlock(idx, found.gather(keys))
+        self._orphans = still
 
     # -- shutdown ---------------------------------------------------------------------------
 

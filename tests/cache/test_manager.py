@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from kvpool.cache.adapters.base import L2TaskId
+from kvpool.cache.adapters.base import L2TaskId, StoreResult
 from kvpool.cache.adapters.blocking import BlockingAdapter
 from kvpool.cache.adapters.fault import FaultInjectingAdapter
 from kvpool.cache.adapters.mock import MockAdapter
@@ -493,3 +493,18 @@ def test_the_controller_keeps_serving_after_a_failed_request(closing: list[Stora
     assert sm.wait_prefetch(sm.submit_prefetch_task(ks, LAYOUT), 10) == 2
     sm.finish_read_prefetched(ks)
     assert a.locked_keys() == {}
+
+
+def test_an_adapter_whose_completions_fail_does_not_starve_the_others(
+    closing: list[StorageManager],
+) -> None:
+    class Broken(MockAdapter):
+        def pop_completed_store_tasks(self) -> dict[L2TaskId, StoreResult]:
+            raise RuntimeError("adapter bug")
+
+    good = MockAdapter()
+    sm = manager(Broken(), good)
+    closing.append(sm)
+    sm.store([key(1)], [value(1)])
+    wait_until(lambda: good.stored_keys() == {key(1)}, 10, what="the healthy adapter's store")
+    wait_until(lambda: sm.store_stats().stored_keys == 1, 10, what="its completion")

@@ -134,7 +134,10 @@ class StoreController:
                 # One signal may cover several tasks, and popping is cheap: collect every
                 # adapter's completions on each wake-up (also after a timeout).
                 for idx in range(len(self._adapters)):
-                    self._process_completions(idx)
+                    try:
+                        self._process_completions(idx)
+                    except Exception:  # one broken adapter must not starve the others
+                        logger.exception("collecting store completions of adapter %d failed", idx)
             except Exception:  # the thread must survive any single bad batch
                 logger.exception("store controller iteration failed")
             finally:

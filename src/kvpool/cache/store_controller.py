@@ -5,7 +5,7 @@
       ─▶ group new keys by (model_name, kv_rank)     one batch has one shape and dtype
       ─▶ StorePolicy.select_store_targets            adapter index → keys
       ─▶ L1.reserve_read                              the bytes cannot change or go meanwhile
-      ─▶ adapter.submit_store_task
+      ─▶ adapter.submit_store_task                    tasks of at most max_keys_per_task keys
       ─▶ (store fd) pop_completed_store_tasks ─▶ L1.finish_read ─▶ StorePolicy.select_l1_deletions
 
 Store is best-effort (seed 003): a failed task is logged and counted, never retried, and the L1

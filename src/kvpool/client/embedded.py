@@ -9,6 +9,8 @@ cleanly and removes its segment), then the master.
 Nothing outlives the owner: `close()` is idempotent and runs from `__exit__`; each child is in its
 own session (a Ctrl-C at the terminal reaches only the owner, which then stops the children in
 order) and gets SIGTERM from the kernel if the owner dies without closing (PR_SET_PDEATHSIG).
+The kernel ties that signal to the *thread* that started the child, so start the pool from a
+thread that outlives it (the main thread, as the commands and tests do).
 """
 
 from __future__ import annotations

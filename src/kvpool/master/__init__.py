@@ -12,7 +12,11 @@ imports only those above it in this list):
     liveness.py    ClientTable: registered clients, ping deadlines, in-flight PutStarts
     placement.py   Placement: which segments get an object's replicas
     hooks.py       ReclaimHooks / ReclaimTarget: the seam to reclaim/ (eviction)
-    service.py     MasterService: every rule, request Struct in, reply Struct out, no I/O
+    state.py       ServiceState: the state the service's parts share, and their helpers
+    writes.py      WritePath: PutStart / UpsertStart / PutEnd / PutRevoke (+ batch forms)
+    reads.py       ReadPath: GetReplicaList / ExistKey / GetSize, read leases
+    admin.py       AdminPath: segments, liveness, removal, stats
+    service.py     MasterService = WritePath + ReadPath + AdminPath: request in, reply out
     server.py      MasterServer: RpcServer + service + background tasks on one loop
     reclaim/       seed 001's active/inactive lists (plugs in through hooks.py)
 

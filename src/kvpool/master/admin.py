@@ -1,0 +1,305 @@
+"""Segments, client liveness, removal and stats: the master's non-object-write requests.
+
+Mount and ReMount register the client and are idempotent; Unmount checks the owner. The server's
+monitor calls `expire_clients`, `release_stale` and `sweep_dead`. Remove refuses leased or
+in-flight objects unless forced; RemoveAll and RemoveByRegex run over a snapshot of the index,
+in chunks (`remove_matching` yields between them so the server can give the loop a turn).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import re
+from collections.abc import Iterator
+
+from kvpool.master.liveness import ClientRecord
+from kvpool.master.metadata import (
+    ObjectMeta,
+    Replica,
+)
+from kvpool.master.segments import Segment
+from kvpool.master.state import (
+    _HAS_LEASE,
+    _ILLEGAL_CLIENT,
+    _INVALID_PARAMS,
+    _NOT_FOUND,
+    _NOT_READY,
+    _OK,
+    _OK_REPLY,
+    _REMOVE_CHUNK,
+    _SEG_EXISTS,
+    _SEG_NOT_FOUND,
+    ServiceState,
+)
+from kvpool.protocol.messages import (
+    BatchRemove,
+    BatchReply,
+    ClientId,
+    ClientStatus,
+    CountReply,
+    Echo,
+    EchoReply,
+    GetSegment,
+    Message,
+    MountSegment,
+    Ping,
+    PingReply,
+    ReMountSegment,
+    Remove,
+    RemoveAll,
+    RemoveByRegex,
+    Reply,
+    SegmentInfo,
+    SegmentReply,
+    Stats,
+    StatsReply,
+    TenantId,
+    UnmountSegment,
+)
+
+__all__ = ["AdminPath"]
+
+log = logging.getLogger(__name__)
+
+
+class AdminPath(ServiceState):
+    """Segments, liveness, removal, stats, ping and echo."""
+
+    def echo(self, req: Echo) -> EchoReply:
+        return EchoReply(req.payload)
+
+    def ping(self, req: Ping) -> PingReply:
+        if not req.client_id:
+            return PingReply(_INVALID_PARAMS, ClientStatus.UNDEFINED, self.view_version)
+        if self.clients.ping(req.client_id, self._clock()):
+            return PingReply(_OK, ClientStatus.OK, self.view_version)
+        return PingReply(_OK, ClientStatus.NEED_REMOUNT, self.view_version)
+
+    def get_segment(self, req: GetSegment) -> SegmentReply:
+        seg = self.segments.get(req.name)
+        if seg is None:
+            return SegmentReply(_SEG_NOT_FOUND)
+        return SegmentReply(_OK, seg.info())
+
+    def stats(self, req: Stats) -> StatsReply:
+        now = self._clock()
+        cap, used = self.segments.capacity()
+        return StatsReply(
+            _OK,
+            [s.stats() for s in self.segments.live],
+            self.clients.stats(now),
+            len(self._index),
+            sum(len(v) for v in self.clients.in_flight.values()),
+            cap,
+            used,
+            now - self._started,
+        )
+
+    def mount_segment(self, req: MountSegment) -> Reply:
+        if not req.client_id:
+            return Reply(_INVALID_PARAMS)
+        rec = self.clients.register(req.client_id, req.host_id, self._clock())
+        return Reply(self._mount(rec, req.segment))
+
+    def remount_segment(self, req: ReMountSegment) -> Reply:
+        if not req.client_id:
+            return Reply(_INVALID_PARAMS)
+        rec = self.clients.register(req.client_id, req.host_id, self._clock())
+        code = _OK
+        for info in req.segments:
+            c = self._mount(rec, info)
+            if c != _OK and code == _OK:
+                code = c  # the first failure is the answer; the others still get mounted
+        return Reply(code)
+
+    def _mount(self, rec: ClientRecord, info: SegmentInfo) -> int:
+        if not info.name or info.size < self._config.alignment:
+            return _INVALID_PARAMS
+        seg = self.segments.get(info.name)
+        if seg is not None:
+            if seg.same_mount(info, rec.client_id, rec.host_id):
+                return _OK  # idempotent: the same segment mounted again
+            return _SEG_EXISTS
+        self.segments.mount(info, rec.client_id, rec.host_id)
+        rec.segments[info.name] = None
+        log.info("mounted segment %s (%d bytes) of client %s", info.name, info.size, rec.client_id)
+        return _OK
+
+    def unmount_segment(self, req: UnmountSegment) -> Reply:
+        seg = self.segments.get(req.name)
+        if seg is None:
+            return _OK_REPLY  # idempotent, as Mooncake: unmounting what is gone succeeds
+        if seg.client_id != req.client_id:
+            return Reply(_ILLEGAL_CLIENT)
+        self._unmount(seg)
+        return _OK_REPLY
+
+    def _unmount(self, seg: Segment) -> None:
+        self.segments.unmount(seg)
+        rec = self.clients.get(seg.client_id)
+        if rec is not None:
+            rec.segments.pop(seg.name, None)
+        self.sweep_needed = True
+        log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
+
+    def expire_clients(self) -> list[ClientId]:
+        """Expire every client silent for `client_ttl`; answers their ids."""
+        now = self._clock()
+        gone: list[ClientId] = []
+        for rec in self.clients.expired(now):
+            self.expire_client(rec.client_id)
+            gone.append(rec.client_id)
+        return gone
+
+    def expire_client(self, client_id: ClientId) -> None:
+        """Unmount the client's segments, revoke its in-flight PutStarts, forget it."""
+        rec = self.clients.get(client_id)
+        if rec is not None:
+            for name in list(rec.segments):
+                seg = self.segments.get(name)
+                if seg is not None and seg.client_id == client_id:
+                    self._unmount(seg)
+        for obj in self.clients.in_flight_of(client_id):
+            self._revoke(obj)
+        self.clients.forget(client_id)
+        log.warning("client %s expired: segments unmounted, in-flight puts revoked", client_id)
+
+    def release_stale(self) -> int:
+        """Revoke PutStarts older than `put_start_release_timeout` and free parked replicas
+        whose time has come; answers how many objects or parked sets were released."""
+        now = self._clock()
+        limit = now - self._config.put_start_release_timeout
+        released = 0
+        stale = [
+            obj
+            for bucket in self.clients.in_flight.values()
+            for obj in bucket
+            if obj.put_start_time <= limit
+        ]
+        for obj in stale:
+            log.info("releasing stale PutStart of %r", obj.key)
+            self._revoke(obj)
+            released += 1
+        self.clients.prune()
+        parked = self._parked
+        while parked and parked[0][0] <= now:
+            _, _, size, replicas = heapq.heappop(parked)
+            for r in replicas:
+                self._free_replica(r, size)
+            released += 1
+        return released
+
+    def parked(self) -> list[tuple[Replica, int]]:
+        """Replicas (with their object size) of preempted or force-removed PutStarts, whose
+        ranges stay allocated until their release time."""
+        return [(r, size) for _, _, size, reps in self._parked for r in reps]
+
+    def sweep_dead(self) -> Iterator[int]:
+        """Drop replicas on unmounted segments from the metadata, and the objects left with
+        none, `sweep_batch` objects per step (the server yields to the loop between steps);
+        each step yields the number of objects removed so far."""
+        self.sweep_needed = False
+        removed = 0
+        batch = self._config.sweep_batch
+        objs = self._index.snapshot()
+        for i in range(0, len(objs), batch):
+            for obj in objs[i : i + batch]:
+                reps = obj.replicas
+                if all(r.segment.alive for r in reps):
+                    continue
+                live = tuple(r for r in reps if r.segment.alive)
+                if live:
+                    obj.replicas = live
+                elif self._index.get(obj.tenant, obj.key) is obj:
+                    obj.replicas = ()
+                    self._drop(obj)
+                    removed += 1
+            yield removed
+
+    def remove(self, req: Remove) -> Reply:
+        code = self._remove_one(req.tenant, req.key, req.force, self._clock())
+        return _OK_REPLY if code == _OK else Reply(code)
+
+    def batch_remove(self, req: BatchRemove) -> BatchReply:
+        now = self._clock()
+        rm = self._remove_one
+        tenant, force = req.tenant, req.force
+        return BatchReply([rm(tenant, k, force, now) for k in req.keys])
+
+    def _remove_one(self, tenant: TenantId, key: str, force: bool, now: float) -> int:
+        obj = self._lookup(tenant, key)
+        if obj is None:
+            return _NOT_FOUND
+        if not force:
+            if now < obj.lease_deadline:
+                return _HAS_LEASE
+            if not obj.complete:
+                return _NOT_READY
+        self._remove_obj(obj)
+        return _OK
+
+    def _remove_obj(self, obj: ObjectMeta) -> None:
+        if obj.complete:
+            for r in obj.replicas:
+                self._free_replica(r, obj.size)
+            obj.replicas = ()
+        else:
+            # Forced removal of a write in progress: its writer may still be writing.
+            self._park(obj)
+            self.clients.drop_in_flight(obj)
+        self._drop(obj)
+
+    def remove_all(self, req: RemoveAll) -> Message:
+        return _drain(self.remove_matching(req.tenant, None, req.force))
+
+    def remove_by_regex(self, req: RemoveByRegex) -> Message:
+        try:
+            rx = re.compile(req.pattern)
+        except re.error:
+            return _count_reply(_INVALID_PARAMS, 0)
+        return _drain(self.remove_matching(req.tenant, rx, req.force))
+
+    def remove_matching(
+        self, tenant: TenantId, rx: re.Pattern[str] | None, force: bool
+    ) -> Iterator[Message | None]:
+        """Remove the tenant's objects whose key `rx` finds (all with None), skipping leased
+        and in-flight ones unless `force`; yields None between chunks of work (the server
+        gives the loop a turn there) and the `CountReply` last."""
+        if not tenant:
+            yield _count_reply(_INVALID_PARAMS, 0)
+            return
+        objs = self._index.snapshot(tenant)
+        count = 0
+        for i in range(0, len(objs), _REMOVE_CHUNK):
+            now = self._clock()
+            for obj in objs[i : i + _REMOVE_CHUNK]:
+                if rx is not None and rx.search(obj.key) is None:
+                    continue
+                if self._index.get(obj.tenant, obj.key) is not obj:
+                    continue  # removed or replaced meanwhile
+                if not obj.has_live_replica():
+                    # Already gone with its segments (the sweep had not reached it yet): not
+                    # a removal of this request, as in Mooncake after ClearInvalidHandles.
+                    self._forget_dead(obj)
+                    continue
+                if not force and (now < obj.lease_deadline or not obj.complete):
+                    continue
+                self._remove_obj(obj)
+                count += 1
+            yield None
+        yield _count_reply(_OK, count)
+
+
+def _count_reply(code: int, count: int) -> Message:
+    return CountReply(code, count)
+
+
+def _drain(steps: Iterator[Message | None]) -> Message:
+    """Run a chunked operation to its end in one go (the plain, synchronous path)."""
+    last: Message | None = None
+    for step in steps:
+        if step is not None:
+            last = step
+    assert last is not None
+    return last

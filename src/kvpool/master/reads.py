@@ -1,0 +1,124 @@
+"""The read path of the master: GetReplicaList, ExistKey, GetSize and their batch forms.
+
+A read answers the readable replicas (COMPLETE, on a live segment) and grants a read lease:
+lease = max(lease, now + `default_kv_lease_ttl`), with one deadline float per request (shared
+by every key of a batch). REPLICA_IS_NOT_READY while only PROCESSING replicas exist,
+OBJECT_NOT_FOUND otherwise. Each read that finds the object readable calls
+`hooks.on_access(obj)`. The batch loop does one xxh3 and one dict lookup per key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import xxhash
+
+from kvpool.master.metadata import (
+    REPLICA_ID_SHIFT,
+    ObjectMeta,
+)
+from kvpool.master.state import (
+    _COMPLETE,
+    _NOT_FOUND_LIST,
+    _NOT_READY_LIST,
+    _OK,
+    ServiceState,
+)
+from kvpool.protocol.messages import (
+    BatchExistKey,
+    BatchExistReply,
+    BatchGetReplicaList,
+    BatchReplicaListReply,
+    ExistKey,
+    ExistReply,
+    GetReplicaList,
+    GetSize,
+    ReplicaDesc,
+    ReplicaListReply,
+    SizeReply,
+    TenantId,
+)
+
+__all__ = ["ReadPath"]
+
+log = logging.getLogger(__name__)
+
+
+class ReadPath(ServiceState):
+    """GetReplicaList / ExistKey / GetSize and their batch forms."""
+
+    def get_replica_list(self, req: GetReplicaList) -> ReplicaListReply:
+        obj = self._index.get(req.tenant, req.key)
+        if obj is None:
+            return _NOT_FOUND_LIST
+        return self._read_obj(obj, self._clock() + self._lease_ttl)
+
+    def batch_get_replica_list(self, req: BatchGetReplicaList) -> BatchReplicaListReply:
+        keys = req.keys
+        t = self._index.tenant(req.tenant)
+        if t is None:
+            return BatchReplicaListReply([_NOT_FOUND_LIST] * len(keys))
+        # Per request: the clock, the lease deadline (one float shared by the whole batch),
+        # the tenant's shards; per key: one hash, one dict lookup, the reply.
+        deadline = self._clock() + self._lease_ttl
+        seed, shards = t.seed, t.shards
+        n = len(shards)
+        h = xxhash.xxh3_64_intdigest
+        read = self._read_obj
+        out: list[ReplicaListReply] = []
+        append = out.append
+        for key in keys:
+            obj = shards[h(key.encode(), seed) % n].get(key)
+            append(_NOT_FOUND_LIST if obj is None else read(obj, deadline))
+        return BatchReplicaListReply(out)
+
+    def _read_obj(self, obj: ObjectMeta, deadline: float) -> ReplicaListReply:
+        """The readable replicas of `obj`, granting a lease until `deadline` (now + ttl)."""
+        size = obj.size
+        descs: list[ReplicaDesc] = []
+        for r in obj.replicas:
+            seg = r.segment
+            if r.status is _COMPLETE and seg.alive:
+                descs.append(
+                    ReplicaDesc(
+                        (seg.number << REPLICA_ID_SHIFT) | r.offset,
+                        r.kind,
+                        _COMPLETE,
+                        seg.name,
+                        r.offset,
+                        size,
+                        seg.endpoint,
+                    )
+                )
+        if not descs:
+            if not obj.complete and obj.has_live_replica():
+                return _NOT_READY_LIST
+            self._forget_dead(obj)
+            return _NOT_FOUND_LIST
+        obj.lease_deadline = max(obj.lease_deadline, deadline)
+        self._hooks.on_access(obj)
+        return ReplicaListReply(_OK, descs, size, obj.checksum, self._lease_ttl_ms)
+
+    def exist_key(self, req: ExistKey) -> ExistReply:
+        return ExistReply(
+            _OK, self._exists_one(req.tenant, req.key, self._clock() + self._lease_ttl)
+        )
+
+    def batch_exist_key(self, req: BatchExistKey) -> BatchExistReply:
+        deadline = self._clock() + self._lease_ttl
+        exists = self._exists_one
+        tenant = req.tenant
+        return BatchExistReply([ExistReply(_OK, exists(tenant, k, deadline)) for k in req.keys])
+
+    def _exists_one(self, tenant: TenantId, key: str, deadline: float) -> bool:
+        obj = self._lookup(tenant, key)
+        if obj is None or not obj.complete or not obj.readable_replicas():
+            return False
+        obj.lease_deadline = max(obj.lease_deadline, deadline)
+        self._hooks.on_access(obj)
+        return True
+
+    def get_size(self, req: GetSize) -> SizeReply:
+        # Mooncake answers GetSize through a replica-list query: same codes, same lease.
+        r = self.get_replica_list(GetReplicaList(req.key, req.tenant))
+        return SizeReply(r.code, r.size)

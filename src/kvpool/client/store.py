@@ -802,45 +802,50 @@ class Store:
         dests: list[memoryview | None],
         started: float,
     ) -> list[ErrorCode]:
-        """Read every key that has a destination: first choices in one engine batch, then the
-        keys whose first choice failed one by one through their other replicas."""
-        codes = [ErrorCode.of(rl.code) for rl in results]
+        """Read every key that has a destination: first choices in one batch, then the keys
+        whose first choice failed one by one through their other replicas.
+
+        This loop runs once per key of every batch, so it stays plain: codes are converted
+        only when not OK, the clock is read once for the whole batch.
+        """
+        ok = ErrorCode.OK
+        codes = [ok if rl.code == 0 else ErrorCode.of(rl.code) for rl in results]
         reqs: list[TransferRequest] = []
         owner: list[tuple[int, list[ReplicaDesc]]] = []
+        read = TransferOp.READ
         for i, rl in enumerate(results):
+            if rl.code != 0:
+                continue
             dest = dests[i]
             if dest is None:
-                if codes[i] == ErrorCode.OK:
-                    codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
+                codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
                 continue
             order = order_replicas(rl.replicas, self._is_local)
             if not order:
                 codes[i] = ErrorCode.REPLICA_IS_NOT_READY
                 continue
-            reqs.append(TransferRequest(TransferOp.READ, dest, order[0].segment, order[0].offset))
+            reqs.append(TransferRequest(read, dest, order[0].segment, order[0].offset))
             owner.append((i, order))
         done = self._transfer(reqs)
+        now = time.monotonic()
+        verify = self.verify_checksum
         for (i, order), code in zip(owner, done, strict=True):
             rl = results[i]
             dest = dests[i]
             assert dest is not None
-            deadline = lease_deadline(started, rl.lease_ttl_ms)
-            try:
-                if code != ErrorCode.OK:
-                    raise error_for_code(code, keys[i])
-                if self.verify_checksum:
-                    verify_checksum(keys[i], dest, rl.checksum)
-                verify_lease(keys[i], deadline)
-            except KVPoolError as exc:
-                codes[i] = exc.code
-                # The rare path: the first choice failed; try the others one by one (a
-                # late read is late on every replica, so LEASE_EXPIRED is final).
-                if exc.code != ErrorCode.LEASE_EXPIRED and len(order) > 1:
-                    try:
-                        self._read(keys[i], rl, dest, deadline, order[1:])
-                        codes[i] = ErrorCode.OK
-                    except KVPoolError as exc2:
-                        codes[i] = exc2.code
+            if code == ok and (not verify or rl.checksum is None or checksum(dest) == rl.checksum):
+                if now > lease_deadline(started, rl.lease_ttl_ms):
+                    codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
+                continue
+            codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH
+            # The rare path: the first choice failed; try the others one by one.
+            if len(order) > 1:
+                try:
+                    deadline = lease_deadline(started, rl.lease_ttl_ms)
+                    self._read(keys[i], rl, dest, deadline, order[1:])
+                    codes[i] = ok
+                except KVPoolError as exc:
+                    codes[i] = exc.code
         return codes
 
     # ------------------------------------------------------------------ queries

@@ -163,6 +163,11 @@ def _value_view(value: object, what: str = "value") -> memoryview:
     return mv
 
 
+def _code(value: int) -> ErrorCode:
+    """`ErrorCode.of`, without the enum lookup for the common OK (batches call it per key)."""
+    return ErrorCode.OK if value == 0 else ErrorCode.of(value)
+
+
 def _reply(reply: object, kind: type[T]) -> T:
     if not isinstance(reply, kind):
         raise KVPoolError(
@@ -620,7 +625,7 @@ class Store:
                 f"BatchPutStart answered {len(rep.results)} results for {len(keys)} keys",
                 ErrorCode.RPC_FAIL,
             )
-        out = [ErrorCode.of(r.code) for r in rep.results]
+        out = [_code(r.code) for r in rep.results]
         reqs: list[TransferRequest] = []
         owner: list[int] = []
         for i, r in enumerate(rep.results):
@@ -652,7 +657,7 @@ class Store:
             )
             codes_end = _reply(end, BatchReply).codes
             for i, c in zip(good, codes_end, strict=True):
-                out[i] = ErrorCode.of(c)
+                out[i] = _code(c)
         return out
 
     # ------------------------------------------------------------------ get
@@ -809,7 +814,7 @@ class Store:
         only when not OK, the clock is read once for the whole batch.
         """
         ok = ErrorCode.OK
-        codes = [ok if rl.code == 0 else ErrorCode.of(rl.code) for rl in results]
+        codes = [_code(rl.code) for rl in results]
         reqs: list[TransferRequest] = []
         owner: list[tuple[int, list[ReplicaDesc]]] = []
         read = TransferOp.READ
@@ -896,7 +901,7 @@ class Store:
         if not ks:
             return []
         rep = _reply(self._node.rpc.call(BatchRemove(ks, bool(force), self.tenant)), BatchReply)
-        return [ErrorCode.of(c) for c in rep.codes]
+        return [_code(c) for c in rep.codes]
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this tenant (leased ones only with `force`); returns how

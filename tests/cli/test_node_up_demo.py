@@ -105,3 +105,17 @@ def test_demo_runs_end_to_end_and_reports_no_checksum_failures() -> None:
     pids = [int(x) for x in line.split(":")[1].split()]
     assert len(pids) == 2
     wait_until(lambda: gone(pids), timeout=10, what="the demo's master and node to be gone")
+
+
+def test_up_stops_everything_and_fails_when_its_node_dies() -> None:
+    up = kvpool_proc("up", "--port", "0", "--segment-size", "16MiB", "--refresh", "0.1s", name="up")
+    try:
+        up.wait_ready(timeout=60)
+        children = psutil.Process(up.pid).children(recursive=True)
+        node = next(c for c in children if "node" in c.cmdline())
+        node.kill()
+        assert up.popen.wait(timeout=30) != 0
+        assert any("exited" in line for line in up.lines)
+        wait_until(lambda: gone([c.pid for c in children]), timeout=10, what="the master to exit")
+    finally:
+        up.stop()

@@ -64,9 +64,11 @@ def up(*, segment_size: str, port: int, host: str, client_ttl: str | None, refre
             raise click.ClickException(str(exc)) from exc
         click.echo(f'kvpool is up: connect with kvpool.Store(master="{address}")')
         click.echo(f"listening on {address}")
-        _watch(pool, address, period, stop)
+        healthy = _watch(pool, address, period, stop)
     finally:
         pool.close()
+    if not healthy:
+        raise click.ClickException("one of the pool's processes exited; everything is stopped")
     click.echo("\nkvpool up: stopped (node unmounted, master gone)")
 
 
@@ -74,14 +76,14 @@ def _without_uptime(line: str) -> str:
     return re.sub(r"up \d+ s", "", line)
 
 
-def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Event) -> None:
+def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Event) -> bool:
+    """Redraw the status line until `stop`; False when a process of the pool died."""
     tty = sys.stdout.isatty()
     last = ""
     with RpcClient(address, response_type=Response, timeout=max(period, 2.0)) as rpc:
         while not stop.wait(period):
             if not pool.alive():
-                click.echo("\none of the pool's processes exited; stopping", err=True)
-                return
+                return False
             try:
                 line = status_line(address, rpc.call_as(Stats(), StatsReply))
             except KVPoolError as exc:
@@ -91,3 +93,4 @@ def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Even
             elif _without_uptime(line) != _without_uptime(last):
                 click.echo(line)  # in a log, only when something changed
             last = line
+    return True

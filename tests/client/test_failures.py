@@ -132,6 +132,15 @@ def test_corrupted_bytes_fail_the_checksum_unless_checking_is_off(pool: PoolFact
         buf = np.zeros(4096, np.uint8)
         owner.register_buffer(buf)
         assert owner.batch_get_into(["c"], [buf]) == [int(ErrorCode.CHECKSUM_MISMATCH)]
+        # A batch hashes each value right after copying it: the bad one is caught, the good
+        # one reads back.
+        owner.put("fine", b"f" * 1000)
+        assert owner.batch_get_into(["c", "fine"], [buf[:2048], buf[2048:]]) == [
+            int(ErrorCode.CHECKSUM_MISMATCH),
+            1000,
+        ]
+        with pytest.raises(ChecksumMismatch):
+            owner.batch_get(["fine", "c"])
         with Store(p.address, verify_checksum=False) as lax:
             got = lax.get("c")
             assert got != b"precious kv cache" * 100 and len(got) == 1700

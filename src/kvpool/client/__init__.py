@@ -6,6 +6,7 @@ Layers inside the package (each module imports only those above it)::
     replica.py     replica choice (local memory first), checksum and lease checks
     node.py        NodeRuntime: client id, master connection, segments + TransferServer,
                    heartbeat (Ping, remount on NEED_REMOUNT, reconnect with backoff)
+    datapath.py    DataPath: TransferEngine, segment locations, same-host copy+hash fast paths
     store.py       Store: put/get lifecycles over a NodeRuntime and a TransferEngine
     aio.py         AsyncStore: the Store's methods as coroutines (a private thread pool)
     embedded.py    EmbeddedPool: `kvpool master` + `kvpool node` as owned child processes

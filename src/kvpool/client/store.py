@@ -1,9 +1,11 @@
 """`Store`: the synchronous, thread-safe client of a kvpool pool (`kvpool.Store`).
 
-A Store owns three things: a `NodeRuntime` (its client id, the control-plane connection to the
+A Store owns two things: a `NodeRuntime` (its client id, the control-plane connection to the
 master, its heartbeat and, with `segment_size > 0`, a segment of this process's memory mounted
-into the pool), a `TransferEngine` (the data plane: memcpy for its own segment, a mapping of the
-owner's shared memory on this host, TCP to other hosts), and a cache of segment locations.
+into the pool) and a `DataPath` (the `TransferEngine` — memcpy for its own segment, a mapping of
+the owner's shared memory on this host, TCP to other hosts — plus a cache of segment locations
+and the same-host fast paths). This module is the API and the put/get lifecycles; `datapath`
+is how the bytes move.
 
 Put (`put`, `upsert`, `put_from` and the batch forms)
     PutStart (or UpsertStart) at the master allocates the replicas → the value is written into
@@ -35,14 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Final, Literal, TypeVar
 
-import xxhash
-
+from kvpool.client.datapath import CHUNKED_MIN, DataPath
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, NodeRuntime
 from kvpool.client.replica import (
     checksum,
@@ -79,7 +79,6 @@ from kvpool.protocol.messages import (
     ExistKey,
     ExistReply,
     GetReplicaList,
-    GetSegment,
     GetSize,
     PutEnd,
     PutRevoke,
@@ -91,16 +90,12 @@ from kvpool.protocol.messages import (
     ReplicaDesc,
     ReplicaListReply,
     Reply,
-    SegmentName,
-    SegmentReply,
     SizeReply,
     Stats,
     StatsReply,
     TenantId,
     UpsertStart,
 )
-from kvpool.transfer.engine import RouteKind, TransferEngine
-from kvpool.transfer.location import SegmentLocation
 from kvpool.transfer.registration import buffer_address, byte_view
 from kvpool.transfer.request import TransferOp, TransferRequest
 
@@ -114,15 +109,6 @@ MAX_KEY_BYTES: Final = 4096
 """Longer keys are refused (INVALID_PARAMS): keys are names, not payloads."""
 DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
 _PROTOCOLS: Final = ("auto", "shm", "tcp")
-_PENDING: Final = ErrorCode.INTERNAL_ERROR
-"""Placeholder code of a request handed to the engine (replaced by the engine's code)."""
-HASH_CHUNK: Final = 256 << 10
-"""Large values on mapped segments are copied and hashed in chunks of this size, in one
-thread: each chunk is hashed while it is still in the CPU cache (16 MiB copy + xxh3 measured
-1.31 ms chunked against 1.69 ms whole). Overlapping the hash with a copy in the engine's copy
-thread instead was measured 5x slower on this loaded 2-core machine: waking another thread costs
-more than the whole hash."""
-_CHUNKED_MIN: Final = 4 * HASH_CHUNK
 
 
 class HealthStatus(IntEnum):
@@ -225,8 +211,6 @@ class Store:
         self.protocol: Literal["auto", "shm", "tcp"] = protocol  # type: ignore[assignment]
         self.verify_checksum = verify_checksum
         self.transfer_timeout = float(transfer_timeout)
-        self._locations: dict[str, SegmentLocation] = {}
-        self._loc_lock = threading.Lock()
         self._node = NodeRuntime(
             master,
             host=host,
@@ -235,12 +219,12 @@ class Store:
             cluster_id=cluster_id,
             name="kvpool-store",
         )
-        self._engine: TransferEngine | None = None
+        self._data: DataPath | None = None
         try:
-            self._engine = TransferEngine(self._resolve, protocol=self.protocol)
+            self._data = DataPath(self._node, self.protocol, self.transfer_timeout)
             self._node.start()
             if seg_bytes > 0:
-                self._node.mount(seg_bytes, on_created=self._engine.attach_local)
+                self._node.mount(seg_bytes, on_created=self._data.engine.attach_local)
         except BaseException:
             self._teardown()
             raise
@@ -268,8 +252,8 @@ class Store:
         # The node unmounts first (the master stops handing out our segment), then the engine
         # lets go of peer mappings and sockets.
         self._node.close()
-        if self._engine is not None:
-            self._engine.close()
+        if self._data is not None:
+            self._data.close()
 
     def __enter__(self) -> Store:
         return self
@@ -283,10 +267,10 @@ class Store:
             with contextlib.suppress(Exception):
                 self.close()
 
-    def _open(self) -> TransferEngine:
-        if self._closed or self._engine is None:
+    def _open(self) -> DataPath:
+        if self._closed or self._data is None:
             raise StoreClosed("this Store is closed")
-        return self._engine
+        return self._data
 
     def health_check(self) -> HealthStatus:
         """HEALTHY when the master answers a Ping now, CLOSED after close(), else
@@ -301,40 +285,11 @@ class Store:
 
     # ------------------------------------------------------------------ segments
 
-    def _resolve(self, name: str) -> SegmentLocation:
-        """The engine's resolver: where segment `name` lives (cached; asks the master once)."""
-        loc = self._locations.get(name)
-        if loc is not None:
-            return loc
-        reply = _reply(self._node.rpc.call(GetSegment(SegmentName(name))), SegmentReply)
-        raise_for_code(reply.code, f"segment {name!r}")
-        info = reply.segment
-        if info is None:
-            raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
-        loc = SegmentLocation(info.name, info.size, info.host_id, info.endpoint, info.shm_path)
-        with self._loc_lock:
-            self._locations[name] = loc
-        return loc
-
-    def _forget(self, name: str) -> None:
-        """Drop what we know of a segment after a failed transfer (it may have been remounted
-        elsewhere or its owner died); the next use asks the master again."""
-        with self._loc_lock:
-            self._locations.pop(name, None)
-        if self._engine is not None:
-            self._engine.forget(name)
-
-    def _is_local(self, segment: SegmentName) -> bool:
-        try:
-            return self._resolve(segment).host_id == self._node.host_id
-        except KVPoolError:
-            return False
-
     def warm_up(self) -> int:
         """Open every segment of the pool now (map same-host shared memory, resolve the
         others), so that the first transfers do not pay for it: mapping a large peer segment
         costs a tenth of a second per GiB. Returns how many segments were opened."""
-        engine = self._open()
+        engine = self._open().engine
         stats = _reply(self._node.rpc.call(Stats()), StatsReply)
         raise_for_code(stats.code, "Stats")
         opened = 0
@@ -353,157 +308,25 @@ class Store:
         unregistered), or a raw address such as `tensor.data_ptr()` with its `length` (the
         caller keeps that memory alive). Overlapping an existing registration is
         INVALID_PARAMS."""
-        self._open().register(buffer, length)
+        self._open().engine.register(buffer, length)
 
     def unregister_buffer(self, buffer: Buffer | int) -> None:
         """Undo `register_buffer` (the same object, a view starting at its address, or the
         address)."""
-        self._open().unregister(buffer)
+        self._open().engine.unregister(buffer)
 
     def _registered(self, buffer: Buffer, *, writable: bool, what: str) -> memoryview:
         mv = byte_view(buffer, writable=writable, what=what)
         if mv.nbytes == 0:
             raise InvalidParams(f"{what}: the buffer is empty")
-        if self._open().registry.find(buffer_address(mv), mv.nbytes) is None:
+        if self._open().engine.registry.find(buffer_address(mv), mv.nbytes) is None:
             raise InvalidParams(
                 f"{what}: {mv.nbytes} bytes at {buffer_address(mv):#x} are not inside memory "
                 "registered with register_buffer()"
             )
         return mv
 
-    # ------------------------------------------------------------------ transfers
-
-    def _transfer(self, reqs: list[TransferRequest]) -> list[ErrorCode]:
-        """Run `reqs` (buffers are byte memoryviews); one code per request."""
-        return self._transfer_hashing(reqs, None)[0]
-
-    def _transfer_hashing(
-        self, reqs: list[TransferRequest], want: list[bool] | None
-    ) -> tuple[list[ErrorCode], list[int | None]]:
-        """Run `reqs`; returns one code per request and, where `want[i]`, the xxh3_64 of
-        request i's buffer when it could be taken right after its copy (None otherwise: the
-        caller hashes it itself).
-
-        In a batch, requests on segments this process can map (its own, or a same-host
-        peer's) are copied right here while holding the mapping, and hashed while the value
-        is still in the CPU cache; the rest go to the engine as one batch.
-        """
-        digests: list[int | None] = [None] * len(reqs)
-        if not reqs:
-            return [], digests
-        engine = self._open()
-        rest = reqs
-        codes: list[ErrorCode] = []
-        if len(reqs) > 1 and self.protocol != "tcp":  # one request: the engine is as quick
-            done = self._copy_mapped(engine, reqs, want, digests)
-            if done is not None:
-                codes, rest = done
-                if not rest:
-                    return codes, digests
-        if len(rest) == 1:
-            # One request: run it in this thread (no hand-off to a copy thread, which costs
-            # more than a small copy); the engine raises its code.
-            try:
-                engine.transfer(rest, self.transfer_timeout)
-                sent = [ErrorCode.OK]
-            except TransferError as exc:
-                sent = [exc.code]
-        else:
-            sent = engine.submit(rest, self.transfer_timeout).result(self.transfer_timeout)
-        for req, code in zip(rest, sent, strict=True):
-            if code != ErrorCode.OK:
-                log.debug(
-                    "transfer %s %s@%d failed: %s", req.op.name, req.segment, req.offset, code
-                )
-                self._forget(req.segment)
-        if rest is reqs:
-            return sent, digests
-        # Put the engine's codes back in the places of the requests it ran.
-        it = iter(sent)
-        return [next(it) if c is _PENDING else c for c in codes], digests
-
-    def _copy_hashing(
-        self, op: TransferOp, view: memoryview, segment: str, offset: int
-    ) -> tuple[ErrorCode, int] | None:
-        """Copy `view` to or from a segment mapped here, hashing it chunk by chunk as it goes
-        (see HASH_CHUNK); returns (code, xxh3_64 of the value), or None when the segment is
-        not mapped here (the caller then uses the engine and hashes separately)."""
-        if self.protocol == "tcp":
-            return None
-        engine = self._open()
-        try:
-            if engine.route_kind(segment) is RouteKind.TCP:
-                return None
-            hold = engine.hold_segment(segment)
-        except KVPoolError:
-            return None
-        n = view.nbytes
-        hasher = xxhash.xxh3_64()
-        with hold:
-            mem = hold.buffer
-            if offset + n > mem.nbytes:
-                return ErrorCode.INVALID_PARAMS, 0  # never copy outside the segment
-            for c in range(0, n, HASH_CHUNK):
-                e = min(c + HASH_CHUNK, n)
-                # Copy first, then hash the chunk while it is in the cache (either side of
-                # the copy has it): 2.06 ms for a 16 MiB write against 2.40 hashing first.
-                if op is TransferOp.READ:
-                    view[c:e] = mem[offset + c : offset + e]
-                else:
-                    mem[offset + c : offset + e] = view[c:e]
-                hasher.update(view[c:e])
-        return ErrorCode.OK, hasher.intdigest()
-
-    def _copy_mapped(
-        self,
-        engine: TransferEngine,
-        reqs: list[TransferRequest],
-        want: list[bool] | None,
-        digests: list[int | None],
-    ) -> tuple[list[ErrorCode], list[TransferRequest]] | None:
-        """Copy the requests whose segment is mapped here (LOCAL or SHM route) in this thread;
-        returns (codes, the requests left for the engine) or None when none qualified.
-
-        Why not always the engine: its per-request bookkeeping (future, routing, completion)
-        costs ~5-15 us, which is most of a 4 KiB read, and a batch of 64 small reads measured
-        0.6-0.9 ms through `submit` against 0.07-0.18 ms copied here under one hold.
-        """
-        by_seg: dict[str, list[int]] = {}
-        for i, r in enumerate(reqs):
-            by_seg.setdefault(r.segment, []).append(i)
-        codes: list[ErrorCode] = [_PENDING] * len(reqs)
-        rest: list[TransferRequest] = []
-        for seg, idxs in by_seg.items():
-            try:
-                if engine.route_kind(seg) is RouteKind.TCP:
-                    raise TransferError("not mapped")
-                hold = engine.hold_segment(seg)
-            except KVPoolError:
-                rest.extend(reqs[i] for i in idxs)
-                continue
-            with hold:
-                mem = hold.buffer
-                size = mem.nbytes
-                for i in idxs:
-                    r = reqs[i]
-                    view = r.buffer
-                    assert isinstance(view, memoryview)
-                    end = r.offset + view.nbytes
-                    if end > size:
-                        codes[i] = ErrorCode.INVALID_PARAMS  # never copy outside the segment
-                    else:
-                        if r.op is TransferOp.READ:
-                            view[:] = mem[r.offset : end]
-                        else:
-                            mem[r.offset : end] = view
-                        codes[i] = ErrorCode.OK
-                        if want is not None and want[i]:
-                            digests[i] = checksum(view)  # still in the cache
-        if not rest and _PENDING not in codes:
-            return codes, []
-        if len(rest) == len(reqs):
-            return None
-        return codes, rest
+    # ------------------------------------------------------------------ put
 
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> bool:
         """Store `value` under `key` unless the key exists. True: stored; False: the key
@@ -540,14 +363,14 @@ class Store:
             replicas = rep.replicas
             csum: int | None = None
             codes: list[ErrorCode] = []
-            if mv.nbytes >= _CHUNKED_MIN:
+            if mv.nbytes >= CHUNKED_MIN:
                 # Hash while writing the first replica, when it is mapped here.
                 first = replicas[0]
-                done = self._copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
+                done = self._open().copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
                 if done is not None:
                     codes, csum, replicas = [done[0]], done[1], replicas[1:]
             reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in replicas]
-            codes += self._transfer(reqs)
+            codes += self._open().transfer(reqs)
             if csum is None:
                 csum = checksum(mv)
             code = next((c for c in codes if c != ErrorCode.OK), ErrorCode.OK)
@@ -660,7 +483,7 @@ class Store:
                 if i not in first_req:
                     first_req[i] = j
                     want[j] = True
-            codes, digests = self._transfer_hashing(reqs, want)
+            codes, digests = self._open().transfer_hashing(reqs, want)
             sums: dict[int, int] = {}
             for i in started:
                 if out[i] == ErrorCode.OK:
@@ -723,20 +546,20 @@ class Store:
         """Read the object of `rl` into `dest`, trying the replicas of `order` (default: all
         of them, best first; see the module docstring); raises the last replica's failure."""
         if order is None:
-            order = order_replicas(rl.replicas, self._is_local)
+            order = order_replicas(rl.replicas, self._open().is_local)
         if not order:
             raise error_for_code(ErrorCode.REPLICA_IS_NOT_READY, f"{key!r}: no readable replica")
         failure: KVPoolError | None = None
         verify = self.verify_checksum and rl.checksum is not None
         for r in order:
             done = None
-            if verify and dest.nbytes >= _CHUNKED_MIN:
-                done = self._copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
+            if verify and dest.nbytes >= CHUNKED_MIN:
+                done = self._open().copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
             if done is not None:
                 code, digest = done
             else:
                 req = TransferRequest(TransferOp.READ, dest, r.segment, r.offset)
-                code, digest = self._transfer([req])[0], None
+                code, digest = self._open().transfer([req])[0], None
             if code != ErrorCode.OK:
                 failure = error_for_code(code, f"{key!r}: reading replica on {r.segment} failed")
                 continue
@@ -839,6 +662,8 @@ class Store:
         only when not OK, the clock is read once for the whole batch.
         """
         ok = ErrorCode.OK
+        data = self._open()
+        is_local = data.is_local
         codes = [_code(rl.code) for rl in results]
         reqs: list[TransferRequest] = []
         owner: list[tuple[int, list[ReplicaDesc]]] = []
@@ -850,14 +675,14 @@ class Store:
             if dest is None:
                 codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
                 continue
-            order = order_replicas(rl.replicas, self._is_local)
+            order = order_replicas(rl.replicas, is_local)
             if not order:
                 codes[i] = ErrorCode.REPLICA_IS_NOT_READY
                 continue
             reqs.append(TransferRequest(read, dest, order[0].segment, order[0].offset))
             owner.append((i, order))
         verify = self.verify_checksum
-        done, digests = self._transfer_hashing(reqs, [verify] * len(reqs) if verify else None)
+        done, digests = data.transfer_hashing(reqs, [verify] * len(reqs) if verify else None)
         now = time.monotonic()
         for (i, order), code, taken in zip(owner, done, digests, strict=True):
             rl = results[i]

@@ -1,9 +1,15 @@
 """kvpool: a distributed KV-cache pool for LLM serving.
 
 The public API is what `__all__` names (a test pins it); everything else is private.
+
+`Store`, `AsyncStore`, `ReplicateConfig`, `SoftPinAction` and `HealthStatus` come from
+`kvpool.client` and are imported on first use, so that `import kvpool` (and every `kvpool`
+command's start-up) does not pay for numpy, the RPC client and the transfer engine.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from kvpool.errors import (
     ChecksumMismatch,
@@ -22,11 +28,27 @@ from kvpool.errors import (
     TransferError,
 )
 
+if TYPE_CHECKING:
+    from kvpool.client import AsyncStore, HealthStatus, ReplicateConfig, SoftPinAction, Store
+
 __version__ = "0.1.0"
 
+_LAZY = {"AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import kvpool.client
+
+        return getattr(kvpool.client, name)
+    raise AttributeError(f"module 'kvpool' has no attribute {name!r}")
+
+
 __all__ = [
+    "AsyncStore",
     "ChecksumMismatch",
     "ErrorCode",
+    "HealthStatus",
     "IllegalClient",
     "InvalidParams",
     "KVPoolError",
@@ -36,7 +58,10 @@ __all__ = [
     "ObjectHasLease",
     "ObjectNotFound",
     "ReplicaNotReady",
+    "ReplicateConfig",
     "RpcError",
+    "SoftPinAction",
+    "Store",
     "StoreClosed",
     "TransferError",
     "__version__",

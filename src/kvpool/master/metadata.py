@@ -34,6 +34,8 @@ __all__ = ["REPLICA_ID_SHIFT", "ObjectIndex", "ObjectMeta", "Replica", "TenantSh
 
 _COMPLETE = ReplicaStatus.COMPLETE
 _MEMORY = ReplicaKind.MEMORY
+_COMPLETE_BIT = 1
+_HARD_PIN = 2
 # Replica ids pack the segment's mount number above the offset (segments up to 2**44 bytes).
 REPLICA_ID_SHIFT = 44
 
@@ -83,11 +85,10 @@ class ObjectMeta:
     """
 
     __slots__ = (
+        "_bits",
         "checksum",
         "client_id",
-        "complete",
         "group_id",
-        "hard_pin",
         "key",
         "lease_deadline",
         "put_start_time",
@@ -123,12 +124,26 @@ class ObjectMeta:
         self.put_start_time = put_start_time
         self.soft_pin_ttl = soft_pin_ttl
         self.soft_pin_deadline: float | None = None
-        self.hard_pin = hard_pin
+        # `complete` (bit 0) and `hard_pin` (bit 1) share one slot: 14 slots make a 144-byte
+        # record, 15 made a 160-byte one (allocations come in 16-byte steps).
+        self._bits = _HARD_PIN if hard_pin else 0
         self.group_id = group_id
         self.checksum: int | None = None
         self.lease_deadline = 0.0
-        self.complete = False
         self.reclaim: object = None
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._bits & _COMPLETE_BIT)
+
+    @complete.setter
+    def complete(self, value: bool) -> None:
+        self._bits = (self._bits | _COMPLETE_BIT) if value else (self._bits & ~_COMPLETE_BIT)
+
+    @property
+    def hard_pin(self) -> bool:
+        """Never evicted (still removable); fixed when the object is created."""
+        return bool(self._bits & _HARD_PIN)
 
     def readable_replicas(self) -> list[Replica]:
         return [r for r in self.replicas if r.status is _COMPLETE and r.segment.alive]

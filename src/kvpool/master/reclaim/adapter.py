@@ -8,6 +8,9 @@ terms, so that neither side knows the other's internals:
 * records are keyed by the `ObjectMeta` itself. A re-put of a key builds a new `ObjectMeta`,
   so an object identity *is* a generation: a record whose object is no longer the one indexed
   under its key is stale, and the engine drops it on the next pass that meets it;
+* an object's head record lives in `ObjectMeta.reclaim` (`_ObjectSlotIndex`), a record's
+  replica id is the `Replica` object itself, and an aligned size reuses the object's size int:
+  reclaim costs one 96-byte record per memory replica and nothing per object beside it;
 * a record's size is the replica's aligned allocation, the unit of `memory_usage()`;
 * the engine's shards are the service's metadata shards (`ObjectMeta.shard`);
 * `reclaim_for` is direct reclaim (inactive lists only, group commit); kswapd runs one bounded
@@ -36,7 +39,7 @@ from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import ReclaimConfig
 from kvpool.master.reclaim.engine import ReclaimEngine
-from kvpool.master.reclaim.records import EvictInfo
+from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
 from kvpool.master.reclaim.softpin import SoftPinIndex
 from kvpool.protocol.messages import ReplicaKind
 
@@ -64,7 +67,7 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         for r in obj.replicas:
             if r.kind is ReplicaKind.MEMORY and r.readable():
                 primary = primary or r
-                if r.replica_id == rec.replica_id:
+                if r is rec.replica_id:
                     mine = r
         if mine is None:
             return Verdict.STALE  # freed, or its segment went away
@@ -138,6 +141,7 @@ class MasterReclaimHooks:
             num_shards=num_shards,
             shard_of=_shard_of,
             clock=target.now,
+            record_index=_ObjectSlotIndex(),
         )
         self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
@@ -147,15 +151,25 @@ class MasterReclaimHooks:
             return
         engine = self.engine
         a = self._alignment
-        engine.on_complete(
-            obj, replica.replica_id, (obj.size + a - 1) // a * a, hard_pinned=obj.hard_pin
-        )
+        size = obj.size
+        if size % a:
+            size = (size + a - 1) // a * a
+        # (An aligned size reuses the object's own int: no int per record. The replica object
+        # itself identifies the replica: a replica id would be a fresh large int per record.)
+        engine.on_complete(obj, replica, size, hard_pinned=obj.hard_pin)
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             # PutEnd sets the deadline to now + ttl right after this hook, on the same clock;
             # the index only orders expiry, the object's own field stays authoritative.
             self.soft_pins.pin(obj, engine.clock() + obj.soft_pin_ttl)
 
     def on_access(self, obj: ObjectMeta) -> None:
+        rec = obj.reclaim
+        if rec is None:
+            return  # no memory replica completed (or all evicted)
+        # The common case of a hot object (one replica, active, already referenced) changes
+        # nothing: answer without the shard lookup and the lock.
+        if rec.sibling is None and rec.flags & _STATE_REF == _ACTIVE_REF:  # type: ignore[attr-defined]
+            return
         self.engine.on_access(obj)
 
     def on_object_removed(self, obj: ObjectMeta) -> None:
@@ -215,3 +229,24 @@ class MasterReclaimHooks:
 
 def _shard_of(obj: ObjectMeta) -> int:
     return obj.shard
+
+
+_STATE_REF = STATE_MASK | REF
+_ACTIVE_REF = ACTIVE_BITS | REF
+
+
+class _ObjectSlotIndex:
+    """The engine's `RecordIndex` kept in `ObjectMeta.reclaim`: an object's head record lives
+    on the object itself (one generation per `ObjectMeta`), so reclaim adds no dict entry per
+    object."""
+
+    __slots__ = ()
+
+    def get(self, key: ObjectMeta) -> EvictInfo[ObjectMeta] | None:
+        return key.reclaim  # type: ignore[return-value]
+
+    def __setitem__(self, key: ObjectMeta, rec: EvictInfo[ObjectMeta]) -> None:
+        key.reclaim = rec
+
+    def __delitem__(self, key: ObjectMeta) -> None:
+        key.reclaim = None

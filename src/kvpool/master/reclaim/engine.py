@@ -32,13 +32,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Generic
+from typing import Any, Generic
 
 import xxhash
 
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
-from kvpool.master.reclaim.lists import ReclaimLists, ShardUsage
+from kvpool.master.reclaim.lists import ReclaimLists, RecordIndex, ShardUsage
 from kvpool.master.reclaim.records import EvictInfo, K, ListState
 
 __all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
@@ -131,7 +131,10 @@ class ReclaimEngine(Generic[K]):
         shard_of: Callable[[K], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         seed: int = 0,
+        record_index: RecordIndex[K] | None = None,
     ) -> None:
+        """`record_index`: where each key's head record is kept, shared by all shards (the
+        master keeps it in `ObjectMeta.reclaim`); by default a dict per shard."""
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.target = target
@@ -140,7 +143,7 @@ class ReclaimEngine(Generic[K]):
         self.stats = ReclaimStats()
         self._usage = ShardUsage(num_shards)
         self._shards: list[ReclaimLists[K]] = [
-            ReclaimLists(i, self._usage) for i in range(num_shards)
+            ReclaimLists(i, self._usage, record_index) for i in range(num_shards)
         ]
         self._rng = random.Random(seed)
         self._shard_of: Callable[[K], int] = shard_of or hash_shard_of(num_shards)
@@ -196,7 +199,7 @@ class ReclaimEngine(Generic[K]):
     def on_complete(
         self,
         key: K,
-        replica_id: int,
+        replica_id: Any,
         size: int,
         *,
         generation: int = 0,
@@ -329,7 +332,7 @@ class ReclaimEngine(Generic[K]):
 
     def on_swap_out_done(self, rec: EvictInfo[K], moved: bool) -> None:
         """A swap-out started by this engine finished: `moved` (source freed) or failed."""
-        lists = self._shards[rec.shard]
+        lists = self._shards[self._shard_of(rec.key)]
         # Tracked here rather than by state: the object may have been removed meanwhile.
         self._untrack_migration(rec)
         if moved:

@@ -1,9 +1,10 @@
 """One shard's active and inactive lists (seed 001's ShardEvictInfo) and their critical section.
 
-Each list is an `OrderedDict` used as an intrusive LRU: the *head* (most recently inserted) is
-the dict's end, the *tail* (next victim) its start. Every operation is O(1): insert at head,
-`move_to_end`, `popitem(last=False)` from the tail, `pop` to unlink. A plain `dict` would keep
-order too, but popping its oldest entry degrades after many deletions; `OrderedDict` does not.
+Each list is an intrusive doubly linked ring through the records' own `prev` / `next` slots,
+closed by a sentinel record: the *head* (most recently inserted) is `sentinel.next`, the *tail*
+(next victim) `sentinel.prev`. Every operation is O(1) and allocates nothing: insert at head or
+tail, unlink, pop from the tail. (An `OrderedDict` keyed by the record did the same at about
+150 bytes per entry beside the record; at a million replicas that was most of reclaim's memory.)
 
 Everything here runs under `lock` and does no I/O and no metadata lookup: that is the whole
 point of the design. The slow checks happen in `engine.py`, outside this critical section, on
@@ -12,20 +13,53 @@ records that were *isolated* first (taken off the list, state ISOLATED, stamped 
 removed (its state becomes REMOVED), but it is never relinked by anyone except the pass that
 holds its epoch, and that pass relinks it only if it is still ISOLATED under that epoch.
 
-`by_key` indexes the records of each key's *current* generation (a chain through `sibling`, one
-per memory replica). A record of an older generation that lingers on a list after the key was
+The record index (`RecordIndex`) maps each key to the head record of its *current* generation
+(a chain through `sibling`, one per memory replica). By default it is a dict per shard; the
+master passes one that keeps the head record in `ObjectMeta.reclaim`, so no per-object dict
+entry exists at all. A record of an older generation that lingers on a list after the key was
 put again is no longer indexed; the next pass that meets it finds it stale and drops it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from typing import Generic
+from collections.abc import Iterator
+from typing import Any, Generic, Protocol
 
-from kvpool.master.reclaim.records import EvictInfo, K, ListState
+from kvpool.master.reclaim.records import (
+    ACTIVE_BITS,
+    INACTIVE_BITS,
+    ISOLATED_BITS,
+    MIGRATING_BITS,
+    REF,
+    REMOVED_BITS,
+    STATE_MASK,
+    UNEVICTABLE_BITS,
+    EvictInfo,
+    K,
+    ListState,
+)
 
-__all__ = ["ReclaimLists", "ShardUsage"]
+__all__ = ["DictRecordIndex", "ReclaimLists", "RecordIndex", "ShardUsage"]
+
+_NOT_STATE = ~STATE_MASK
+_NOT_REF = ~REF
+
+
+class RecordIndex(Protocol[K]):
+    """Where the head record of a key's current generation is kept (see the module docstring).
+
+    Called only under the owning shard's lock. `get` answers None for an unknown key."""
+
+    def get(self, key: K) -> EvictInfo[K] | None: ...
+
+    def __setitem__(self, key: K, rec: EvictInfo[K]) -> None: ...
+
+    def __delitem__(self, key: K) -> None: ...
+
+
+class DictRecordIndex(dict[Any, Any]):
+    """The default `RecordIndex`: a dict key -> head record (one per shard)."""
 
 
 class ShardUsage:
@@ -42,6 +76,46 @@ class ShardUsage:
         self.count = [0] * num_shards
 
 
+def _ring() -> EvictInfo[Any]:
+    s: EvictInfo[Any] = EvictInfo(None, None, 0, 0)
+    s.prev = s.next = s
+    return s
+
+
+def _push_head(s: EvictInfo[K], rec: EvictInfo[K]) -> None:
+    first = s.next
+    assert first is not None
+    rec.prev = s
+    rec.next = first
+    first.prev = rec
+    s.next = rec
+
+
+def _push_tail(s: EvictInfo[K], rec: EvictInfo[K]) -> None:
+    last = s.prev
+    assert last is not None
+    rec.next = s
+    rec.prev = last
+    last.next = rec
+    s.prev = rec
+
+
+def _unlink(rec: EvictInfo[K]) -> None:
+    p, n = rec.prev, rec.next
+    assert p is not None and n is not None
+    p.next = n
+    n.prev = p
+    rec.prev = rec.next = None
+
+
+def _walk(s: EvictInfo[K]) -> Iterator[EvictInfo[K]]:
+    """Tail (next victim) to head."""
+    node = s.prev
+    while node is not s and node is not None:
+        yield node
+        node = node.prev
+
+
 class ReclaimLists(Generic[K]):
     """Active/inactive lists, unevictable set and key index of one metadata shard."""
 
@@ -49,6 +123,9 @@ class ReclaimLists(Generic[K]):
         "_active",
         "_by_key",
         "_inactive",
+        "_n_active",
+        "_n_inactive",
+        "_n_unevictable",
         "_unevictable",
         "active_bytes",
         "epoch",
@@ -58,14 +135,22 @@ class ReclaimLists(Generic[K]):
         "usage",
     )
 
-    def __init__(self, shard: int, usage: ShardUsage | None = None) -> None:
+    def __init__(
+        self,
+        shard: int,
+        usage: ShardUsage | None = None,
+        index: RecordIndex[K] | None = None,
+    ) -> None:
         self.shard = shard
         self.usage = usage if usage is not None else ShardUsage(shard + 1)
         self.lock = threading.Lock()
-        self._active: OrderedDict[EvictInfo[K], None] = OrderedDict()
-        self._inactive: OrderedDict[EvictInfo[K], None] = OrderedDict()
-        self._unevictable: dict[EvictInfo[K], None] = {}
-        self._by_key: dict[K, EvictInfo[K]] = {}
+        self._active: EvictInfo[K] = _ring()
+        self._inactive: EvictInfo[K] = _ring()
+        self._unevictable: EvictInfo[K] = _ring()
+        self._n_active = 0
+        self._n_inactive = 0
+        self._n_unevictable = 0
+        self._by_key: RecordIndex[K] = index if index is not None else DictRecordIndex()
         self.epoch = 0
         self.active_bytes = 0
         self.inactive_bytes = 0
@@ -82,25 +167,28 @@ class ReclaimLists(Generic[K]):
         """
         with self.lock:
             head = self._by_key.get(rec.key)
-            if head is not None and head.generation == rec.generation:
+            gen = rec.flags >> 4
+            if head is not None and head.flags >> 4 == gen:
                 node: EvictInfo[K] | None = head
                 while node is not None:
                     if node.replica_id == rec.replica_id:
                         return node
                     node = node.sibling
                 rec.sibling = head
-            if head is None or rec.generation >= head.generation:
+            if head is None or gen >= head.flags >> 4:
                 self._by_key[rec.key] = rec
             # else: a late report of an older generation (a stale reference relinked it). It is
             # listed but not indexed, and the next pass that meets it drops it as stale.
             self.usage.bytes[self.shard] += rec.size
             self.usage.count[self.shard] += 1
             if unevictable:
-                rec.state = ListState.UNEVICTABLE
-                self._unevictable[rec] = None
+                rec.flags = (rec.flags & _NOT_STATE) | UNEVICTABLE_BITS
+                _push_head(self._unevictable, rec)
+                self._n_unevictable += 1
             else:
-                rec.state = ListState.INACTIVE
-                self._inactive[rec] = None
+                rec.flags = (rec.flags & _NOT_STATE) | INACTIVE_BITS
+                _push_head(self._inactive, rec)
+                self._n_inactive += 1
                 self.inactive_bytes += rec.size
             return rec
 
@@ -114,16 +202,18 @@ class ReclaimLists(Generic[K]):
         with self.lock:
             rec = self._by_key.get(key)
             while rec is not None:
-                if rec.state is ListState.INACTIVE and rec.referenced:
-                    del self._inactive[rec]
+                flags = rec.flags
+                if flags & (STATE_MASK | REF) == INACTIVE_BITS | REF:
+                    _unlink(rec)
+                    self._n_inactive -= 1
                     self.inactive_bytes -= rec.size
-                    self._active[rec] = None
+                    _push_head(self._active, rec)
+                    self._n_active += 1
                     self.active_bytes += rec.size
-                    rec.state = ListState.ACTIVE
-                    rec.referenced = False
+                    rec.flags = flags & _NOT_STATE & _NOT_REF | ACTIVE_BITS
                     promoted += 1
-                else:
-                    rec.referenced = True
+                elif not flags & REF:
+                    rec.flags = flags | REF
                 rec = rec.sibling
         return promoted
 
@@ -134,7 +224,7 @@ class ReclaimLists(Generic[K]):
         """
         with self.lock:
             head = self._by_key.get(key)
-            if head is None or (generation is not None and head.generation != generation):
+            if head is None or (generation is not None and head.flags >> 4 != generation):
                 return []
             del self._by_key[key]
             removed: list[EvictInfo[K]] = []
@@ -152,18 +242,21 @@ class ReclaimLists(Generic[K]):
     def isolate_inactive(self, n: int) -> tuple[int, list[EvictInfo[K]]]:
         """Take up to `n` records off the tail of inactive (oldest first) under a new epoch."""
         with self.lock:
-            if not self._inactive:
+            if not self._n_inactive:
                 return self.epoch, []
             self.epoch += 1
             epoch = self.epoch
             batch: list[EvictInfo[K]] = []
-            pop = self._inactive.popitem
-            for _ in range(min(n, len(self._inactive))):
-                rec, _none = pop(last=False)
-                rec.state = ListState.ISOLATED
+            s = self._inactive
+            for _ in range(min(n, self._n_inactive)):
+                rec = s.prev
+                assert rec is not None and rec is not s
+                _unlink(rec)
+                rec.flags = (rec.flags & _NOT_STATE) | ISOLATED_BITS
                 rec.epoch = epoch
                 self.inactive_bytes -= rec.size
                 batch.append(rec)
+            self._n_inactive -= len(batch)
             return epoch, batch
 
     def putback(
@@ -177,21 +270,28 @@ class ReclaimLists(Generic[K]):
         assert where in (ListState.ACTIVE, ListState.INACTIVE)
         if not recs:
             return 0
-        lst = self._active if where is ListState.ACTIVE else self._inactive
+        active = where is ListState.ACTIVE
+        s = self._active if active else self._inactive
+        bits = ACTIVE_BITS if active else INACTIVE_BITS
         n = 0
+        nbytes = 0
         with self.lock:
             for rec in reversed(recs) if at_tail else recs:
-                if rec.state is not ListState.ISOLATED or rec.epoch != epoch:
+                if rec.flags & STATE_MASK != ISOLATED_BITS or rec.epoch != epoch:
                     continue
-                rec.state = where
-                lst[rec] = None
+                rec.flags = (rec.flags & _NOT_STATE) | bits
                 if at_tail:
-                    lst.move_to_end(rec, last=False)
-                if where is ListState.ACTIVE:
-                    self.active_bytes += rec.size
+                    _push_tail(s, rec)
                 else:
-                    self.inactive_bytes += rec.size
+                    _push_head(s, rec)
+                nbytes += rec.size
                 n += 1
+            if active:
+                self.active_bytes += nbytes
+                self._n_active += n
+            else:
+                self.inactive_bytes += nbytes
+                self._n_inactive += n
         return n
 
     def forget(self, rec: EvictInfo[K]) -> bool:
@@ -203,18 +303,19 @@ class ReclaimLists(Generic[K]):
     def park_unevictable(self, rec: EvictInfo[K], epoch: int) -> bool:
         """Move an isolated record found hard pinned off the lists for good."""
         with self.lock:
-            if rec.state is not ListState.ISOLATED or rec.epoch != epoch:
+            if rec.flags & STATE_MASK != ISOLATED_BITS or rec.epoch != epoch:
                 return False
-            rec.state = ListState.UNEVICTABLE
-            self._unevictable[rec] = None
+            rec.flags = (rec.flags & _NOT_STATE) | UNEVICTABLE_BITS
+            _push_head(self._unevictable, rec)
+            self._n_unevictable += 1
             return True
 
     def start_migration(self, rec: EvictInfo[K], epoch: int) -> bool:
         """Hand an isolated record to a swap-out; it stays resident until the move reports."""
         with self.lock:
-            if rec.state is not ListState.ISOLATED or rec.epoch != epoch:
+            if rec.flags & STATE_MASK != ISOLATED_BITS or rec.epoch != epoch:
                 return False
-            rec.state = ListState.MIGRATING
+            rec.flags = (rec.flags & _NOT_STATE) | MIGRATING_BITS
             return True
 
     def end_migration(self, rec: EvictInfo[K], moved: bool) -> bool:
@@ -223,13 +324,14 @@ class ReclaimLists(Generic[K]):
         Returns True when the record was retired by this call.
         """
         with self.lock:
-            if rec.state is not ListState.MIGRATING:
+            if rec.flags & STATE_MASK != MIGRATING_BITS:
                 return False
             if moved:
                 self._unindex_locked(rec)
                 return self._retire_locked(rec)
-            rec.state = ListState.INACTIVE
-            self._inactive[rec] = None
+            rec.flags = (rec.flags & _NOT_STATE) | INACTIVE_BITS
+            _push_head(self._inactive, rec)
+            self._n_inactive += 1
             self.inactive_bytes += rec.size
             return False
 
@@ -243,21 +345,26 @@ class ReclaimLists(Generic[K]):
         """
         demoted = 0
         scanned = 0
+        s_act, s_inact = self._active, self._inactive
         while demoted < nbytes and scanned < max_scan:
             with self.lock:
-                if not self._active:
+                if not self._n_active:
                     break
-                pop = self._active.popitem
-                for _ in range(min(chunk, max_scan - scanned, len(self._active))):
-                    rec, _none = pop(last=False)
+                for _ in range(min(chunk, max_scan - scanned, self._n_active)):
+                    rec = s_act.prev
+                    assert rec is not None and rec is not s_act
+                    _unlink(rec)
                     scanned += 1
-                    if rec.referenced:
-                        rec.referenced = False
-                        self._active[rec] = None
+                    flags = rec.flags
+                    if flags & REF:
+                        rec.flags = flags & _NOT_REF
+                        _push_head(s_act, rec)
                         continue
+                    self._n_active -= 1
                     self.active_bytes -= rec.size
-                    rec.state = ListState.INACTIVE
-                    self._inactive[rec] = None
+                    rec.flags = (flags & _NOT_STATE) | INACTIVE_BITS
+                    _push_head(s_inact, rec)
+                    self._n_inactive += 1
                     self.inactive_bytes += rec.size
                     demoted += rec.size
                     if demoted >= nbytes:
@@ -278,17 +385,17 @@ class ReclaimLists(Generic[K]):
 
     @property
     def active_len(self) -> int:
-        """Records on active (`len` of a dict is atomic: no lock needed for a size hint)."""
-        return len(self._active)
+        """Records on active (a size hint: read without the lock)."""
+        return self._n_active
 
     @property
     def inactive_len(self) -> int:
         """Records on inactive (a size hint, like `active_len`)."""
-        return len(self._inactive)
+        return self._n_inactive
 
     def counts(self) -> tuple[int, int, int]:
         """(active, inactive, unevictable) record counts."""
-        return len(self._active), len(self._inactive), len(self._unevictable)
+        return self._n_active, self._n_inactive, self._n_unevictable
 
     def records_of(self, key: K) -> list[EvictInfo[K]]:
         """The indexed (current generation) records of `key`."""
@@ -303,29 +410,33 @@ class ReclaimLists(Generic[K]):
     def inactive_order(self) -> list[EvictInfo[K]]:
         """Inactive records from tail (next victim) to head; for tests and status."""
         with self.lock:
-            return list(self._inactive)
+            return list(_walk(self._inactive))
 
     def active_order(self) -> list[EvictInfo[K]]:
         """Active records from tail to head; for tests and status."""
         with self.lock:
-            return list(self._active)
+            return list(_walk(self._active))
 
     # ------------------------------------------------------------------ internals (lock held)
 
     def _retire_locked(self, rec: EvictInfo[K]) -> bool:
-        state = rec.state
-        if state is ListState.REMOVED:
+        flags = rec.flags
+        state = flags & STATE_MASK
+        if state == REMOVED_BITS:
             return False
-        if state is ListState.INACTIVE:
-            del self._inactive[rec]
+        if state == INACTIVE_BITS:
+            _unlink(rec)
+            self._n_inactive -= 1
             self.inactive_bytes -= rec.size
-        elif state is ListState.ACTIVE:
-            del self._active[rec]
+        elif state == ACTIVE_BITS:
+            _unlink(rec)
+            self._n_active -= 1
             self.active_bytes -= rec.size
-        elif state is ListState.UNEVICTABLE:
-            del self._unevictable[rec]
+        elif state == UNEVICTABLE_BITS:
+            _unlink(rec)
+            self._n_unevictable -= 1
         # ISOLATED and MIGRATING records are owned by a pass or a swap-out, which sees REMOVED.
-        rec.state = ListState.REMOVED
+        rec.flags = (flags & _NOT_STATE) | REMOVED_BITS
         self.usage.bytes[self.shard] -= rec.size
         self.usage.count[self.shard] -= 1
         return True

@@ -92,6 +92,45 @@ SAMPLES: list[m.Message] = [
         [m.ClientStats(m.ClientId("c"), m.HostId("h"), 1, 9.5)],
         1,
     ),
+    m.CreateCopyTask("k", [m.SegmentName("s2"), m.SegmentName("s3")], m.TenantId("t")),
+    m.CreateMoveTask("k", m.SegmentName("s1"), m.SegmentName("s2")),
+    m.TaskReply(0, "abc"),
+    m.QueryTask("abc"),
+    m.QueryTaskReply(
+        0, "abc", m.TaskType.MOVE, m.TaskStatus.FAILED, "executor expired", 1.0, 2.0, "k"
+    ),
+    m.FetchTasks(m.ClientId("c1"), 4),
+    m.FetchTasksReply(
+        0,
+        [
+            m.ReplicaTask(
+                "abc",
+                m.TaskType.COPY,
+                "k",
+                m.TenantId("default"),
+                10,
+                2**64 - 1,
+                m.ReplicaDesc(
+                    1, m.ReplicaKind.MEMORY, m.ReplicaStatus.COMPLETE, m.SegmentName("s1"), 0, 10
+                ),
+                [
+                    m.ReplicaDesc(
+                        2,
+                        m.ReplicaKind.MEMORY,
+                        m.ReplicaStatus.PROCESSING,
+                        m.SegmentName("s2"),
+                        64,
+                        10,
+                        "127.0.0.1:2",
+                    )
+                ],
+                [m.SegmentInfo(m.SegmentName("s1"), 1 << 20, m.HostId("h"), "e", "/dev/shm/s1")],
+            )
+        ],
+    ),
+    m.MarkTaskComplete(m.ClientId("c1"), "abc", False, "transfer failed"),
+    m.BatchReplicaClear(["a", "b"], m.ClientId("c1"), m.SegmentName("s1")),
+    m.BatchReplicaClearReply(0, ["a"]),
 ]
 
 
@@ -127,3 +166,15 @@ def test_a_frame_of_the_wrong_shape_does_not_decode() -> None:
     bad = msgspec.msgpack.encode(["PutStart", "c", "k", "not-a-size"])
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(bad, type=m.Request)
+
+
+def test_a_ping_reply_of_an_older_master_still_decodes() -> None:
+    """Fields added later have defaults: a reply without them decodes (the compatibility rule)."""
+    old = msgspec.msgpack.encode(["PingReply", 0, int(m.ClientStatus.OK), 3])
+    reply = msgspec.msgpack.decode(old, type=m.Response)
+    assert isinstance(reply, m.PingReply) and reply.pending_tasks == 0
+
+
+def test_task_status_numbers_follow_mooncake_order() -> None:
+    assert [s.name for s in m.TaskStatus] == ["PENDING", "PROCESSING", "SUCCESS", "FAILED"]
+    assert m.TaskType.COPY == 0 and m.TaskType.MOVE == 1

@@ -41,6 +41,24 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
   written (REPLICA_IS_NOT_READY) unless `force`; `RemoveAll` and `RemoveByRegex` answer how many
   objects they removed and skip leased objects unless `force`.
 
+* **Replica tasks** (Mooncake's create_copy_task / create_move_task / query_task). Anyone asks
+  `CreateCopyTask(key, targets)` or `CreateMoveTask(key, source, target)` and gets
+  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out).
+  The master allocates the destination ranges (PROCESSING, invisible to readers) and assigns
+  the task to one executor: the client that owns the source segment if it is alive, else a live
+  client with a segment on the source's host. The executor learns of work from
+  `PingReply.pending_tasks` (or by polling) and sends `FetchTasks(client_id, max_tasks)`; each
+  `ReplicaTask` it gets is PROCESSING from then on. It copies `size` bytes from `source` to
+  every replica in `targets` through its transfer engine (segments as in `segments`), checks
+  the checksum if it wants, and reports `MarkTaskComplete(client_id, task_id, ok, message)`.
+  On success the master makes the destinations COMPLETE (copy: added; move: the source is
+  replaced and freed once no read lease can still be using it); on failure it frees them.
+  A task fails by itself when its executor expires, when the object is removed (force) or
+  when it is older than the task timeout; then its destinations are freed and a late report
+  gets OBJECT_NO_REPLICATION_TASK. `QueryTask(task_id)` answers the status.
+  `BatchReplicaClear(keys, client_id, segment_name)` drops the replicas of the client's own
+  objects (all of them, or those on one segment) whose lease has expired.
+
 Every per-key request has a batch form whose reply carries one result per key, in order. Keys
 live in a tenant (default "default"); shards are chosen by a stable hash of (tenant, key).
 """
@@ -62,6 +80,8 @@ __all__ = [
     "BatchPutStart",
     "BatchPutStartReply",
     "BatchRemove",
+    "BatchReplicaClear",
+    "BatchReplicaClearReply",
     "BatchReplicaListReply",
     "BatchReply",
     "BatchUpsertStart",
@@ -69,14 +89,19 @@ __all__ = [
     "ClientStats",
     "ClientStatus",
     "CountReply",
+    "CreateCopyTask",
+    "CreateMoveTask",
     "Echo",
     "EchoReply",
     "ExistKey",
     "ExistReply",
+    "FetchTasks",
+    "FetchTasksReply",
     "GetReplicaList",
     "GetSegment",
     "GetSize",
     "HostId",
+    "MarkTaskComplete",
     "Message",
     "MountSegment",
     "Ping",
@@ -85,6 +110,8 @@ __all__ = [
     "PutRevoke",
     "PutStart",
     "PutStartReply",
+    "QueryTask",
+    "QueryTaskReply",
     "ReMountSegment",
     "Remove",
     "RemoveAll",
@@ -93,6 +120,7 @@ __all__ = [
     "ReplicaKind",
     "ReplicaListReply",
     "ReplicaStatus",
+    "ReplicaTask",
     "ReplicateConfigMsg",
     "Reply",
     "Request",
@@ -105,6 +133,9 @@ __all__ = [
     "SoftPinAction",
     "Stats",
     "StatsReply",
+    "TaskReply",
+    "TaskStatus",
+    "TaskType",
     "TenantId",
     "UnmountSegment",
     "UpsertStart",
@@ -149,6 +180,25 @@ class ClientStatus(IntEnum):
     UNDEFINED = 0
     OK = 1
     NEED_REMOUNT = 2
+
+
+class TaskType(IntEnum):
+    """What a replica task does."""
+
+    COPY = 0
+    """Add replicas on the target segments; the source stays."""
+    MOVE = 1
+    """Replace the source replica by one on the target segment, then free the source."""
+
+
+class TaskStatus(IntEnum):
+    """A replica task's state (Mooncake's TaskStatus): PENDING until an executor fetches it,
+    PROCESSING while it copies, then SUCCESS or FAILED (final)."""
+
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
 
 
 class SoftPinAction(IntEnum):
@@ -387,6 +437,8 @@ class PingReply(Message):
     code: int
     client_status: ClientStatus
     view_version: int = 0
+    pending_tasks: int = 0
+    """Replica tasks waiting for this client to `FetchTasks` them."""
 
 
 class SegmentReply(Message):
@@ -467,6 +519,107 @@ class StatsReply(Message):
     capacity: int = 0
     used: int = 0
     uptime_s: float = 0.0
+    tasks_active: int = 0
+    """Replica tasks PENDING or PROCESSING."""
+
+
+# ---------------------------------------------------------------- replica tasks
+
+
+class CreateCopyTask(Message):
+    """Copy an object's bytes to one new memory replica on each of `targets` (segment names)."""
+
+    key: str
+    targets: list[SegmentName]
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class CreateMoveTask(Message):
+    """Move the object's replica on segment `source` to segment `target`."""
+
+    key: str
+    source: SegmentName
+    target: SegmentName
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class TaskReply(Message):
+    code: int
+    task_id: str = ""
+
+
+class QueryTask(Message):
+    task_id: str
+
+
+class QueryTaskReply(Message):
+    """`created_s` / `updated_s` are on the master's clock (compare them with each other);
+    `age_s` is how long ago the task was created."""
+
+    code: int
+    task_id: str = ""
+    task_type: TaskType = TaskType.COPY
+    status: TaskStatus = TaskStatus.PENDING
+    message: str = ""
+    created_s: float = 0.0
+    updated_s: float = 0.0
+    key: str = ""
+    tenant: TenantId = DEFAULT_TENANT
+    executor: ClientId = ClientId("")
+    age_s: float = 0.0
+
+
+class ReplicaTask(Message):
+    """One task as its executor gets it: copy `size` bytes from `source` to every replica of
+    `targets` (already allocated, PROCESSING). `segments` describes every segment named in
+    `source` and `targets` (endpoint, shm path, host), so no `GetSegment` is needed.
+    `checksum` is the object's xxh3_64 (None when the writer sent none)."""
+
+    task_id: str
+    task_type: TaskType
+    key: str
+    tenant: TenantId
+    size: int
+    checksum: int | None
+    source: ReplicaDesc
+    targets: list[ReplicaDesc]
+    segments: list[SegmentInfo] = []
+
+
+class FetchTasks(Message):
+    """The executor takes up to `max_tasks` of its PENDING tasks (they become PROCESSING)."""
+
+    client_id: ClientId
+    max_tasks: int = 16
+
+
+class FetchTasksReply(Message):
+    code: int
+    tasks: list[ReplicaTask] = []
+
+
+class MarkTaskComplete(Message):
+    """The executor's report: `ok` when every target holds the bytes. Answered by `Reply`."""
+
+    client_id: ClientId
+    task_id: str
+    ok: bool
+    message: str = ""
+
+
+class BatchReplicaClear(Message):
+    """Drop the replicas of `client_id`'s own objects among `keys` whose lease has expired:
+    all of them (the object goes) or, with `segment_name`, only those on that segment."""
+
+    keys: list[str]
+    client_id: ClientId
+    segment_name: SegmentName = SegmentName("")
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchReplicaClearReply(Message):
+    code: int
+    cleared: list[str] = []
 
 
 Request = (
@@ -494,6 +647,12 @@ Request = (
     | RemoveAll
     | RemoveByRegex
     | Stats
+    | CreateCopyTask
+    | CreateMoveTask
+    | QueryTask
+    | FetchTasks
+    | MarkTaskComplete
+    | BatchReplicaClear
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 
@@ -512,6 +671,10 @@ Response = (
     | SizeReply
     | CountReply
     | StatsReply
+    | TaskReply
+    | QueryTaskReply
+    | FetchTasksReply
+    | BatchReplicaClearReply
 )
 """Every reply of the master (the `response_type` of an RpcClient talking to it). Named
 `Response` because `Reply` is the plain `Reply(code)` message of the contract."""

@@ -88,7 +88,9 @@ from kvpool.protocol.messages import (
     RemoveAll,
     RemoveByRegex,
     ReplicaDesc,
+    ReplicaKind,
     ReplicaListReply,
+    ReplicaStatus,
     Reply,
     SizeReply,
     Stats,
@@ -463,31 +465,42 @@ class Store:
                 f"BatchPutStart answered {len(rep.results)} results for {len(keys)} keys",
                 ErrorCode.RPC_FAIL,
             )
-        out = [_code(r.code) for r in rep.results]
-        reqs: list[TransferRequest] = []
+        # One pass over the results builds the places to write (parallel lists: this loop
+        # runs once per key of every batch); `want` marks each key's first replica, whose copy
+        # is hashed while the value is in the cache.
+        ok = ErrorCode.OK
+        out = [ok] * len(keys)
+        started: list[int] = []
+        places: list[memoryview] = []
+        segs: list[str] = []
+        offs: list[int] = []
         owner: list[int] = []
+        want: list[bool] = []
         for i, r in enumerate(rep.results):
-            if out[i] != ErrorCode.OK:
+            if r.code != 0:
+                out[i] = ErrorCode.of(r.code)
                 continue
-            out[i] = self._check_replicas(r.replicas, sizes[i])
-            if out[i] != ErrorCode.OK:
+            started.append(i)
+            size = sizes[i]
+            replicas = r.replicas
+            if not replicas or any(d.size != size for d in replicas):
+                out[i] = self._check_replicas(replicas, size)
                 continue
-            for d in r.replicas:
-                reqs.append(TransferRequest(TransferOp.WRITE, views[i], d.segment, d.offset))
+            view = views[i]
+            head = True
+            for d in replicas:
+                places.append(view)
+                segs.append(d.segment)
+                offs.append(d.offset)
                 owner.append(i)
-        started = [i for i, r in enumerate(rep.results) if r.code == ErrorCode.OK]
+                want.append(head)
+                head = False
         try:
-            want = [False] * len(owner)
-            first_req: dict[int, int] = {}
-            for j, i in enumerate(owner):
-                if i not in first_req:
-                    first_req[i] = j
-                    want[j] = True
-            codes, digests = self._open().transfer_hashing(reqs, want)
+            codes, digests = self._open().move_many(TransferOp.WRITE, places, segs, offs, want)
             sums: dict[int, int] = {}
-            for i in started:
-                if out[i] == ErrorCode.OK:
-                    taken = digests[first_req[i]]
+            for j, i in enumerate(owner):
+                if want[j]:
+                    taken = digests[j]
                     sums[i] = taken if taken is not None else checksum(views[i])
         except BaseException:
             self._revoke([keys[i] for i in started])
@@ -664,33 +677,46 @@ class Store:
         ok = ErrorCode.OK
         data = self._open()
         is_local = data.is_local
-        codes = [_code(rl.code) for rl in results]
-        reqs: list[TransferRequest] = []
+        codes = [ok] * len(results)
+        places: list[memoryview] = []
+        segs: list[str] = []
+        offs: list[int] = []
         owner: list[tuple[int, list[ReplicaDesc]]] = []
-        read = TransferOp.READ
+        memory, complete = ReplicaKind.MEMORY, ReplicaStatus.COMPLETE
         for i, rl in enumerate(results):
             if rl.code != 0:
+                codes[i] = ErrorCode.of(rl.code)
                 continue
             dest = dests[i]
             if dest is None:
                 codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
                 continue
-            order = order_replicas(rl.replicas, is_local)
+            replicas = rl.replicas
+            if len(replicas) == 1:  # the common case, inline (order_replicas' first branch)
+                r = replicas[0]
+                order = [r] if r.kind == memory and r.status == complete else []
+            else:
+                order = order_replicas(replicas, is_local)
             if not order:
                 codes[i] = ErrorCode.REPLICA_IS_NOT_READY
                 continue
-            reqs.append(TransferRequest(read, dest, order[0].segment, order[0].offset))
+            places.append(dest)
+            segs.append(order[0].segment)
+            offs.append(order[0].offset)
             owner.append((i, order))
         verify = self.verify_checksum
-        done, digests = data.transfer_hashing(reqs, [verify] * len(reqs) if verify else None)
+        done, digests = data.move_many(TransferOp.READ, places, segs, offs, verify)
         now = time.monotonic()
-        for (i, order), code, taken in zip(owner, done, digests, strict=True):
+        for (i, order), code, taken, dest in zip(owner, done, digests, places, strict=True):
             rl = results[i]
-            dest = dests[i]
-            assert dest is not None
-            digest = taken if taken is not None or not verify or code != ok else checksum(dest)
-            if code == ok and (not verify or rl.checksum is None or digest == rl.checksum):
-                if now > lease_deadline(started, rl.lease_ttl_ms):
+            want = rl.checksum
+            if code == ok and (
+                not verify
+                or want is None
+                or (taken if taken is not None else checksum(dest)) == want
+            ):
+                ttl = rl.lease_ttl_ms
+                if ttl > 0 and now > started + ttl / 1000.0:
                     codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
                 continue
             codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH

@@ -121,6 +121,11 @@ class SegmentHold:
             raise TransferError(f"hold on segment {self.name} was released")
         return self._view
 
+    @property
+    def address(self) -> int:
+        """The address of `.buffer`'s first byte in this process."""
+        return self._mapping.address
+
     def release(self) -> None:
         """Idempotent; do not keep slices of `.buffer` past this."""
         if self._view is not None:

@@ -31,6 +31,7 @@ from typing import Final
 from kvpool.config import parse_size
 from kvpool.errors import InvalidParams, KVPoolError, TransferError
 from kvpool.transfer.location import SegmentLocation, normalize_segment_name
+from kvpool.transfer.registration import buffer_address
 
 __all__ = [
     "SegmentMemory",
@@ -72,7 +73,17 @@ def process_start_time(pid: int) -> int | None:
 class SharedMapping:
     """One `MAP_SHARED` mapping with holders; unmapped when closed and no longer held."""
 
-    __slots__ = ("__weakref__", "_closing", "_holders", "_lock", "_mmap", "_view", "label", "size")
+    __slots__ = (
+        "__weakref__",
+        "_closing",
+        "_holders",
+        "_lock",
+        "_mmap",
+        "_view",
+        "address",
+        "label",
+        "size",
+    )
 
     def __init__(self, fd: int, size: int, label: str) -> None:
         self.size = size
@@ -81,6 +92,8 @@ class SharedMapping:
             fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE
         )
         self._view: memoryview | None = memoryview(self._mmap)
+        self.address = buffer_address(self._view)
+        """Where the mapping starts in this process (copy paths pick chunk sizes by it)."""
         self._lock = threading.Lock()
         self._holders = 0
         self._closing = False

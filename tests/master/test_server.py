@@ -306,3 +306,47 @@ def test_a_batch_larger_than_the_chunk_is_served_in_sub_batches_in_order() -> No
         assert [r.code for r in bad.results] == [E.INVALID_PARAMS] * n
         removed = rpc.call(m.BatchRemove(keys, True))
         assert removed.codes == [0] * n
+
+
+def test_a_node_executes_a_move_task_over_rpc(rpc: RpcClient) -> None:
+    """The node's side of replica tasks on the wire: the test is the node (it fetches its task,
+    "copies" by recording the request, reports) and the master switches the metadata."""
+    node1, node2, writer = (m.ClientId(_uid(p)) for p in ("node", "node", "writer"))
+    src, dst = _uid("src"), _uid("dst")
+    assert rpc.call(m.MountSegment(node1, HOST, seg(src))) == m.Reply(0)
+    assert rpc.call(m.MountSegment(node2, HOST, seg(dst))) == m.Reply(0)
+    assert rpc.call(m.ReMountSegment(writer, HOST, [])) == m.Reply(0)
+    key = _uid("key")
+    cfg = m.ReplicateConfigMsg(preferred_segments=[m.SegmentName(src)])
+    assert rpc.call(m.PutStart(writer, key, 5000, cfg)).code == 0
+    assert rpc.call(m.PutEnd(writer, key, 1234)) == m.Reply(0)
+
+    created = rpc.call(m.CreateMoveTask(key, m.SegmentName(src), m.SegmentName(dst)))
+    assert isinstance(created, m.TaskReply) and created.code == 0
+    assert rpc.call(m.Ping(node1)).pending_tasks == 1
+    fetched = rpc.call(m.FetchTasks(node1, 8))
+    assert isinstance(fetched, m.FetchTasksReply) and fetched.code == 0
+    (task,) = fetched.tasks
+    copies: list[tuple[str, int, str, int, int]] = []
+    for target in task.targets:  # the node's transfer engine would copy the bytes here
+        copies.append(
+            (task.source.segment, task.source.offset, target.segment, target.offset, task.size)
+        )
+    assert copies == [(src, task.source.offset, dst, task.targets[0].offset, 5000)]
+    assert {s.name for s in task.segments} == {src, dst} and task.checksum == 1234
+    assert rpc.call(m.QueryTask(task.task_id)).status is m.TaskStatus.PROCESSING
+    # The source stays readable until the node reports.
+    assert [d.segment for d in rpc.call(m.GetReplicaList(key)).replicas] == [src]
+
+    assert rpc.call(m.MarkTaskComplete(node1, task.task_id, True)) == m.Reply(0)
+    done = rpc.call(m.QueryTask(task.task_id))
+    assert (done.code, done.status, done.task_type, done.key) == (
+        0,
+        m.TaskStatus.SUCCESS,
+        m.TaskType.MOVE,
+        key,
+    )
+    got = rpc.call(m.GetReplicaList(key))
+    assert [(d.segment, d.offset) for d in got.replicas] == [(dst, task.targets[0].offset)]
+    assert got.checksum == 1234
+    assert rpc.call(m.Remove(key, True)) == m.Reply(0)

@@ -21,6 +21,7 @@ from kvpool.master.metadata import (
 from kvpool.master.segments import Segment
 from kvpool.master.state import (
     _HAS_LEASE,
+    _HAS_TASK,
     _ILLEGAL_CLIENT,
     _INVALID_PARAMS,
     _NOT_FOUND,
@@ -73,6 +74,9 @@ class AdminPath(ServiceState):
         if not req.client_id:
             return PingReply(_INVALID_PARAMS, ClientStatus.UNDEFINED, self.view_version)
         if self.clients.ping(req.client_id, self._clock()):
+            queue = self._task_queues.get(req.client_id) if self._task_queues else None
+            if queue:
+                return PingReply(_OK, ClientStatus.OK, self.view_version, len(queue))
             return PingReply(_OK, ClientStatus.OK, self.view_version)
         return PingReply(_OK, ClientStatus.NEED_REMOUNT, self.view_version)
 
@@ -94,6 +98,7 @@ class AdminPath(ServiceState):
             cap,
             used,
             now - self._started,
+            len(self._task_of),
         )
 
     def mount_segment(self, req: MountSegment) -> Reply:
@@ -141,6 +146,8 @@ class AdminPath(ServiceState):
         if rec is not None:
             rec.segments.pop(seg.name, None)
         self.sweep_needed = True
+        if self._task_of:
+            self._fail_tasks_on_segment(seg)
         log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
 
     def expire_clients(self) -> list[ClientId]:
@@ -162,6 +169,8 @@ class AdminPath(ServiceState):
                     self._unmount(seg)
         for obj in self.clients.in_flight_of(client_id):
             self._revoke(obj)
+        if self._task_of:
+            self._fail_tasks_of_client(client_id)
         self.clients.forget(client_id)
         log.warning("client %s expired: segments unmounted, in-flight puts revoked", client_id)
 
@@ -188,6 +197,8 @@ class AdminPath(ServiceState):
             for r in replicas:
                 self._free_replica(r, size)
             released += 1
+        if self._task_of or self._tasks_ended:
+            released += self._expire_tasks()
         return released
 
     def parked(self) -> list[tuple[Replica, int]]:
@@ -236,7 +247,9 @@ class AdminPath(ServiceState):
                 return _HAS_LEASE
             if not obj.complete:
                 return _NOT_READY
-        self._remove_obj(obj)
+            if self._task_of and obj in self._task_of:
+                return _HAS_TASK
+        self._remove_obj(obj)  # (forced: a task on it fails, its destination is freed)
         return _OK
 
     def _remove_obj(self, obj: ObjectMeta) -> None:
@@ -283,7 +296,9 @@ class AdminPath(ServiceState):
                     # a removal of this request, as in Mooncake after ClearInvalidHandles.
                     self._forget_dead(obj)
                     continue
-                if not force and (now < obj.lease_deadline or not obj.complete):
+                if not force and (
+                    now < obj.lease_deadline or not obj.complete or obj in self._task_of
+                ):
                     continue
                 self._remove_obj(obj)
                 count += 1

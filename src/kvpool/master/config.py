@@ -84,6 +84,11 @@ class MasterConfig:
     """Objects examined per event-loop turn when sweeping replicas of dead segments."""
     seed: int | None = None
     """Seed of the placement RNG (None: from the OS), for reproducible tests."""
+    replica_task_timeout: float = 300.0
+    """Seconds after which a replica copy/move task that has not ended fails (its
+    destination is freed)."""
+    task_retention: float = 600.0
+    """Seconds an ended replica task stays answerable by QueryTask."""
 
     def __post_init__(self) -> None:
         _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)
@@ -106,6 +111,8 @@ class MasterConfig:
                 f"put_start_release_timeout ({self.put_start_release_timeout} s) must be at "
                 f"least put_start_discard_timeout ({self.put_start_discard_timeout} s)"
             )
+        _positive("replica_task_timeout", self.replica_task_timeout)
+        _positive("task_retention", self.task_retention, allow_zero=True)
         _positive("monitor_interval", self.monitor_interval)
         _positive("reclaim_interval", self.reclaim_interval)
         if not 0 <= self.port <= 65535:

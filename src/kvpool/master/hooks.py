@@ -14,6 +14,8 @@ service calls:
 * `on_replica_complete(obj, replica)` for each replica PutEnd made readable;
 * `on_access(obj)` on each read that found the object readable (GetReplicaList, ExistKey,
   GetSize and their batch forms);
+* `on_replica_removed(obj, replica)` when one replica leaves an object that stays (evicted
+  alone, the source of a finished move, BatchReplicaClear of one segment);
 * `on_object_removed(obj)` exactly once when an object leaves the index for any reason (Remove,
   PutRevoke, expiry of its client or segment, eviction, preemption of a stale PutStart, and an
   UpsertStart of another size, which replaces the record by a new one: each `ObjectMeta` is
@@ -29,6 +31,7 @@ service calls:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -57,6 +60,11 @@ class ReclaimTarget(Protocol):
         """(capacity, used) bytes over all mounted segments."""
         ...
 
+    def memory_pressure(self) -> tuple[int, int]:
+        """(capacity, used) bytes of the fullest mounted segment (by used fraction): what
+        pool-mode reclaim watches, since there a node's memory fills, not the pool's."""
+        ...
+
     def evictable(self, obj: ObjectMeta, now: float) -> bool:
         """Complete, not hard-pinned, lease expired, still indexed (soft pin is the hooks' call)."""
         ...
@@ -66,6 +74,35 @@ class ReclaimTarget(Protocol):
 
         Call only when `evictable(obj, now)` is true. Calls `on_object_removed` when the object
         leaves the index.
+        """
+        ...
+
+    def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
+        """Drop one replica of `obj` (the object goes with its last one); bytes freed.
+
+        Call only when `evictable(obj, now)` is true. Calls `on_replica_removed`, and
+        `on_object_removed` when the object leaves the index.
+        """
+        ...
+
+    def has_task(self, obj: ObjectMeta) -> bool:
+        """A replica task (copy or move) is running on `obj`: keep it where it is."""
+        ...
+
+    def swap_out(
+        self,
+        obj: ObjectMeta,
+        replica: Replica,
+        low_watermark: float,
+        on_done: Callable[[bool], None],
+    ) -> bool:
+        """Start moving `replica` to another segment that stays at or below `low_watermark`
+        (fraction of its capacity) with it; False (nothing changed) when none can take it.
+
+        Never triggers reclaim. On True, `on_done(moved)` is called once, later, when the move
+        task ends: moved=True after the metadata switched to the destination (the source is
+        freed then, or when the object's read lease runs out), False after it failed (the
+        destination was freed, the source stays).
         """
         ...
 
@@ -82,6 +119,11 @@ class ReclaimHooks(Protocol):
     def on_access(self, obj: ObjectMeta) -> None: ...
 
     def on_object_removed(self, obj: ObjectMeta) -> None: ...
+
+    def on_replica_removed(self, obj: ObjectMeta, replica: Replica) -> None:
+        """One replica left an object that stays (a replica evicted alone, a move's source,
+        BatchReplicaClear of one segment)."""
+        ...
 
     def reclaim_for(self, bytes_needed: int) -> int:
         """Free at least `bytes_needed` if possible; answer the bytes actually freed."""
@@ -103,6 +145,9 @@ class NoopReclaimHooks:
         pass
 
     def on_object_removed(self, obj: ObjectMeta) -> None:
+        pass
+
+    def on_replica_removed(self, obj: ObjectMeta, replica: Replica) -> None:
         pass
 
     def reclaim_for(self, bytes_needed: int) -> int:

@@ -7,8 +7,9 @@ background work (`expire_clients`, `release_stale`, `sweep_dead`, the reclaim ti
 loop owns it: nothing here locks, and nothing here may block.
 
 The rules live in the parts it is assembled from (each a `ServiceState` subclass):
-`writes.WritePath` (the write lifecycle), `reads.ReadPath` (reads and leases) and
-`admin.AdminPath` (segments, liveness, removal, stats). This module builds the state, maps each
+`writes.WritePath` (the write lifecycle), `reads.ReadPath` (reads and leases),
+`admin.AdminPath` (segments, liveness, removal, stats) and `tasks.TaskPath` (replica copy and
+move tasks, BatchReplicaClear, pool-mode swap-out). This module builds the state, maps each
 request type to its handler, and implements `hooks.ReclaimTarget` for the reclaim hooks.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,7 @@ from kvpool.master.metadata import (
 from kvpool.master.placement import Placement
 from kvpool.master.reads import ReadPath
 from kvpool.master.segments import SegmentTable
+from kvpool.master.tasks import TaskPath
 from kvpool.master.writes import WritePath
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -39,18 +42,24 @@ from kvpool.protocol.messages import (
     BatchPutRevoke,
     BatchPutStart,
     BatchRemove,
+    BatchReplicaClear,
     BatchUpsertStart,
+    CreateCopyTask,
+    CreateMoveTask,
     Echo,
     ExistKey,
+    FetchTasks,
     GetReplicaList,
     GetSegment,
     GetSize,
+    MarkTaskComplete,
     Message,
     MountSegment,
     Ping,
     PutEnd,
     PutRevoke,
     PutStart,
+    QueryTask,
     ReMountSegment,
     Remove,
     RemoveAll,
@@ -63,7 +72,7 @@ from kvpool.protocol.messages import (
 __all__ = ["MasterService"]
 
 
-class MasterService(WritePath, ReadPath, AdminPath):
+class MasterService(WritePath, ReadPath, AdminPath, TaskPath):
     """All metadata of one pool and the rules that change it (one event loop owns it).
 
     Implements `ReclaimTarget` for the reclaim hooks.
@@ -95,6 +104,10 @@ class MasterService(WritePath, ReadPath, AdminPath):
         self.view_version = 1
         #: Set when a segment went away; the server then runs `sweep_dead`.
         self.sweep_needed = False
+        self._tasks = {}
+        self._task_of = {}
+        self._task_queues = {}
+        self._tasks_ended = deque()
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
             Echo: self.echo,
             Ping: self.ping,
@@ -120,6 +133,12 @@ class MasterService(WritePath, ReadPath, AdminPath):
             RemoveAll: self.remove_all,
             RemoveByRegex: self.remove_by_regex,
             Stats: self.stats,
+            CreateCopyTask: self.create_copy_task,
+            CreateMoveTask: self.create_move_task,
+            QueryTask: self.query_task,
+            FetchTasks: self.fetch_tasks,
+            MarkTaskComplete: self.mark_task_complete,
+            BatchReplicaClear: self.batch_replica_clear,
         }
         self._hooks.attach(self)
 
@@ -149,11 +168,21 @@ class MasterService(WritePath, ReadPath, AdminPath):
     def memory_usage(self) -> tuple[int, int]:
         return self.segments.capacity()
 
+    def memory_pressure(self) -> tuple[int, int]:
+        best, best_ratio = (0, 0), -1.0
+        for seg in self.segments.live:
+            a = seg.allocator
+            ratio = a.allocated / a.capacity if a.capacity else 0.0
+            if ratio > best_ratio:
+                best, best_ratio = (a.capacity, a.allocated), ratio
+        return best
+
     def evictable(self, obj: ObjectMeta, now: float) -> bool:
         return (
             obj.complete
             and not obj.hard_pin
             and now >= obj.lease_deadline
+            and obj not in self._task_of
             and self._index.get(obj.tenant, obj.key) is obj
         )
 
@@ -166,3 +195,17 @@ class MasterService(WritePath, ReadPath, AdminPath):
         obj.replicas = ()
         self._drop(obj)
         return freed
+
+    def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
+        if replica not in obj.replicas:
+            return 0
+        return self._evict_one_replica(obj, replica)
+
+    def swap_out(
+        self,
+        obj: ObjectMeta,
+        replica: Replica,
+        low_watermark: float,
+        on_done: Callable[[bool], None],
+    ) -> bool:
+        return self.start_swap_out(obj, replica, low_watermark, on_done)

@@ -15,7 +15,9 @@ Codes are plain ints here: replies carry ints, and the hot loops should not conv
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -29,12 +31,16 @@ from kvpool.master.metadata import (
     Replica,
 )
 from kvpool.master.placement import Placement
-from kvpool.master.segments import SegmentTable
+from kvpool.master.segments import Segment, SegmentTable
 from kvpool.protocol.messages import (
+    ClientId,
     ReplicaListReply,
     ReplicaStatus,
     Reply,
 )
+
+if TYPE_CHECKING:
+    from kvpool.master.tasks import Task
 
 __all__ = ["ServiceState"]
 
@@ -51,6 +57,7 @@ _INVALID_WRITE = int(ErrorCode.INVALID_WRITE)
 _BUSY = int(ErrorCode.OBJECT_REPLICA_BUSY)
 _SEG_NOT_FOUND = int(ErrorCode.SEGMENT_NOT_FOUND)
 _SEG_EXISTS = int(ErrorCode.SEGMENT_ALREADY_EXISTS)
+_HAS_TASK = int(ErrorCode.OBJECT_HAS_REPLICATION_TASK)
 
 _PROCESSING = ReplicaStatus.PROCESSING
 _COMPLETE = ReplicaStatus.COMPLETE
@@ -82,13 +89,46 @@ class ServiceState:
     view_version: int
     #: Set when a segment went away; the server then runs `sweep_dead`.
     sweep_needed: bool
+    # Replica tasks (tasks.py): every task by id (ended ones until their retention runs out),
+    # the active task of an object, each executor's PENDING tasks in creation order, and
+    # (ended time, id) of ended tasks in the order they ended.
+    _tasks: dict[str, Task]
+    _task_of: dict[ObjectMeta, Task]
+    _task_queues: dict[ClientId, dict[str, Task]]
+    _tasks_ended: deque[tuple[float, str]]
 
     def _park(self, obj: ObjectMeta) -> None:
         if obj.replicas:
             release_at = obj.put_start_time + self._config.put_start_release_timeout
-            self._park_seq += 1
-            heapq.heappush(self._parked, (release_at, self._park_seq, obj.size, obj.replicas))
+            self._park_until(release_at, obj.size, obj.replicas)
             obj.replicas = ()
+
+    def _park_until(self, release_at: float, size: int, replicas: tuple[Replica, ...]) -> None:
+        """Keep `replicas` allocated until `release_at` (someone may still use their bytes)."""
+        self._park_seq += 1
+        heapq.heappush(self._parked, (release_at, self._park_seq, size, replicas))
+
+    # Implemented by tasks.TaskPath (declared here for the parts that call them).
+    def _fail_task(self, task: Task, message: str) -> None:
+        raise NotImplementedError
+
+    def _fail_tasks_of_client(self, client_id: ClientId) -> None:
+        raise NotImplementedError
+
+    def _fail_tasks_on_segment(self, seg: Segment) -> None:
+        raise NotImplementedError
+
+    def _expire_tasks(self) -> int:
+        raise NotImplementedError
+
+    def _evict_one_replica(self, obj: ObjectMeta, replica: Replica) -> int:
+        """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
+        freed = self._aligned(obj.size) if self._free_replica(replica, obj.size) else 0
+        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self._hooks.on_replica_removed(obj, replica)
+        if not obj.replicas:
+            self._drop(obj)
+        return freed
 
     def _revoke(self, obj: ObjectMeta) -> None:
         """Free everything a PutStart (or in-place UpsertStart) took and forget the object."""
@@ -115,6 +155,10 @@ class ServiceState:
     def _drop(self, obj: ObjectMeta) -> None:
         if self._index.discard(obj):
             self._hooks.on_object_removed(obj)
+        if self._task_of:
+            task = self._task_of.get(obj)
+            if task is not None:
+                self._fail_task(task, "the object was removed")
 
     def _free_replica(self, r: Replica, size: int) -> bool:
         seg = r.segment

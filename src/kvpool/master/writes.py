@@ -33,6 +33,7 @@ from kvpool.master.state import (
     _BUSY,
     _COMPLETE,
     _EXISTS,
+    _HAS_TASK,
     _ILLEGAL_CLIENT,
     _INVALID_PARAMS,
     _INVALID_WRITE,
@@ -324,6 +325,8 @@ class WritePath(ServiceState):
         if group is not None and group != obj.group_id:
             # group_membership_is_immutable: a group is fixed for the object's lifetime.
             return PutStartReply(_INVALID_PARAMS)
+        if self._task_of and obj in self._task_of:
+            return PutStartReply(_HAS_TASK)  # a copy or move of it is running (Mooncake)
         if not obj.complete:
             if now - obj.put_start_time < self._config.put_start_discard_timeout:
                 return PutStartReply(_BUSY)  # another write of this key is in progress

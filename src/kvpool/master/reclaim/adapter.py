@@ -17,15 +17,20 @@ terms, so that neither side knows the other's internals:
   step per event-loop callback (see `MasterReclaimHooks`), and `tick` expires soft pins and
   restarts kswapd when it is wanted.
 
-What the service cannot do yet, and so what this adapter refuses rather than fakes:
+Eviction modes on the master:
 
-* evict one replica of several: `evict(obj)` drops all of an object's memory replicas, so in
-  pool mode every replica counts as primary (never dropped alone);
-* move a replica (swap-out to another node's memory) or offload it to a tier: `swap_out`
-  answers False, so in pool mode an object that must not be lost stays, and the put that
-  needed its room fails with NO_AVAILABLE_HANDLE, with nothing lost;
-* transfer refcounts: a replica being written is not COMPLETE (an upsert in place makes the
-  object incomplete), and readers are protected by their lease, which the adapter honours.
+* cache: the primary replica (the first readable memory replica) goes with the whole object,
+  as Mooncake's BatchEvict; any other replica is dropped alone (`evict_replica`);
+* pool: non-primary replicas of objects without a live soft pin are dropped alone; a primary
+  or soft-pinned replica is swapped out (`swap_out`: a MOVE replica task to a segment that
+  stays at or below the low watermark with it, allocated without reclaim) and freed only when
+  the move succeeded; nothing can take it: it stays, and the put that needed the room fails
+  with NO_AVAILABLE_HANDLE. A replica that would have to move while its own segment is at or
+  below the low watermark is kept (BUSY): moving it would relieve nothing. Direct reclaim
+  never starts a move (`direct_swap_out=False`): a put cannot wait for one, so kswapd runs
+  ahead between the watermarks;
+* both: objects with a replica task are kept (BUSY); readers are protected by their lease,
+  and a replica being written is not COMPLETE.
 """
 
 from __future__ import annotations
@@ -54,8 +59,16 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
     def __init__(self, service: hooks.ReclaimTarget, config: ReclaimConfig) -> None:
         self._svc = service
         self._pool_mode = config.mode is EvictionMode.POOL
+        self._low = config.low_watermark_ratio
+        self.engine: ReclaimEngine[ObjectMeta] | None = None
 
     def memory_usage(self) -> tuple[int, int]:
+        # Cache mode watches the whole pool (Mooncake); pool mode a node's memory: the fullest
+        # segment. Moving a replica between segments frees nothing in the pool as a whole, so
+        # pool-mode kswapd wakes when one segment passes the high watermark and stops when it
+        # is back at the low one.
+        if self._pool_mode:
+            return self._svc.memory_pressure()
         return self._svc.memory_usage()
 
     def inspect(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
@@ -75,25 +88,44 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
             return Verdict.HARD_PINNED
         if now < obj.lease_deadline:
             return Verdict.LEASED
-        if not obj.complete:
-            return Verdict.BUSY  # an in-place upsert is rewriting it
-        if obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline:
-            return Verdict.SOFT_PINNED
-        if mine is primary or self._pool_mode:
-            return Verdict.PRIMARY
-        return Verdict.DROPPABLE
+        if not obj.complete or self._svc.has_task(obj):
+            return Verdict.BUSY  # an in-place upsert is rewriting it, or a task copies it
+        pinned = obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline
+        if not pinned and mine is not primary:
+            return Verdict.DROPPABLE
+        if self._pool_mode and not _under_pressure(mine, self._low):
+            # It would have to move, and its segment is at or below the low watermark: a move
+            # would relieve nothing (and could only shuttle replicas between segments).
+            return Verdict.BUSY
+        return Verdict.SOFT_PINNED if pinned else Verdict.PRIMARY
 
     def drop(self, rec: EvictInfo[ObjectMeta]) -> int:
         obj = rec.key
         if not self._svc.evictable(obj, self._svc.now()):
             return 0
-        # Drops every memory replica of the object and, through on_object_removed, retires
-        # all of its records (this one included).
+        replica = rec.replica_id
+        primary = next(
+            (r for r in obj.replicas if r.kind is ReplicaKind.MEMORY and r.readable()), None
+        )
+        if replica is not primary:
+            return self._svc.evict_replica(obj, replica)  # one cache replica of several
+        # The primary (cache mode): every memory replica goes with the object, as Mooncake's
+        # BatchEvict; on_object_removed retires all of its records (this one included).
         return self._svc.evict(obj)
 
     def swap_out(self, rec: EvictInfo[ObjectMeta]) -> bool:
-        log.debug("no swap-out executor yet: %r stays", rec.key)
-        return False
+        engine = self.engine
+        assert engine is not None
+
+        def done(moved: bool) -> None:
+            engine.on_swap_out_done(rec, moved)
+
+        return self._svc.swap_out(rec.key, rec.replica_id, self._low, done)
+
+
+def _under_pressure(replica: Replica, low: float) -> bool:
+    alloc = replica.segment.allocator
+    return alloc.allocated > low * alloc.capacity
 
 
 class MasterReclaimHooks:
@@ -132,24 +164,29 @@ class MasterReclaimHooks:
         return self._pins
 
     def attach(self, target: hooks.ReclaimTarget) -> None:
-        config = ReclaimConfig.from_master(target.config, **self._tunables)
+        # A put cannot wait for a move: the master's direct reclaim only drops (pool mode).
+        tunables: dict[str, int | float] = {"direct_swap_out": False, **self._tunables}
+        config = ReclaimConfig.from_master(target.config, **tunables)
         self._alignment = target.config.alignment
         num_shards = target.index.num_shards
+        service_target = _ServiceTarget(target, config)
         self._engine = ReclaimEngine(
-            _ServiceTarget(target, config),
+            service_target,
             config,
             num_shards=num_shards,
             shard_of=_shard_of,
             clock=target.now,
             record_index=_ObjectSlotIndex(),
         )
+        service_target.engine = self._engine
         self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
         if replica.kind is not ReplicaKind.MEMORY:
             return
-        engine = self.engine
+        engine = self._engine
+        assert engine is not None, "MasterReclaimHooks is not attached to a service"
         a = self._alignment
         size = obj.size
         if size % a:
@@ -171,6 +208,9 @@ class MasterReclaimHooks:
         if rec.sibling is None and rec.flags & _STATE_REF == _ACTIVE_REF:  # type: ignore[attr-defined]
             return
         self.engine.on_access(obj)
+
+    def on_replica_removed(self, obj: ObjectMeta, replica: Replica) -> None:
+        self.engine.on_replica_removed(obj, replica)
 
     def on_object_removed(self, obj: ObjectMeta) -> None:
         self.engine.on_remove(obj)

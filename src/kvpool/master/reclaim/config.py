@@ -44,6 +44,11 @@ class ReclaimConfig:
     turn. A step's cost is per record (about 10 us each on the 2-core test VM), so 64 keep a
     step under a millisecond whatever the object size."""
 
+    direct_swap_out: bool = True
+    """Pool mode: whether direct reclaim may start swap-outs. The master turns it off: a put
+    cannot wait for a move, so there direct reclaim only drops droppable replicas and kswapd
+    (which runs ahead, between the watermarks) does the moving."""
+
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark_ratio <= 1.0:
             raise InvalidParams(

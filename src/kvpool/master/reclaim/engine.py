@@ -108,6 +108,7 @@ class _PassBudget:
 
     scan_left: int
     swap_refused: bool = False
+    allow_swap: bool = True
 
 
 def hash_shard_of(num_shards: int) -> Callable[[object], int]:
@@ -152,6 +153,9 @@ class ReclaimEngine(Generic[K]):
         self._migrating: dict[EvictInfo[K], None] = {}
         self._migrating_bytes = 0
         self._kswapd_wanted = False
+        # Bound once: `_above_high` runs on every PutEnd.
+        self._memory_usage = target.memory_usage
+        self._high_ratio = self.config.high_watermark_ratio
         self.wakeup: Callable[[], object] | None = None
         """Called (from the online path) when kswapd should run now rather than at the next tick."""
         self._local = threading.local()
@@ -206,9 +210,8 @@ class ReclaimEngine(Generic[K]):
         hard_pinned: bool = False,
     ) -> EvictInfo[K]:
         """PutEnd made a memory replica COMPLETE: it enters the head of inactive. Idempotent."""
-        shard = self._shard_of(key)
-        rec = EvictInfo(key, replica_id, generation, size, shard)
-        rec = self._shards[shard].add(rec, unevictable=hard_pinned)
+        rec = EvictInfo(key, replica_id, generation, size)
+        rec = self._shards[self._shard_of(key)].add(rec, hard_pinned)
         if not self._kswapd_wanted and self._above_high():
             self._kswapd_wanted = True
             if self.wakeup is not None:
@@ -220,6 +223,10 @@ class ReclaimEngine(Generic[K]):
         shard = self._shards[self._shard_of(key)]
         if shard.mark_accessed(key):
             self.stats.promoted += 1
+
+    def on_replica_removed(self, key: K, replica_id: Any) -> bool:
+        """One replica of `key` left (the object stays): retire its record. Idempotent."""
+        return self._shards[self._shard_of(key)].remove_replica(key, replica_id)
 
     def on_remove(self, key: K, generation: int | None = None) -> int:
         """The object (of `generation`, if given) was removed: unlink its records. Idempotent."""
@@ -352,8 +359,8 @@ class ReclaimEngine(Generic[K]):
     # ------------------------------------------------------------------ one pass
 
     def _above_high(self) -> bool:
-        cap, used = self.target.memory_usage()
-        return cap > 0 and used > cap * self.config.high_watermark_ratio
+        cap, used = self._memory_usage()
+        return cap > 0 and used > cap * self._high_ratio
 
     def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
         """Reclaim `total` bytes in up to three rounds, each only if the previous fell short:
@@ -370,7 +377,9 @@ class ReclaimEngine(Generic[K]):
             return ReclaimResult()
         before = getattr(self._local, "no_direct", False)
         self._local.no_direct = True
-        budget = _PassBudget(self.config.scan_limit)
+        budget = _PassBudget(
+            self.config.scan_limit, allow_swap=shrink_active or self.config.direct_swap_out
+        )
         try:
             result = ReclaimResult()
             exhausted: set[int] = set()
@@ -559,7 +568,7 @@ class ReclaimEngine(Generic[K]):
             # Touched once since it came to inactive: one more trip through inactive (bit
             # cleared) to earn the second touch that promotes it. Linux keeps a
             # once-referenced mapped folio the same way (FOLIOREF_KEEP).
-            rec.referenced = False
+            lists.clear_referenced(rec)
             stats.kept_referenced += 1
             keep.append(rec)
             return 0, 0
@@ -610,6 +619,9 @@ class ReclaimEngine(Generic[K]):
             # stale after all, the next pass's inspect says so and drops it.
             return freed, 0
         # Pool mode, a primary or soft-pinned replica: move it out before freeing anything.
+        if not budget.allow_swap:
+            stats.swap_outs_refused += 1
+            return 0, 0  # a direct reclaim that may not wait for a move: kept
         if budget.swap_refused:
             stats.swap_outs_refused += 1
             return 0, 0  # nothing could take the last one; kept without asking again

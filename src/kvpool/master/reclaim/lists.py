@@ -157,7 +157,7 @@ class ReclaimLists(Generic[K]):
 
     # ------------------------------------------------------------------ online path, O(1)
 
-    def add(self, rec: EvictInfo[K], *, unevictable: bool = False) -> EvictInfo[K]:
+    def add(self, rec: EvictInfo[K], unevictable: bool = False) -> EvictInfo[K]:
         """Index `rec` and put it at the head of inactive (or park it when unevictable).
 
         Idempotent: when the key's current generation already has a record for the same
@@ -187,7 +187,13 @@ class ReclaimLists(Generic[K]):
                 self._n_unevictable += 1
             else:
                 rec.flags = (rec.flags & _NOT_STATE) | INACTIVE_BITS
-                _push_head(self._inactive, rec)
+                s = self._inactive  # _push_head, inlined: this runs on every PutEnd
+                first = s.next
+                assert first is not None
+                rec.prev = s
+                rec.next = first
+                first.prev = rec
+                s.next = rec
                 self._n_inactive += 1
                 self.inactive_bytes += rec.size
             return rec
@@ -236,6 +242,23 @@ class ReclaimLists(Generic[K]):
                     removed.append(rec)
                 rec = nxt
             return removed
+
+    def clear_referenced(self, rec: EvictInfo[K]) -> None:
+        """Spend a record's referenced bit (the bit shares `flags` with the state, so every
+        write of it happens under the lock)."""
+        with self.lock:
+            rec.flags &= _NOT_REF
+
+    def remove_replica(self, key: K, replica_id: Any) -> bool:
+        """Unlink the current generation's record of one replica of `key`; idempotent."""
+        with self.lock:
+            rec = self._by_key.get(key)
+            while rec is not None and rec.replica_id != replica_id:
+                rec = rec.sibling
+            if rec is None:
+                return False
+            self._unindex_locked(rec)
+            return self._retire_locked(rec)
 
     # ------------------------------------------------------------------ reclaim side
 

@@ -11,10 +11,13 @@ lists holding it know it. The master stores the head record of an object in
 
 Which fields may be touched by whom (the seed's "third difficulty"):
 
-* `state`, `epoch`, `prev`, `next` change only inside the owning shard's critical section
-  (`ReclaimLists.lock`), or by the reclaim pass that holds the record isolated under that epoch.
-* `referenced` is an approximate heat bit: an access may set it at any time, even while the
-  record is isolated, without the list lock mattering for correctness.
+* `flags` (state and the `referenced` bit), `prev`, `next` change only inside the owning
+  shard's critical section (`ReclaimLists.lock`): state and bit share one int, so even the bit
+  is written under the lock (a write outside it could undo a concurrent state change).
+* `epoch` is stamped under the lock when the record is isolated; only the pass holding the
+  record under that epoch acts on it.
+* `referenced` is an approximate heat bit: an access sets it even while the record is
+  isolated (the pass then gives the record another trip).
 * `key`, `replica_id`, `generation`, `size` never change after creation.
 """
 

@@ -138,13 +138,19 @@ def _check_key(key: object) -> str:
 def _check_keys(keys: object, *, unique: bool) -> list[str]:
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         raise InvalidParams(f"keys: expected a list of str, got {type(keys).__name__}")
-    out = [_check_key(k) for k in keys]
+    out = list(keys)
+    # One comprehension for the whole batch; only suspicious keys take the full check.
+    limit = MAX_KEY_BYTES // 4
+    for k in [k for k in out if type(k) is not str or not k or len(k) > limit]:
+        _check_key(k)
     if unique and len(set(out)) != len(out):
         raise InvalidParams("keys: a write batch names the same key twice")
     return out
 
 
 def _value_view(value: object, what: str = "value") -> memoryview:
+    if type(value) is bytes and value:  # flat bytes already: skip byte_view's checks
+        return memoryview(value)
     mv = byte_view(value, what=what)
     if mv.nbytes == 0:
         raise InvalidParams(f"{what}: zero-length values are not stored")

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class DictDriver(Driver):
     path = "dict"
 
     def __init__(self) -> None:
+        super().__init__()
         self.data: dict[str, bytes] = {}
         self.resets = 0
 
@@ -338,3 +340,34 @@ def test_the_thin_script_runs_the_same_command() -> None:
     with Proc([sys.executable, str(script), "--help"], name="benchmarks/compare.py") as p:
         assert p.popen.wait(timeout=60) == 0
         p.wait_for_line(r"--markdown", timeout=10)
+
+
+class TwoWayDriver(DictDriver):
+    """A store with a slow and a fast way to get; the harness must measure the fast one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {"slow": 0, "fast": 0}
+
+    @override
+    def apis(self, op: str, batched: bool) -> tuple[str, ...]:
+        return ("slow", "fast") if op == "get" else ("plain",)
+
+    @override
+    def get(self, key: str, out: memoryview) -> memoryview | bytes:
+        api = self.api("get", False)
+        self.calls[api] += 1
+        if api == "slow":
+            deadline = time.perf_counter() + 0.002
+            while time.perf_counter() < deadline:  # busy: a slower call, not a wait
+                pass
+        return self.data[key]
+
+
+def test_the_fastest_of_a_systems_apis_is_measured_and_named() -> None:
+    driver = TwoWayDriver()
+    cases = plan_cases((4096,), 1, 1 << 20)
+    results = run_cases([driver], cases, RunPlan(rounds=1, seconds_per_phase=0.05))
+    apis = {m.op: m.api for m in results}
+    assert apis == {"put": "plain", "get": "fast"}
+    assert driver.calls["slow"] == 2 * RunPlan(1, 0).warmup_calls  # only at warm-up

@@ -27,6 +27,7 @@ def m(
         p99_us=2 * (p50 or 1e6 / ops),
         rounds=5,
         calls=100,
+        api=f"{system}-{op}",
     )
 
 
@@ -82,6 +83,7 @@ def test_json_rows_have_the_design_fields_and_ratio_rows_name_their_peer() -> No
         "p99_us": 2e6 / 3000,
         "rounds": 5,
         "calls": 100,
+        "api": "kvpool-get",
     }
     ratios = {(r["path"], r["peer"]): r["value"] for r in rows if r.get("metric") == "ratio"}
     assert ratios[("shm", "mooncake/tcp")] == 6.0
@@ -96,10 +98,10 @@ def test_markdown_table_bolds_kvpool_and_lists_what_was_skipped() -> None:
         RESULTS, [Skipped("redis/tcp", "no server", "apt-get install redis-server")]
     )
     lines = md.splitlines()
-    assert lines[0].startswith("| op | case | system/path | ops/s | GB/s | p50 µs | p99 µs |")
-    assert "| get | 1 MiB | **kvpool/shm** | 3000 | 3.146 | 333 | 667 |  |  |" in lines
+    assert lines[0].startswith("| op | case | system/path | api | ops/s | GB/s | p50 µs |")
     assert (
-        "| get | 1 MiB | mooncake/tcp | 500 | 0.524 | 1000 | 2000 | 6.00 / 3.00 | 1.80 / 0.90 |"
-        in lines
+        "| get | 1 MiB | **kvpool/shm** | `kvpool-get` | 3000 | 3.146 | 333 | 667 |  |  |" in lines
     )
+    mooncake = "| get | 1 MiB | mooncake/tcp | `mooncake-get` | 500 | 0.524 | 1000 | 2000 |"
+    assert mooncake + " 6.00 / 3.00 | 1.80 / 0.90 |" in lines
     assert "Skipped: redis/tcp: no server (install: `apt-get install redis-server`)" in md

@@ -66,6 +66,9 @@ class Driver(ABC):
     #: How the bytes travel: "shm", "tcp", "memcpy", "socket".
     path: str = ""
 
+    def __init__(self) -> None:
+        self._chosen_apis: dict[tuple[str, bool], str] = {}
+
     @property
     def label(self) -> str:
         """`system/path`, how the table and the progress bar name this driver."""
@@ -90,6 +93,26 @@ class Driver(ABC):
     def unregister(self, buffer: memoryview) -> None:
         """Undo `register` at the end of the case; no-op here."""
         del buffer
+
+    def apis(self, op: str, batched: bool) -> tuple[str, ...]:
+        """The client calls this driver can do `op` ("put" or "get") with, single or batched.
+
+        When there are several (a copying and a zero-copy form, say), the harness times each
+        during warm-up, picks the fastest with `use_api`, and names it in the results: every
+        system is measured at its best, and which call that was is on the record.
+        """
+        del op, batched
+        return ("",)
+
+    def use_api(self, op: str, batched: bool, api: str) -> None:
+        """Do `op` with `api` (one of `apis(op, batched)`) from now on."""
+        if api not in self.apis(op, batched):
+            raise BenchError(f"{self.label}: no {api!r} for {op} (batched={batched})")
+        self._chosen_apis[(op, batched)] = api
+
+    def api(self, op: str, batched: bool) -> str:
+        """The call `op` is done with now: the chosen one, else the first of `apis`."""
+        return self._chosen_apis.get((op, batched)) or self.apis(op, batched)[0]
 
     @abstractmethod
     def put(self, key: str, value: memoryview) -> None:

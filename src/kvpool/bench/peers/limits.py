@@ -113,8 +113,13 @@ class MemcpyDriver(Driver):
     path = "memcpy"
 
     def __init__(self) -> None:
+        super().__init__()
         self._arena: npt.NDArray[np.uint8] | None = None
         self._offsets = _Offsets(0)
+
+    @override
+    def apis(self, op: str, batched: bool) -> tuple[str, ...]:
+        return ("numpy.copyto",)
 
     @override
     def setup(self, capacity: int) -> None:
@@ -160,10 +165,15 @@ class SocketDriver(Driver):
     path = "socket"
 
     def __init__(self) -> None:
+        super().__init__()
         self._child: Child | None = None
         self._sock: socket.socket | None = None
         self._offsets = _Offsets(0)
         self._ack = bytearray(1)
+
+    @override
+    def apis(self, op: str, batched: bool) -> tuple[str, ...]:
+        return ("sendmsg/recv_into",)
 
     @override
     def setup(self, capacity: int) -> None:

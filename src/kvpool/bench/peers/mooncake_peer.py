@@ -11,12 +11,12 @@ Set up as reference/mooncake-store.md §7 describes, on loopback only:
   crosses it the way Mooncake moves data between processes on one host: its TCP transport.
 * The benchmark's client contributes nothing (`global_segment_size=0`), `protocol="tcp"`.
 
-It calls Mooncake its fastest way per size, as the kvpool driver does for kvpool: the copying
-API (`put` / `get` / `put_batch` / `get_batch`) below `ZERO_COPY_FROM` (1 MiB), and the
-zero-copy one (`put_from` / `get_into` on buffers registered with `register_buffer`) from
-there on. Measured on 2026-11-30 with the segment in another process: equal within noise for
-4 KiB and 1 MiB, zero-copy 10-50 % faster for 16 MiB (reference §7.4 C had found the copying
-API faster at those sizes on a quieter machine, so both are kept where each wins).
+Mooncake has two ways to do each operation: the copying `put` / `get` / `put_batch` /
+`get_batch` (staged through the client's local buffer) and the zero-copy `put_from` /
+`get_into` / `batch_put_from` / `batch_get_into` on memory registered with `register_buffer`.
+Which is faster depends on the size and the machine (reference §7.4 found the copying API
+faster between processes; here the zero-copy one was faster at 16 MiB), so the harness times
+both during warm-up and measures the faster; the results say which one ran.
 
 Mooncake's client-side TCP listener binds all interfaces (no flag restricts it), which is why
 the test suite starts this driver only when KVPOOL_TEST_REAL_MOONCAKE=1.
@@ -46,8 +46,12 @@ INSTALL = (
 # through it, so it must hold the largest value or batch measured.
 _LOCAL_BUFFER = 128 << 20
 _STARTUP_S = 60.0
-ZERO_COPY_FROM = 1 << 20
-"""Values at least this large go through `put_from` / `get_into` (see above)."""
+_APIS = {
+    ("put", False): ("put", "put_from"),
+    ("put", True): ("put_batch", "batch_put_from"),
+    ("get", False): ("get", "get_into"),
+    ("get", True): ("get_batch", "batch_get_into"),
+}
 # Mooncake logs every INFO line to stderr, through the progress bar; MC_LOG_LEVEL (not glog's
 # GLOG_minloglevel, which it ignores) keeps the errors only.
 _LOG_ENV = {"MC_LOG_LEVEL": "ERROR"}
@@ -94,6 +98,7 @@ class MooncakeDriver(Driver):
     path = "tcp"
 
     def __init__(self) -> None:
+        super().__init__()
         self._children: list[Child] = []
         self._store: Any = None
         self._registered: list[memoryview] = []  # kept alive while Mooncake holds their address
@@ -184,17 +189,21 @@ class MooncakeDriver(Driver):
             raise BenchError(f"mooncake unregister_buffer returned {rc}")
 
     @override
+    def apis(self, op: str, batched: bool) -> tuple[str, ...]:
+        return _APIS[(op, batched)]
+
+    @override
     def put(self, key: str, value: memoryview) -> None:
-        if len(value) >= ZERO_COPY_FROM:
+        if self.api("put", False) == "put_from":
             rc = self._client().put_from(key, _address(value), len(value))
         else:
             rc = self._client().put(key, value)
         if rc != 0:
-            raise BenchError(f"mooncake put {key!r} returned {rc}")
+            raise BenchError(f"mooncake {self.api('put', False)} {key!r} returned {rc}")
 
     @override
     def get(self, key: str, out: memoryview) -> Read:
-        if len(out) >= ZERO_COPY_FROM:
+        if self.api("get", False) == "get_into":
             n = self._client().get_into(key, _address(out), len(out))
             if n < 0:
                 raise BenchError(f"mooncake get_into {key!r} returned {n}")
@@ -206,12 +215,26 @@ class MooncakeDriver(Driver):
 
     @override
     def batch_put(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        if self.api("put", True) == "batch_put_from":
+            codes = self._client().batch_put_from(
+                list(keys), [_address(v) for v in values], [len(v) for v in values]
+            )
+            if len(codes) != len(keys) or any(c != 0 for c in codes):
+                raise BenchError(f"mooncake batch_put_from returned {codes[:4]}...")
+            return
         rc = self._client().put_batch(list(keys), list(values))
         if rc != 0:
             raise BenchError(f"mooncake put_batch returned {rc}")
 
     @override
-    def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> list[bytes]:
+    def batch_get(self, keys: Sequence[str], outs: Sequence[memoryview]) -> list[Read]:
+        if self.api("get", True) == "batch_get_into":
+            sizes = self._client().batch_get_into(
+                list(keys), [_address(o) for o in outs], [len(o) for o in outs]
+            )
+            if len(sizes) != len(keys) or any(n < 0 for n in sizes):
+                raise BenchError(f"mooncake batch_get_into returned {sizes[:4]}...")
+            return [out[:n] for out, n in zip(outs, sizes, strict=True)]
         values = self._client().get_batch(list(keys))
         if len(values) != len(keys) or not all(values):
             failed = [k for k, v in zip(keys, values, strict=False) if not v]

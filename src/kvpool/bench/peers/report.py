@@ -137,6 +137,7 @@ def _blocks(
 
 
 _LEGEND = (
+    "api: the client call measured, the fastest of the system's ways (timed at warm-up). "
     "ops/s counts keys (a batch call moves `batch` keys); p50/p99 are per call. "
     "shm÷ and tcp÷: kvpool/shm (kvpool/tcp) over this row, by throughput / by p50 call time; "
     "above 1 means kvpool is faster."
@@ -147,7 +148,7 @@ def render_table(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()
     """The text table: one block per (op, case), kvpool first, ratios against kvpool."""
     idx = _index(results)
     header = (
-        f"{'op':<4} {'case':<11} {'system/path':<13} {'ops/s':>7} {'GB/s':>7} "
+        f"{'op':<4} {'case':<11} {'system/path':<13} {'api':<14} {'ops/s':>7} {'GB/s':>7} "
         f"{'p50 us':>8} {'p99 us':>8} {'shm÷ thru / p50':>16} {'tcp÷ thru / p50':>16}"
     )
     lines = [header, "-" * len(header)]
@@ -157,7 +158,8 @@ def render_table(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()
         for m in rows:
             mine = m.system == "kvpool"
             lines.append(
-                f"{op:<4} {case_name(size, batch):<11} {m.label:<13} {_fmt_rate(m.ops_per_s):>7} "
+                f"{op:<4} {case_name(size, batch):<11} {m.label:<13} {m.api[:14]:<14} "
+                f"{_fmt_rate(m.ops_per_s):>7} "
                 f"{m.bytes_per_s / _GB:>7.3f} {m.p50_us:>8.0f} {m.p99_us:>8.0f} "
                 f"{'' if mine else _fmt_pair(shm, m):>16} {'' if mine else _fmt_pair(tcp, m):>16}"
             )
@@ -173,9 +175,9 @@ def render_markdown(results: Sequence[Measurement], skipped: Sequence[Skipped] =
     """The same table in Markdown, for docs/performance.md."""
     idx = _index(results)
     lines = [
-        "| op | case | system/path | ops/s | GB/s | p50 µs | p99 µs "
+        "| op | case | system/path | api | ops/s | GB/s | p50 µs | p99 µs "
         "| kvpool shm ÷ this (thru / p50) | kvpool tcp ÷ this (thru / p50) |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|",
+        "|---|---|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for op, size, batch, rows in _blocks(results):
         shm = idx.get((*KVPOOL_SHM, op, size, batch))
@@ -184,7 +186,7 @@ def render_markdown(results: Sequence[Measurement], skipped: Sequence[Skipped] =
             mine = m.system == "kvpool"
             label = f"**{m.label}**" if mine else m.label
             lines.append(
-                f"| {op} | {case_name(size, batch)} | {label} | {_fmt_rate(m.ops_per_s)} "
+                f"| {op} | {case_name(size, batch)} | {label} | `{m.api}` | {_fmt_rate(m.ops_per_s)} "
                 f"| {m.bytes_per_s / _GB:.3f} | {m.p50_us:.0f} | {m.p99_us:.0f} "
                 f"| {'' if mine else _fmt_pair(shm, m)} | {'' if mine else _fmt_pair(tcp, m)} |"
             )
@@ -255,6 +257,7 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
             "p99_us": m.p99_us,
             "rounds": m.rounds,
             "calls": m.calls,
+            "api": m.api,
         }
         for m in results
     ]

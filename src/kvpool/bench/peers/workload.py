@@ -77,7 +77,8 @@ class RunPlan:
 
     rounds: int
     seconds_per_phase: float
-    warmup_calls: int = 4
+    warmup_calls: int = 6
+    """Untimed calls per API (twice, interleaved) before the rounds; see `_calibrate`."""
 
 
 @dataclass(slots=True)
@@ -95,6 +96,8 @@ class Measurement:
     p99_us: float
     rounds: int
     calls: int
+    api: str = ""
+    """The client call that was measured (the fastest of the driver's `apis`)."""
 
     @property
     def label(self) -> str:
@@ -291,6 +294,7 @@ def _measurement(driver: Driver, case: Case, op: str, turns: _Turns) -> Measurem
         p99_us=_percentile(lat, 0.99),
         rounds=len(turns.rates),
         calls=len(lat),
+        api=driver.api(op, case.batch > 1),
     )
 
 
@@ -315,7 +319,7 @@ def run_cases(
         for d in drivers:
             for buf in src.buffers:
                 d.register(buf)
-            _warm_up(d, src, fills, plan.warmup_calls)
+            _calibrate(d, src, fills, plan.warmup_calls)
         for r in range(plan.rounds):
             k = r % len(drivers)
             for d in [*drivers[k:], *drivers[:k]]:
@@ -335,20 +339,67 @@ def run_cases(
     return results
 
 
-def _warm_up(driver: Driver, src: ValueSource, fills: _Fills, calls: int) -> None:
-    """A few untimed puts and gets: connections, first-use paths and page faults happen here."""
-    case = src.case
-    fill, n = fills.next(), max(1, min(calls, case.n_calls))
+def _do_puts(driver: Driver, src: ValueSource, fill: int, n: int) -> list[int]:
+    """`n` puts (or batch puts) of `fill`; the time of each call in ns."""
+    times = []
     for j in range(n):
         keys, values = src.call(fill, j)
-        if case.batch == 1:
+        t0 = time.perf_counter_ns()
+        if src.case.batch == 1:
             driver.put(keys[0], values[0])
-            got: Sequence[Read] = [driver.get(keys[0], src.outs[0])]
         else:
             driver.batch_put(keys, values)
+        times.append(time.perf_counter_ns() - t0)
+    return times
+
+
+def _do_gets(driver: Driver, src: ValueSource, fill: int, n: int) -> list[int]:
+    """`n` verified gets (or batch gets) of the first calls of `fill`; the time of each."""
+    times = []
+    for j in range(n):
+        keys, values = src.call(fill, j)
+        if n == 1:
+            src.poison_outs()
+        t0 = time.perf_counter_ns()
+        if src.case.batch == 1:
+            got: Sequence[Read] = [driver.get(keys[0], src.outs[0])]
+        else:
             got = driver.batch_get(keys, src.outs)
+        times.append(time.perf_counter_ns() - t0)
         for key, value, want in zip(keys, got, values, strict=True):
             verify(driver.label, key, value, want)
+    return times
+
+
+def _calibrate(driver: Driver, src: ValueSource, fills: _Fills, calls: int) -> None:
+    """Warm a driver up on this case and choose, per op, the fastest of its `apis`.
+
+    Untimed as far as the results go. Each API does `calls` calls, twice, the APIs taking turns
+    (A B A B), so that a burst of load on the machine does not decide alone; the one with the
+    lowest median call time is used for the rounds. Connections, first-use paths and page
+    faults are paid here too. Every value read is verified, whichever API read it.
+    """
+    case = src.case
+    batched = case.batch > 1
+    n = max(1, min(calls, case.n_calls))
+    for op in ("put", "get"):
+        choices = driver.apis(op, batched)
+        samples: dict[str, list[int]] = {api: [] for api in choices}
+        stored = 0
+        if op == "get":
+            driver.reset()
+            stored = fills.next()
+            _do_puts(driver, src, stored, n)
+        for _ in range(2 if len(choices) > 1 else 1):
+            for api in choices:
+                driver.use_api(op, batched, api)
+                if op == "put":
+                    samples[api] += _do_puts(driver, src, fills.next(), n)
+                    driver.reset()
+                else:
+                    samples[api] += _do_gets(driver, src, stored, n)
+        best = min(choices, key=lambda api: statistics.median(samples[api]))
+        driver.use_api(op, batched, best)
     driver.reset()
 
 

@@ -173,7 +173,7 @@ class SocketDriver(Driver):
 
     @override
     def apis(self, op: str, batched: bool) -> tuple[str, ...]:
-        return ("sendmsg/recv_into",)
+        return ("sendmsg/recv",)
 
     @override
     def setup(self, capacity: int) -> None:

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from kvpool.bench.peers.base import BenchError, Driver, override
 from kvpool.bench.peers.children import Child
+from kvpool.bench.peers.workload import page_aligned
 
 __all__ = ["MemcpyDriver", "SocketDriver", "serve"]
 
@@ -76,7 +77,8 @@ def _recv_all(sock: socket.socket, buffers: Sequence[memoryview]) -> None:
 def _prefaulted(capacity: int) -> npt.NDArray[np.uint8]:
     # First-touch page faults run below 1 GB/s on these machines (baselines.md); touching the
     # arena once up front keeps them out of every timed copy.
-    arena = np.empty(capacity, dtype=np.uint8)
+    # Page-aligned, as the values and get buffers are (see workload.page_aligned).
+    arena = page_aligned(capacity)
     arena.fill(0)
     return arena
 

@@ -7,15 +7,16 @@ What it measures (all on this host, loopback only, one client process):
 | kvpool/shm      | Store in this process, data in a `kvpool node` process, same-host shm |
 | kvpool/tcp      | the same with `protocol="tcp"` (the path between hosts)               |
 | mooncake/tcp    | the real Mooncake Store, segment in a second process, TCP transport   |
-| redis/tcp       | a private redis-server, redis-py + hiredis, pipelined / MGET batches  |
+| redis/tcp       | a private redis-server, redis-py + hiredis, MSET / MGET batches       |
 | limit/memcpy    | numpy copy into and out of a pre-faulted arena: the shm ceiling       |
-| limit/socket    | sendall -> recv_into over loopback TCP, one round trip: the TCP ceiling|
+| limit/socket    | sendmsg -> recv_into over loopback TCP, one round trip: TCP's ceiling |
 
 Workloads: put and get of single values of every `--sizes` size, and of batches of `--batch`
 values for sizes below 1 MiB; every value read is compared byte for byte with what was written
-(a mismatch stops the run with an error). Systems run interleaved (see
-`kvpool.bench.peers.workload`), and the table quotes medians over rounds and ratios of kvpool's
-throughput to every other row, with the project's targets checked underneath.
+(a mismatch stops the run with an error). Where a client has a copying and a zero-copy call,
+the warm-up times both and the faster is measured (the `api` column). Systems run interleaved
+(see `kvpool.bench.peers.workload`), and the table quotes medians over rounds and ratios of
+kvpool to every other row, by throughput and by p50, with the project's targets underneath.
 
 `--seconds` is the measured time per system, case and op, split over `--rounds` rounds; start-up
 and verification come on top. `--quick` is a seconds-long smoke run for the test suite.

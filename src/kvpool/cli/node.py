@@ -3,8 +3,9 @@
 It registers with the master, creates and pre-faults its segment (with a progress bar: a
 multi-GiB segment takes seconds to fault in), mounts it, serves transfers into it, and pings the
 master every second (remounting when the master restarted or expired it). It prints
-`listening on HOST:PORT` (its transfer server) once it is mounted, and on SIGINT or SIGTERM it
-unmounts at the master and frees the segment before exiting 0.
+`listening on HOST:PORT` (its transfer server) once it is mounted, executes the replica copy/move
+tasks the master assigns to it (`kvpool.client.tasks`), and on SIGINT or SIGTERM it unmounts at
+the master and frees the segment before exiting 0.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import click
 
+from kvpool.client.datapath import DataPath
 from kvpool.client.node import NodeRuntime
+from kvpool.client.store import DEFAULT_TRANSFER_TIMEOUT_S
+from kvpool.client.tasks import TaskExecutor
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
@@ -39,7 +44,12 @@ def _rss_shmem() -> int:
     return 0
 
 
-def mount_with_progress(runtime: NodeRuntime, size: int, show: bool = True) -> SegmentMemory:
+def mount_with_progress(
+    runtime: NodeRuntime,
+    size: int,
+    show: bool = True,
+    on_created: Callable[[SegmentMemory], None] | None = None,
+) -> SegmentMemory:
     """Mount a segment of `size` bytes, drawing a bar while its pages are faulted in.
 
     The mapping is populated inside one mmap() call (which releases the GIL), so it runs in a
@@ -50,7 +60,7 @@ def mount_with_progress(runtime: NodeRuntime, size: int, show: bool = True) -> S
 
     def work() -> None:
         try:
-            result.append(runtime.mount(size))
+            result.append(runtime.mount(size, on_created=on_created))
         except BaseException as exc:
             error.append(exc)
 
@@ -79,6 +89,12 @@ def mount_with_progress(runtime: NodeRuntime, size: int, show: bool = True) -> S
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option("--cluster-id", default="kvpool", show_default=True)
 @click.option("--heartbeat-interval", default="1s", show_default=True, hidden=True)
+@click.option(
+    "--task-poll-interval",
+    default="50ms",
+    show_default=True,
+    help="How often to ask the master for replica copy/move tasks to execute.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar while pre-faulting.")
 def node(
     *,
@@ -87,11 +103,13 @@ def node(
     host: str,
     cluster_id: str,
     heartbeat_interval: str,
+    task_poll_interval: str,
     no_progress: bool,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     size = parse_size(segment_size, name="--segment-size", minimum=4096)
     interval = parse_duration(heartbeat_interval, name="--heartbeat-interval", minimum=0.01)
+    poll = parse_duration(task_poll_interval, name="--task-poll-interval", minimum=0.001)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -109,13 +127,21 @@ def node(
         )
     except KVPoolError as exc:
         raise click.ClickException(str(exc)) from exc
+    # The node executes the replica tasks (copy, move, pool-mode swap-out) whose source is
+    # its segment: it needs a data path of its own to write the targets.
+    data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
+    executor: TaskExecutor | None = None
     try:
         try:
             runtime.start()
             t0 = time.perf_counter()
-            mem = mount_with_progress(runtime, size, show=not no_progress)
+            mem = mount_with_progress(
+                runtime, size, show=not no_progress, on_created=data.engine.attach_local
+            )
         except KVPoolError as exc:
             raise click.ClickException(f"cannot join the pool at {master}: {exc}") from exc
+        executor = TaskExecutor(runtime, data, poll_interval=poll).start()
+        runtime.on_pending_tasks = executor.wake
         click.echo(
             f"kvpool node: segment {mem.name} ({format_size(mem.size)}, pre-faulted in "
             f"{time.perf_counter() - t0:.1f} s) mounted at {master}"
@@ -125,5 +151,8 @@ def node(
             pass
         click.echo("kvpool node: stopping; unmounting the segment")
     finally:
+        if executor is not None:
+            executor.close()
         runtime.close()
+        data.close()
     click.echo("kvpool node: stopped")

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import xxhash
 
 from kvpool.client.node import NodeRuntime
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
-from kvpool.protocol.messages import GetSegment, SegmentName, SegmentReply
+from kvpool.protocol.messages import GetSegment, SegmentInfo, SegmentName, SegmentReply
 from kvpool.transfer.engine import RouteKind, TransferEngine
 from kvpool.transfer.location import SegmentLocation
 from kvpool.transfer.registration import buffer_address
@@ -98,6 +99,16 @@ class DataPath:
         with self._loc_lock:
             self._locations[name] = loc
         return loc
+
+    def learn(self, infos: Sequence[SegmentInfo]) -> None:
+        """Remember where segments are (a replica task names its segments), sparing the
+        `GetSegment` round trips of `resolve`."""
+        with self._loc_lock:
+            for info in infos:
+                if info.name not in self._locations:
+                    self._locations[info.name] = SegmentLocation(
+                        info.name, info.size, info.host_id, info.endpoint, info.shm_path
+                    )
 
     def forget(self, name: str) -> None:
         """Drop what we know of a segment after a failed transfer (it may have been remounted

@@ -10,7 +10,8 @@ may mount a segment with `segment_size > 0`) and the storage-only `kvpool node` 
   master restarted or expired us), so the master's view of our segments heals itself;
 * the segments (`SegmentMemory`, pre-faulted memfds) and the `TransferServer` that serves them
   to other hosts (started lazily with the first segment);
-* the heartbeat thread (`Heartbeat`): a Ping every `interval` (1 s, injectable for tests); after
+* the heartbeat thread (`Heartbeat`): a Ping every `interval` (1 s, injectable for tests; a
+  Ping that says replica tasks are pending calls `on_pending_tasks`); after
   `max_failures` (3) failed pings in a row it reconnects (a fresh `RpcClient`: the master may
   have restarted at the same address) and keeps trying with exponential backoff up to
   `max_backoff`; a successful Ping resets it.
@@ -132,6 +133,10 @@ class Heartbeat:
             log.info("master %s answers again after %d failed pings", self.node.master, st.failures)
         st.failures = 0
         st.last_ok = time.monotonic()
+        if reply.pending_tasks > 0:
+            waker = self.node.on_pending_tasks
+            if waker is not None:
+                waker()
         if reply.client_status == ClientStatus.NEED_REMOUNT:
             try:
                 self.node.remount()
@@ -179,6 +184,9 @@ class NodeRuntime:
         self._server: TransferServer | None = None
         self.rpc = self._connect()
         self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
+        self.on_pending_tasks: Callable[[], None] | None = None
+        """Called by the heartbeat when a Ping says replica tasks wait for this client (the
+        `TaskExecutor` of `kvpool.client.tasks` sets it to its `wake`)."""
 
     def _connect(self) -> RpcClient:
         return RpcClient(

@@ -52,6 +52,7 @@ from kvpool.client.replica import (
     verify_lease,
 )
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
+from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskAPI, TaskExecutor
 from kvpool.config import parse_size
 from kvpool.errors import (
     ChecksumMismatch,
@@ -170,7 +171,7 @@ def _reply(reply: object, kind: type[T]) -> T:
     return reply
 
 
-class Store:
+class Store(TaskAPI):
     """A client of the pool at `master` (see the module docstring); use as a context manager.
 
     Arguments (Mooncake's `setup`, in Python form):
@@ -188,6 +189,8 @@ class Store:
         rpc_timeout, transfer_timeout: seconds before a control call / a transfer gives up.
         heartbeat_interval: seconds between Pings (1 s; tests shorten it).
         cluster_id: must match the master's.
+        task_poll_interval: with a segment, seconds between polls for replica copy/move tasks
+            the master assigns to this process (`kvpool.client.tasks`).
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class Store:
         transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT_S,
         heartbeat_interval: float = 1.0,
         cluster_id: str = "kvpool",
+        task_poll_interval: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         seg_bytes = parse_size(segment_size, name="segment_size")
@@ -228,11 +232,18 @@ class Store:
             name="kvpool-store",
         )
         self._data: DataPath | None = None
+        self._tasks: TaskExecutor | None = None
         try:
             self._data = DataPath(self._node, self.protocol, self.transfer_timeout)
             self._node.start()
             if seg_bytes > 0:
                 self._node.mount(seg_bytes, on_created=self._data.engine.attach_local)
+                # Owning a segment makes this process the executor of the replica tasks
+                # whose source is here (pool-mode swap-out, copy/move tasks).
+                self._tasks = TaskExecutor(
+                    self._node, self._data, poll_interval=task_poll_interval
+                ).start()
+                self._node.on_pending_tasks = self._tasks.wake
         except BaseException:
             self._teardown()
             raise
@@ -257,8 +268,11 @@ class Store:
         self._teardown()
 
     def _teardown(self) -> None:
-        # The node unmounts first (the master stops handing out our segment), then the engine
-        # lets go of peer mappings and sockets.
+        # Tasks stop first (one being copied is finished and reported), then the node
+        # unmounts (the master stops handing out our segment), then the engine lets go of
+        # peer mappings and sockets.
+        if self._tasks is not None:
+            self._tasks.close()
         self._node.close()
         if self._data is not None:
             self._data.close()

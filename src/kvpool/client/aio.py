@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.store import Buffer, HealthStatus, Store
+from kvpool.client.tasks import TaskInfo
 from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
+from kvpool.protocol.messages import ReplicaDesc
 
 __all__ = ["AsyncStore"]
 
@@ -160,3 +162,21 @@ class AsyncStore:
         if self._closed:
             return HealthStatus.CLOSED
         return await self._run(self.store.health_check)
+
+    async def create_copy_task(self, key: str, targets: Sequence[str]) -> str:
+        return await self._run(self.store.create_copy_task, key, targets)
+
+    async def create_move_task(self, key: str, source: str, target: str) -> str:
+        return await self._run(self.store.create_move_task, key, source, target)
+
+    async def query_task(self, task_id: str) -> TaskInfo:
+        return await self._run(self.store.query_task, task_id)
+
+    async def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
+        return await self._run(self.store.batch_replica_clear, keys, segment_name)
+
+    async def get_replica_desc(self, key: str) -> list[ReplicaDesc]:
+        return await self._run(self.store.get_replica_desc, key)
+
+    async def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDesc]]:
+        return await self._run(self.store.batch_get_replica_desc, keys)

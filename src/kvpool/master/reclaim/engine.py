@@ -39,7 +39,7 @@ import xxhash
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
 from kvpool.master.reclaim.lists import ReclaimLists, RecordIndex, ShardUsage
-from kvpool.master.reclaim.records import EvictInfo, K, ListState
+from kvpool.master.reclaim.records import ISOLATED_BITS, REF, STATE_MASK, EvictInfo, K, ListState
 
 __all__ = ["ReclaimEngine", "ReclaimResult", "ReclaimStats", "hash_shard_of"]
 
@@ -533,7 +533,7 @@ class ReclaimEngine(Generic[K]):
             # Cache mode: soft-pinned objects go last, only if the rest did not cover the quota.
             while deferred and freed + pending < quota:
                 rec, epoch = deferred.pop(0)
-                if rec.state is ListState.ISOLATED:
+                if rec.flags & STATE_MASK == ISOLATED_BITS:
                     if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
                         f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, pass_budget)
                         if f:
@@ -562,9 +562,10 @@ class ReclaimEngine(Generic[K]):
     ) -> tuple[int, int]:
         """Decide about one isolated record, outside the list lock; (freed, pending) bytes."""
         stats = self.stats
-        if rec.state is not ListState.ISOLATED:
+        flags = rec.flags  # (state and bit read at once, without the properties' cost)
+        if flags & STATE_MASK != ISOLATED_BITS:
             return 0, 0  # removed while isolated; already retired
-        if rec.referenced:
+        if flags & REF:
             # Touched once since it came to inactive: one more trip through inactive (bit
             # cleared) to earn the second touch that promotes it. Linux keeps a
             # once-referenced mapped folio the same way (FOLIOREF_KEEP).
@@ -593,7 +594,7 @@ class ReclaimEngine(Generic[K]):
                 keep.append(rec)
         else:
             f, p = self._evict(lists, rec, epoch, verdict, budget)
-            if f == 0 and p == 0 and rec.state is ListState.ISOLATED:
+            if f == 0 and p == 0 and rec.flags & STATE_MASK == ISOLATED_BITS:
                 keep.append(rec)
             return f, p
         return 0, 0

@@ -190,3 +190,18 @@ def test_direct_reclaim_never_starts_a_move_even_when_some_segment_could_take_it
     assert reply.code in (0, E.NO_AVAILABLE_HANDLE)
     assert pool.fetch() == [] and pool.engine.stats.swap_outs_started == 0
     assert all(pool.where(f"k{i}")[0] == "hot" for i in range(10))
+
+
+def test_kswapd_backs_off_after_a_step_that_found_nothing_to_do() -> None:
+    pool = Pool()
+    for i in range(9):
+        assert pool.put(f"h{i}", "hot") == 0
+        assert pool.put(f"c{i}", "cold") == 0
+    pool.tick()  # both at 90 %: nowhere to move anything
+    assert pool.engine.stats.kswapd_steps == 1 and pool.fetch() == []
+    assert pool.put("h9", "hot") == 0  # a PutEnd above the watermark does not wake it again
+    pool.tick()
+    assert pool.engine.stats.kswapd_steps == 1 and not pool.engine.kswapd_wanted()
+    pool.clock.advance(1.5)  # the backoff (1 s) is over: it looks again
+    pool.tick()
+    assert pool.engine.stats.kswapd_steps == 2

@@ -44,6 +44,10 @@ class ReclaimConfig:
     turn. A step's cost is per record (about 10 us each on the 2-core test VM), so 64 keep a
     step under a millisecond whatever the object size."""
 
+    kswapd_backoff: float = 1.0
+    """Seconds kswapd stays asleep above the high watermark after a step found nothing to
+    reclaim (a failed allocation wakes it at once): without it every PutEnd above the
+    watermark would wake a step that scans `scan_limit` records for nothing."""
     direct_swap_out: bool = True
     """Pool mode: whether direct reclaim may start swap-outs. The master turns it off: a put
     cannot wait for a move, so there direct reclaim only drops droppable replicas and kswapd
@@ -62,6 +66,8 @@ class ReclaimConfig:
             raise InvalidParams(f"inactive_ratio must be > 0, got {self.inactive_ratio}")
         if self.scan_limit < 1:
             raise InvalidParams(f"scan_limit must be >= 1, got {self.scan_limit}")
+        if self.kswapd_backoff < 0:
+            raise InvalidParams(f"kswapd_backoff must be >= 0 seconds, got {self.kswapd_backoff}")
         if self.kswapd_step_records < 1:
             raise InvalidParams(f"kswapd_step_records must be >= 1, got {self.kswapd_step_records}")
 

@@ -153,6 +153,7 @@ class ReclaimEngine(Generic[K]):
         self._migrating: dict[EvictInfo[K], None] = {}
         self._migrating_bytes = 0
         self._kswapd_wanted = False
+        self._backoff_until = 0.0
         # Bound once: `_above_high` runs on every PutEnd.
         self._memory_usage = target.memory_usage
         self._high_ratio = self.config.high_watermark_ratio
@@ -212,7 +213,7 @@ class ReclaimEngine(Generic[K]):
         """PutEnd made a memory replica COMPLETE: it enters the head of inactive. Idempotent."""
         rec = EvictInfo(key, replica_id, generation, size)
         rec = self._shards[self._shard_of(key)].add(rec, hard_pinned)
-        if not self._kswapd_wanted and self._above_high():
+        if not self._kswapd_wanted and self._above_high() and self._not_backing_off():
             self._kswapd_wanted = True
             if self.wakeup is not None:
                 self.wakeup()
@@ -235,8 +236,12 @@ class ReclaimEngine(Generic[K]):
     # ------------------------------------------------------------------ kswapd
 
     def kswapd_wanted(self) -> bool:
-        """True when kswapd should run: above the high watermark, or an allocation failed."""
-        return self._kswapd_wanted or self._above_high()
+        """True when kswapd should run: above the high watermark (unless a step found nothing
+        to reclaim less than `config.kswapd_backoff` ago), or an allocation failed."""
+        return self._kswapd_wanted or (self._above_high() and self._not_backing_off())
+
+    def _not_backing_off(self) -> bool:
+        return self._backoff_until <= 0.0 or self.clock() >= self._backoff_until
 
     def kswapd_step(self) -> ReclaimResult:
         """Reclaim at most `config.kswapd_step_records` average records toward the low watermark.
@@ -256,7 +261,13 @@ class ReclaimEngine(Generic[K]):
         result = self._run_pass(min(excess, step), shrink_active=True)
         got = result.freed + result.pending
         if got == 0:
+            # Everything left is leased, pinned, busy or has nowhere to go. Do not wake again
+            # on every PutEnd above the watermark (each step would scan `scan_limit` records
+            # for nothing) until the backoff ends or an allocation fails.
+            self._backoff_until = self.clock() + self.config.kswapd_backoff
             log.info("kswapd: nothing reclaimable (%d bytes above the low watermark)", excess)
+        else:
+            self._backoff_until = 0.0
         if got == 0 or got >= excess:
             # Reached the low watermark: sleep until the high one (hysteresis). Waiting for a
             # step to find nothing to do instead would keep kswapd evicting one object per put.

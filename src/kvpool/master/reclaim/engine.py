@@ -154,6 +154,7 @@ class ReclaimEngine(Generic[K]):
         self._migrating_bytes = 0
         self._kswapd_wanted = False
         self._backoff_until = 0.0
+        self._headroom = 0  # bytes that may complete before usage is asked again
         # Bound once: `_above_high` runs on every PutEnd.
         self._memory_usage = target.memory_usage
         self._high_ratio = self.config.high_watermark_ratio
@@ -213,10 +214,20 @@ class ReclaimEngine(Generic[K]):
         """PutEnd made a memory replica COMPLETE: it enters the head of inactive. Idempotent."""
         rec = EvictInfo(key, replica_id, generation, size)
         rec = self._shards[self._shard_of(key)].add(rec, hard_pinned)
-        if not self._kswapd_wanted and self._above_high() and self._not_backing_off():
-            self._kswapd_wanted = True
-            if self.wakeup is not None:
-                self.wakeup()
+        if self._kswapd_wanted:
+            return rec
+        # Ask the metadata for its usage only once the bytes completed since the last answer
+        # could have used up the room below the high watermark (each completion stands for an
+        # allocation of its size; frees only add room). Allocations that have not completed
+        # yet are missed here, but the tick (and a failed allocation) catch those.
+        self._headroom -= size
+        if self._headroom < 0:
+            cap, used = self._memory_usage()
+            self._headroom = int(cap * self._high_ratio) - used
+            if cap > 0 and used > cap * self._high_ratio and self._not_backing_off():
+                self._kswapd_wanted = True
+                if self.wakeup is not None:
+                    self.wakeup()
         return rec
 
     def on_access(self, key: K) -> None:

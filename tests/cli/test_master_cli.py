@@ -27,6 +27,7 @@ MASTER_FLAGS = [
     "--client-ttl",
     "--put-start-discard-timeout",
     "--put-start-release-timeout",
+    "--replica-task-timeout",
     "--allocation-strategy",
     "--num-shards",
 ]
@@ -57,6 +58,7 @@ def test_master_help_documents_every_mooncake_named_flag() -> None:
         (["--allocation-strategy", "nearest"], "--allocation-strategy"),
         (["--put-start-release-timeout", "1s"], "put_start_release_timeout"),
         (["--alignment", "48"], "alignment"),
+        (["--replica-task-timeout", "0s"], "replica_task_timeout"),
     ],
 )
 def test_master_refuses_bad_flags_with_a_message_naming_them(args: list[str], message: str) -> None:
@@ -112,14 +114,14 @@ def test_status_prints_segments_and_clients_as_tables_and_json() -> None:
             rpc.call(m.BatchPutEnd(m.ClientId("w"), keys))
         out = kvpool("status", "--master", address)
         assert out.returncode == 0, out.stderr
-        assert "10 objects" in out.stdout
+        assert "10 objects" in out.stdout and "0 replica tasks running" in out.stdout
         seg_line = next(line for line in out.stdout.splitlines() if line.startswith("seg-a"))
         assert "node-a" in seg_line and "10.0 MiB" in seg_line and seg_line.split()[-1] == "10"
         assert any(line.startswith("node-a") for line in out.stdout.splitlines())
         out = kvpool("status", "--master", address, "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
-        assert data["objects"] == 10
+        assert data["objects"] == 10 and data["tasks_active"] == 0
         assert data["segments"][0]["name"] == "seg-a"
         assert data["segments"][0]["used"] == 10 << 20
         assert data["clients"][0]["client_id"] == "node-a"

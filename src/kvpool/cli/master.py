@@ -121,6 +121,14 @@ def _ratio() -> click.FloatRange:
     help="Age after which the space of an unfinished put is released.",
 )
 @click.option(
+    "--replica-task-timeout",
+    default="300s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A replica copy/move task not reported within this fails (its destination is freed).",
+)
+@click.option(
     "--allocation-strategy",
     default="random",
     show_default=True,
@@ -159,6 +167,7 @@ def master(
     client_ttl: float,
     put_start_discard_timeout: float,
     put_start_release_timeout: float,
+    replica_task_timeout: float,
     allocation_strategy: str,
     reclaim: bool,
     num_shards: int,
@@ -180,6 +189,7 @@ def master(
             client_ttl=client_ttl,
             put_start_discard_timeout=put_start_discard_timeout,
             put_start_release_timeout=put_start_release_timeout,
+            replica_task_timeout=replica_task_timeout,
             allocation_strategy=AllocationStrategy(allocation_strategy),
             num_shards=num_shards,
             alignment=alignment,

@@ -38,6 +38,7 @@ import numpy as np
 
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, SegmentError, TransferError
 from kvpool.transfer.base import MemoryRegion, Transport
+from kvpool.transfer.copy import copy_bytes
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.hostid import host_id as this_host_id
 from kvpool.transfer.location import SegmentLocation, normalize_segment_name, parse_endpoint
@@ -433,11 +434,11 @@ class TransferEngine:
                     ErrorCode.SEGMENT_NOT_FOUND,
                 )
             try:
-                seg = mapping.view
+                seg = mapping.view[offset : offset + n]
                 if op is _READ:
-                    view[:] = seg[offset : offset + n]
+                    copy_bytes(view, seg, 0, mapping.address + offset)
                 else:
-                    seg[offset : offset + n] = view
+                    copy_bytes(seg, view, mapping.address + offset, 0)
             finally:
                 mapping.release()
         return True
@@ -499,11 +500,11 @@ class TransferEngine:
         for i, op, view, mapping, offset in copies:
             code, why = ErrorCode.OK, ""
             try:
-                seg = mapping.view
+                seg = mapping.view[offset : offset + view.nbytes]
                 if op is _READ:
-                    view[:] = seg[offset : offset + view.nbytes]
+                    copy_bytes(view, seg, 0, mapping.address + offset)
                 else:
-                    seg[offset : offset + view.nbytes] = view
+                    copy_bytes(seg, view, mapping.address + offset, 0)
             except (ValueError, TypeError, KVPoolError) as exc:
                 code, why = ErrorCode.TRANSFER_FAIL, f"copy failed: {exc!r}"
             finally:

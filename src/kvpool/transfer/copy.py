@@ -30,9 +30,21 @@ __all__ = ["BOUNCE_MAX", "SLOW_MIN", "copy_bytes", "slow_distance"]
 
 SLOW_MIN: Final = 2048
 """Below this glibc uses vector moves whatever the distance (its threshold is 2112 bytes)."""
-BOUNCE_MAX: Final = 1 << 20
-"""At and above this glibc uses its vector loop (the cut-over is the L2 size, 512 KiB here;
-1 MiB also covers CPUs with a 1 MiB L2)."""
+
+
+def _l2_bytes(default: int = 1 << 20) -> int:
+    """This CPU's L2 size (glibc's cut-over from `rep movsb` to its vector loop on AMD)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size", encoding="ascii") as f:
+            text = f.read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return default
+
+
+BOUNCE_MAX: Final = _l2_bytes()
+"""At and above this glibc copies with its vector loop whatever the distance (512 KiB here)."""
 _SHORT: Final = 64
 _PAGE: Final = 4096
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from kvpool.client import AsyncStore, ReplicateConfig, Store
-from kvpool.client.tasks import TaskInfo
+from kvpool.client.datapath import DataPath
+from kvpool.client.node import NodeRuntime
+from kvpool.client.tasks import TaskExecutor, TaskInfo
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, ObjectNotFound
 from kvpool.protocol.messages import ReplicaStatus, TaskStatus, TaskType
 from kvpool.transfer.request import TransferOp
@@ -181,3 +183,28 @@ def test_async_store_has_the_task_methods(two_nodes: Pool) -> None:
             await s.remove_all(force=True)
 
     asyncio.run(main())
+
+
+def test_an_executor_writes_targets_over_tcp(two_nodes: Pool) -> None:
+    """A node whose data path is TCP-only (as for targets on another host) still copies."""
+    _, b = segments(two_nodes)
+    node = NodeRuntime(two_nodes.address, heartbeat_interval=0.2).start()
+    data = DataPath(node, "tcp", 30.0)
+    try:
+        mem = node.mount("4MiB", on_created=data.engine.attach_local)
+        executor = TaskExecutor(node, data, poll_interval=0.02).start()
+        node.on_pending_tasks = executor.wake
+        with Store(two_nodes.address) as s:
+            payload = value(700_000, 5)
+            s.put("over-tcp", payload, ReplicateConfig(preferred_segments=[mem.name]))
+            info = finished(s, s.create_move_task("over-tcp", mem.name, b))
+            assert info.status == TaskStatus.SUCCESS, info.message
+            assert [r.segment for r in s.get_replica_desc("over-tcp")] == [b]
+            assert s.get("over-tcp") == payload
+            assert executor.stats.succeeded == 1
+            assert executor.stats.bytes_copied == len(payload)
+            s.remove_all(force=True)
+        executor.close()
+    finally:
+        node.close()
+        data.close()

@@ -37,3 +37,31 @@ def test_quick_master_benchmark_writes_rows_and_the_memory_metric(tmp_path: Path
     assert sorted(r["reclaim"] for r in mem) == [False, True]
     assert all(r["objects"] == 20_000 and r["value"] > 0 for r in mem)
     assert "master us/key" in proc.stdout and "bytes of RSS per object" in proc.stdout
+
+
+def test_lockstep_rounds_measure_only_the_interleaved_get_to_echo_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "lockstep.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvpool",
+            "bench",
+            "master",
+            "--quick",
+            "--lockstep-rounds",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["metric"] == "lockstep_get_vs_echo" and row["rounds"] == 3
+    assert len(row["ratios"]) == 3 and row["value"] > 0 and row["reclaim"] is True
+    assert "interleaved rounds" in proc.stdout

@@ -21,6 +21,11 @@ Memory (`"metric": "master_bytes_per_object"`): a fresh master, one segment, the
 master's RSS divided by N (N = 1,000,000 in the full run). Measured twice: without reclaim hooks
 (the master's own metadata) and with them (what `kvpool master` runs by default).
 
+`--lockstep-rounds N` measures only lock-step GetReplicaList against lock-step Echo, in N
+interleaved rounds of 3,000 of each on one master (`"metric": "lockstep_get_vs_echo"`, the
+median of the per-round ratios): the form of the lock-step target that load swings disturb
+least.
+
 Every reply is checked (codes, and the replica offsets read back against those PutStart gave);
 the benchmark never asserts a speed.
 """
@@ -44,7 +49,7 @@ from kvpool.protocol import messages as m
 from kvpool.rpc.bench import percentile
 from kvpool.rpc.client import RpcClient
 
-__all__ = ["Plan", "command", "measure_memory", "run"]
+__all__ = ["Plan", "command", "measure_lockstep_ratio", "measure_memory", "run"]
 
 NODE = m.ClientId("bench-node")
 WRITER = m.ClientId("bench-writer")
@@ -398,6 +403,69 @@ def measure_memory(
     }
 
 
+def measure_lockstep_ratio(
+    rounds: int,
+    *,
+    reclaim: bool,
+    ops: int = 3000,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Lock-step GetReplicaList against lock-step Echo on one master, alternating `ops` of each
+    for `rounds` rounds: the median of the per-round ratios (get/s over echo/s of the same
+    round). Interleaving rounds this finely is what keeps the machine's load swings out of the
+    ratio as much as anything can on a shared machine."""
+    master = _Master(reclaim)
+    try:
+        rpc = master.rpc
+        keys = _keys("read", ops)
+        for i in range(0, ops, 1000):
+            chunk = keys[i : i + 1000]
+            started = rpc.call(m.BatchPutStart(WRITER, chunk, [OBJECT_SIZE] * len(chunk)))
+            _expect(all(r.code == 0 for r in started.results), "lock-step setup put")
+            rpc.call(m.BatchPutEnd(WRITER, chunk, [7] * len(chunk)))
+        echo = [m.Echo(b"x" * 16)] * ops
+        gets = [m.GetReplicaList(k) for k in keys]
+
+        def rate(reqs: list[Any], check: Callable[[Any], bool]) -> float:
+            call, t0 = rpc.call, time.perf_counter()
+            for req in reqs:
+                _expect(check(call(req)), f"lock-step reply to {type(req).__name__}")
+            return len(reqs) / (time.perf_counter() - t0)
+
+        def echo_ok(reply: Any) -> bool:
+            return isinstance(reply, m.EchoReply)
+
+        def get_ok(reply: Any) -> bool:
+            return isinstance(reply, m.ReplicaListReply) and reply.code == 0
+
+        rate(echo[:300], echo_ok)  # warm-up
+        rate(gets[:300], get_ok)
+        echo_rates: list[float] = []
+        get_rates: list[float] = []
+        for rnd in range(rounds):
+            echo_rates.append(rate(echo, echo_ok))
+            get_rates.append(rate(gets, get_ok))
+            log(
+                f"lock-step round {rnd + 1}/{rounds}: get/echo {get_rates[-1] / echo_rates[-1]:.2f}"
+            )
+    finally:
+        master.close()
+    ratios = [g / e for g, e in zip(get_rates, echo_rates, strict=True)]
+    return {
+        "system": "kvpool",
+        "path": "master",
+        "op": "get_replica_list",
+        "metric": "lockstep_get_vs_echo",
+        "value": statistics.median(ratios),
+        "rounds": rounds,
+        "ops_per_round": ops,
+        "ratios": ratios,
+        "echo_ops_per_s_median": statistics.median(echo_rates),
+        "get_ops_per_s_median": statistics.median(get_rates),
+        "reclaim": reclaim,
+    }
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     head = (
         f"{'op':<24}{'case':<11}{'batch':>6}{'ops/s':>10}{'keys/s':>10}{'p50 us':>9}"
@@ -415,6 +483,13 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         )
     lines.append("")
     for r in rows:
+        if r.get("metric") == "lockstep_get_vs_echo":
+            lines.append(
+                f"lock-step get_replica_list / echo, reclaim {'on ' if r['reclaim'] else 'off'}: "
+                f"median {r['value']:.2f}x over {r['rounds']} interleaved rounds (range "
+                f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}; echo "
+                f"{r['echo_ops_per_s_median']:,.0f}/s, get {r['get_ops_per_s_median']:,.0f}/s)"
+            )
         if r.get("metric") == "master_bytes_per_object":
             lines.append(
                 f"master memory, reclaim {'on ' if r['reclaim'] else 'off'}: {r['value']:.0f} "
@@ -435,6 +510,11 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     show_default=True,
     help="Throughput cases against a master with (the default) or without reclaim hooks.",
 )
+@click.option(
+    "--lockstep-rounds",
+    type=click.IntRange(1, 200),
+    help="Only measure lock-step GetReplicaList against Echo, in this many interleaved rounds.",
+)
 def command(
     *,
     quick: bool,
@@ -442,8 +522,21 @@ def command(
     repeats: int | None,
     memory_objects: int | None,
     reclaim: bool,
+    lockstep_rounds: int | None,
 ) -> None:
     """Master control-plane throughput (ops/s, keys/s, master CPU per key) and bytes/object."""
+    if lockstep_rounds is not None:
+        row = measure_lockstep_ratio(
+            lockstep_rounds,
+            reclaim=reclaim,
+            ops=300 if quick else 3000,
+            log=lambda s: click.echo(s, err=True),
+        )
+        click.echo(format_table([row]))
+        if json_path:
+            with open(json_path, "w", encoding="utf-8") as f:
+                json.dump([row], f, indent=2)
+        return
     plan = Plan.of(quick)
     if repeats is not None or memory_objects is not None:
         plan = Plan(

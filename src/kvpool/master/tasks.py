@@ -398,7 +398,7 @@ class TaskPath(ServiceState):
         self._tasks[task.task_id] = task
         self._task_of[obj] = task
         self._task_queues.setdefault(executor, {})[task.task_id] = task
-        log.info("task %r created", task)
+        log.debug("task %r created", task)
         return task, _OK
 
     def _executor_for(self, seg: Segment) -> ClientId | None:

@@ -91,15 +91,15 @@ class Proc:
                     + self.output()
                 )
             try:
-                line = self._q.get(timeout=left)
+                item = self._q.get(timeout=left)
             except queue.Empty:
                 continue
-            if line is None:
+            if item is None:
                 raise AssertionError(
                     f"{self.name} exited ({self.popen.wait()}) before printing {rx.pattern!r}; output:\n"
                     + self.output()
                 )
-            m = rx.search(line)
+            m = rx.search(item)
             if m:
                 return m
 

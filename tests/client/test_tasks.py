@@ -208,3 +208,34 @@ def test_an_executor_writes_targets_over_tcp(two_nodes: Pool) -> None:
     finally:
         node.close()
         data.close()
+
+
+def test_a_ping_announces_pending_tasks_and_run_once_executes_them(two_nodes: Pool) -> None:
+    """Beat by beat: no executor thread, so nothing happens until the test says so."""
+    _, b = segments(two_nodes)
+    node = NodeRuntime(two_nodes.address, heartbeat_interval=3600).start()
+    data = DataPath(node, "auto", 30.0)
+    woken: list[int] = []
+    node.on_pending_tasks = lambda: woken.append(1)
+    try:
+        mem = node.mount("4MiB", on_created=data.engine.attach_local)
+        executor = TaskExecutor(node, data)  # not started: run_once by hand
+        node.heartbeat.beat()
+        assert woken == []
+        with Store(two_nodes.address) as s:
+            payload = value(50_000, 6)
+            s.put("pending", payload, ReplicateConfig(preferred_segments=[mem.name]))
+            task = s.create_copy_task("pending", [b])
+            assert s.query_task(task).status == TaskStatus.PENDING
+            node.heartbeat.beat()
+            assert woken == [1]
+            assert executor.run_once() == 1
+            assert s.query_task(task).status == TaskStatus.SUCCESS
+            assert executor.run_once() == 0
+            node.heartbeat.beat()
+            assert woken == [1]  # nothing pending any more
+            assert sorted(r.segment for r in s.get_replica_desc("pending")) == sorted([mem.name, b])
+            s.remove_all(force=True)
+    finally:
+        node.close()
+        data.close()

@@ -10,8 +10,8 @@ import sys
 
 import psutil
 
-from kvpool.client import Store
-from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.client import ReplicateConfig, Store
+from kvpool.protocol.messages import Response, Stats, StatsReply, TaskStatus
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import kvpool_proc, wait_until
@@ -119,3 +119,46 @@ def test_up_stops_everything_and_fails_when_its_node_dies() -> None:
         wait_until(lambda: gone([c.pid for c in children]), timeout=10, what="the master to exit")
     finally:
         up.stop()
+
+
+BAD_POLL = ("--task-poll-interval", "soon")
+
+
+def test_node_executes_replica_tasks_as_soon_as_a_ping_announces_them(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    # The poll is a minute: only the heartbeat's pending_tasks can make the task run in time.
+    p = pool(nodes=1, segment_size="16MiB")
+    node = kvpool_proc(
+        "node",
+        "--master",
+        p.address,
+        "--segment-size",
+        "8MiB",
+        "--no-progress",
+        "--heartbeat-interval",
+        "100ms",
+        "--task-poll-interval",
+        "60s",
+        name="slow-poll node",
+    )
+    try:
+        source = node.wait_ready(timeout=60) + "/0"
+        target = p.node_endpoints[0] + "/0"
+        with Store(p.address) as s:
+            s.put("t", b"t" * 5000, ReplicateConfig(preferred_segments=[source]))
+            task = s.create_move_task("t", source, target)
+            info = wait_until(lambda: (i := s.query_task(task)).done and i, timeout=20)
+            assert info.status == TaskStatus.SUCCESS, info.message
+            assert [r.segment for r in s.get_replica_desc("t")] == [target]
+            assert s.get("t") == b"t" * 5000
+        bad = subprocess.run(
+            [sys.executable, "-m", "kvpool", "node", "--master", p.address, *BAD_POLL],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=30,
+        )
+        assert bad.returncode != 0 and "task-poll-interval" in bad.stderr
+    finally:
+        node.stop()

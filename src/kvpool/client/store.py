@@ -497,12 +497,23 @@ class Store(TaskAPI):
         owner: list[int] = []
         want: list[bool] = []
         for i, r in enumerate(rep.results):
-            if r.code != 0:
+            if r.code:
                 out[i] = ErrorCode.of(r.code)
                 continue
             started.append(i)
             size = sizes[i]
             replicas = r.replicas
+            if len(replicas) == 1:  # the common case, without the general loop below
+                d = replicas[0]
+                if d.size != size:
+                    out[i] = ErrorCode.INVALID_REPLICA
+                    continue
+                places.append(views[i])
+                segs.append(d.segment)
+                offs.append(d.offset)
+                owner.append(i)
+                want.append(True)
+                continue
             if not replicas or any(d.size != size for d in replicas):
                 out[i] = self._check_replicas(replicas, size)
                 continue
@@ -518,27 +529,25 @@ class Store(TaskAPI):
         try:
             codes, digests = self._open().move_many(TransferOp.WRITE, places, segs, offs, want)
             sums: dict[int, int] = {}
-            for j, i in enumerate(owner):
-                if want[j]:
-                    taken = digests[j]
+            for i, first, taken in zip(owner, want, digests, strict=True):
+                if first:
                     sums[i] = taken if taken is not None else checksum(views[i])
         except BaseException:
             self._revoke([keys[i] for i in started])
             raise
         for i, code in zip(owner, codes, strict=True):
-            if code != ErrorCode.OK and out[i] == ErrorCode.OK:
+            if code != ok and out[i] == ok:
                 out[i] = code
-        good = [i for i in started if out[i] == ErrorCode.OK]
-        bad = [i for i in started if out[i] != ErrorCode.OK]
-        if bad:
-            self._revoke([keys[i] for i in bad])
+        good = [i for i in started if out[i] == ok]
+        if len(good) != len(started):
+            self._revoke([keys[i] for i in started if out[i] != ok])
         if good:
-            end = rpc.call(
-                BatchPutEnd(cid, [keys[i] for i in good], [sums[i] for i in good], self.tenant)
-            )
+            good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
+            end = rpc.call(BatchPutEnd(cid, good_keys, [sums[i] for i in good], self.tenant))
             codes_end = _reply(end, BatchReply).codes
             for i, c in zip(good, codes_end, strict=True):
-                out[i] = _code(c)
+                if c:
+                    out[i] = ErrorCode.of(c)
         return out
 
     # ------------------------------------------------------------------ get

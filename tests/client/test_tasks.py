@@ -117,6 +117,10 @@ def test_task_refusals_and_unknown_ids(store: Store, two_nodes: Pool) -> None:
         store.query_task("0" * 32)
     with pytest.raises(InvalidParams):
         store.create_copy_task("here", "not-a-list")  # type: ignore[arg-type]
+    with pytest.raises(InvalidParams):
+        store.create_move_task("", a, b)
+    with pytest.raises(InvalidParams):
+        store.get_replica_desc("")
 
 
 def test_replica_descriptors_of_missing_and_present_keys(store: Store, two_nodes: Pool) -> None:

@@ -290,6 +290,7 @@ class TaskAPI:
         source replica; follow it with `query_task`. Raises the master's refusal
         (ObjectNotFound, NoSpace, OBJECT_HAS_REPLICATION_TASK, ...)."""
         self._open()
+        key = _segment(key, "key")
         names = [SegmentName(_segment(t, "targets")) for t in _list(targets, "targets")]
         rep = self._node.rpc.call_as(CreateCopyTask(key, names, self.tenant), TaskReply)
         raise_for_code(rep.code, f"copy task for {key!r}")
@@ -300,7 +301,7 @@ class TaskAPI:
         returns the task id. The source stays readable until the task succeeds."""
         self._open()
         msg = CreateMoveTask(
-            key,
+            _segment(key, "key"),
             SegmentName(_segment(source, "source")),
             SegmentName(_segment(target, "target")),
             self.tenant,
@@ -345,6 +346,7 @@ class TaskAPI:
         """The replicas of `key` (segment, offset, size, status, endpoint, ...); empty when the
         key does not exist or is still being written. Grants a read lease, like a get."""
         self._open()
+        key = _segment(key, "key")
         rep = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         return _descs(key, rep)
 
@@ -377,6 +379,7 @@ def _list(values: object, what: str) -> Sequence[object]:
 
 
 def _segment(value: object, what: str) -> str:
+    """A non-empty str (a key or a segment name), else INVALID_PARAMS naming `what`."""
     if not isinstance(value, str) or not value:
         raise InvalidParams(f"{what}: expected non-empty str, got {value!r}")
     return value

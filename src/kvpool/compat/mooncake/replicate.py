@@ -64,10 +64,12 @@ class TaskType(IntEnum):
 
 
 class TaskStatus(IntEnum):
+    # The wheel's numbers and member order (SUCCESS is 3, FAILED 2; kvpool's native
+    # TaskStatus numbers them the other way round).
     PENDING = 0
     PROCESSING = 1
-    SUCCESS = 2
-    FAILED = 3
+    SUCCESS = 3
+    FAILED = 2
 
 
 _U64 = 1 << 64

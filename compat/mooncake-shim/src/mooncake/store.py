@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from kvpool.compat.mooncake import (
     BufferHandle,
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
     MooncakeConfig,
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ObjectDataType,
+    QueryTaskResponse,
+    ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
@@ -30,7 +35,7 @@ UNDEFINED, INITIALIZED, PROCESSING, COMPLETE, REMOVED, FAILED = list(ReplicaStat
     GENERAL,
 ) = list(ObjectDataType)
 REPLICA_COPY, REPLICA_MOVE = list(TaskType)
-PENDING, _TASK_PROCESSING, SUCCESS, _TASK_FAILED = list(TaskStatus)
+PENDING, SUCCESS = TaskStatus.PENDING, TaskStatus.SUCCESS
 
 __all__ = [
     "ACTIVATION",
@@ -54,10 +59,15 @@ __all__ = [
     "UNKNOWN",
     "WEIGHT",
     "BufferHandle",
+    "Descriptor",
+    "DiskDescriptor",
+    "MemoryDescriptor",
     "MooncakeConfig",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "QueryTaskResponse",
+    "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",

@@ -12,6 +12,8 @@ Modules (each imports only those above it):
     memory.py     PointerRegistry (raw pointers resolved only inside registered memory),
                   BufferHandle, MooncakeHostMemAllocator
     tensor.py     Mooncake's tensor object format (304-byte header + data)
+    descriptors.py  ReplicaDescriptor, Descriptor, QueryTaskResponse, 128-bit task ids
+    sessions.py   put and get sessions (ranged writes and reads in phases)
     setup.py      setup()'s two argument forms, validated
     store.py      MooncakeDistributedStore on kvpool.client.Store
     async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
@@ -23,6 +25,13 @@ from __future__ import annotations
 
 from kvpool.compat.mooncake.async_store import MooncakeDistributedStoreAsync
 from kvpool.compat.mooncake.config import MooncakeConfig
+from kvpool.compat.mooncake.descriptors import (
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
+    QueryTaskResponse,
+    ReplicaDescriptor,
+)
 from kvpool.compat.mooncake.memory import BufferHandle, MooncakeHostMemAllocator
 from kvpool.compat.mooncake.replicate import (
     ObjectDataType,
@@ -36,11 +45,16 @@ from kvpool.compat.mooncake.store import MooncakeDistributedStore
 
 __all__ = [
     "BufferHandle",
+    "Descriptor",
+    "DiskDescriptor",
+    "MemoryDescriptor",
     "MooncakeConfig",
     "MooncakeDistributedStore",
     "MooncakeDistributedStoreAsync",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "QueryTaskResponse",
+    "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",

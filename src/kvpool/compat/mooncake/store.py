@@ -39,6 +39,7 @@ import logging
 import operator
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -46,10 +47,22 @@ import numpy as np
 
 from kvpool.client import Store
 from kvpool.compat.mooncake import tensor as tensor_format
+from kvpool.compat.mooncake.descriptors import (
+    NO_ID,
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
+    QueryTaskResponse,
+    ReplicaDescriptor,
+    uuid_hex,
+    uuid_pair,
+)
 from kvpool.compat.mooncake.memory import BufferHandle, PointerRegistry
-from kvpool.compat.mooncake.replicate import ReplicateConfig
+from kvpool.compat.mooncake.replicate import ReplicaStatus, ReplicateConfig, TaskStatus, TaskType
+from kvpool.compat.mooncake.sessions import Sessions, copy_from_ranges, copy_into_ranges
 from kvpool.compat.mooncake.setup import SetupParams, from_dict, from_positional, split_hostname
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError
+from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
 
 __all__ = ["MooncakeDistributedStore"]
 
@@ -63,6 +76,11 @@ INVALID: Final = int(ErrorCode.INVALID_PARAMS)
 NOT_FOUND: Final = int(ErrorCode.OBJECT_NOT_FOUND)
 INTERNAL: Final = int(ErrorCode.INTERNAL_ERROR)
 EXISTS: Final = ErrorCode.OBJECT_ALREADY_EXISTS
+NOT_SUPPORTED: Final = int(ErrorCode.NOT_SUPPORTED)
+NOT_READY: Final = int(ErrorCode.REPLICA_IS_NOT_READY)
+NO_RANGES: Final = int(ErrorCode.INVALID_REPLICA)
+INIT_ALL_BUFFER: Final = 1 << 30
+"""init_all's local buffer size in Mooncake (RealClient::initAll_internal)."""
 KVPOOL_MIN_SEGMENT: Final = 4096
 """kvpool segments are mmap'ed: Mooncake's 1 KiB minimum is rounded up to a page."""
 
@@ -85,6 +103,17 @@ def _segment_names(names: list[str]) -> list[str]:
             else:
                 out.append(f"{name}/0")
     return out
+
+
+def _mooncake_segment(segment: str) -> str:
+    """The Mooncake name of a kvpool segment: the inverse of `_segment_names` (a store of
+    this process → its hostname, "<endpoint>/0" → "<endpoint>", anything else unchanged)."""
+    with _local_lock:
+        for hostname, segments in _local_segments.items():
+            if segment in segments:
+                return hostname
+    endpoint, _, n = segment.rpartition("/")
+    return endpoint if endpoint and n == "0" else segment
 
 
 def _check_key(key: object) -> str:
@@ -156,6 +185,7 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._buffer_size = 0
         self._pointers = PointerRegistry()
+        self._sessions = Sessions()
         # The read side of Mooncake's local buffer: `get` reads into it and copies out once.
         # Reading into fresh memory instead (the native Store's `get`) and then copying into
         # the `bytes` Mooncake returns touches two fresh allocations per call, and first-touch
@@ -199,6 +229,39 @@ class MooncakeDistributedStore:
                 log.error("setup: %s", exc, exc_info=not isinstance(exc, OSError))
                 return INTERNAL
         return OK
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
+        """Mooncake's legacy setup: `setup("localhost:12345", "127.0.0.1:2379",
+        mount_segment_size, 1 GiB, protocol, device_name, "127.0.0.1:50051")`, so a master on
+        127.0.0.1:50051; -600 when this store is already set up."""
+        if not isinstance(protocol, str) or not isinstance(device_name, str):
+            raise TypeError("init_all(protocol: str, device_name: str, mount_segment_size: int)")
+        size = _ptr(mount_segment_size)
+        if self._store is not None:
+            log.error("init_all: this store is already set up")
+            return INVALID
+        return self.setup(
+            "localhost:12345",
+            "127.0.0.1:2379",
+            size,
+            INIT_ALL_BUFFER,
+            protocol,
+            device_name,
+            "127.0.0.1:50051",
+        )
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Not supported: Mooncake's dummy client forwards every call to a separate
+        `mooncake_client` process, which kvpool does not have (a kvpool store talks to the
+        master itself); answers NOT_SUPPORTED (-1012). Use `setup()`."""
+        _ptr(mem_pool_size), _ptr(local_buffer_size)
+        if not isinstance(server_address, str):
+            raise TypeError("server_address: expected str")
+        log.error(
+            "setup_dummy(%r): kvpool has no mooncake_client process to attach to; use setup()",
+            server_address,
+        )
+        return NOT_SUPPORTED
 
     def _open(self, p: SetupParams) -> None:
         host, port = split_hostname(p.local_hostname)
@@ -252,6 +315,7 @@ class MooncakeDistributedStore:
         with _local_lock:
             _local_segments.pop(hostname, None)
         self._pointers.clear()
+        self._sessions.clear()
         self._staging = None
         try:
             store.close()
@@ -842,6 +906,289 @@ class MooncakeDistributedStore:
         """Remove every object of this tenant (leased ones only with `force`); the count."""
         return self._run(lambda store: store.remove_all(bool(force)))
 
+    # ------------------------------------------------------------------ replicas and tasks
+
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        """The replicas of `key` ([] when missing, still being written, or on any failure);
+        grants a read lease, as a get does."""
+        k = _check_key(key)
+        store = self._store
+        if store is None or not k:
+            return []
+        try:
+            return [_replica_descriptor(d) for d in store.get_replica_desc(k)]
+        except Exception as exc:
+            _code(exc)
+            return []
+
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """get_replica_desc of every key, in one round trip: key → its replicas."""
+        ks = _check_keys(keys)
+        store = self._store
+        out: dict[str, list[ReplicaDescriptor]] = {k: [] for k in ks}
+        valid = [k for k in dict.fromkeys(ks) if k]
+        if store is None or not valid:
+            return out
+        try:
+            got = store.batch_get_replica_desc(valid)
+        except Exception as exc:
+            _code(exc)
+            return out
+        for k, descs in got.items():
+            out[k] = [_replica_descriptor(d) for d in descs]
+        return out
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        """Copy `key` to one new replica on each target segment (store hostnames, as
+        `get_hostname()` and `Descriptor.transport_endpoint` name them): `(task id, 0)`, or
+        `((0, 0), code)`. The copy runs in the store that owns the source replica."""
+        k, names = _check_key(key), _check_names(targets, "targets")
+
+        def op(store: Store) -> tuple[tuple[int, int], int]:
+            segments = _segment_names(names)
+            if not k or not segments:
+                return NO_ID, INVALID
+            return uuid_pair(store.create_copy_task(k, segments)), OK
+
+        return self._run_task(op)
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        """Move `key`'s replica on segment `source` to segment `target`: `(task id, 0)`, or
+        `((0, 0), code)`."""
+        k = _check_key(key)
+        src, dst = _check_names([source, target], "source and target")
+
+        def op(store: Store) -> tuple[tuple[int, int], int]:
+            s, t = _segment_names([src])[:1], _segment_names([dst])[:1]
+            if not k or not s or not t or s == t:
+                return NO_ID, INVALID
+            return uuid_pair(store.create_move_task(k, s[0], t[0])), OK
+
+        return self._run_task(op)
+
+    def _run_task(
+        self, op: Callable[[Store], tuple[tuple[int, int], int]]
+    ) -> tuple[tuple[int, int], int]:
+        store = self._store
+        if store is None:
+            return NO_ID, UNAVAILABLE
+        try:
+            return op(store)
+        except Exception as exc:
+            return NO_ID, _task_code(exc)
+
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
+        """A task's state: `(QueryTaskResponse, 0)`, or `(None, code)` (-1400 for a task the
+        master does not know). `task_id` is the `(high, low)` pair create_*_task answered."""
+        hex_id = uuid_hex(task_id)
+        store = self._store
+        if store is None:
+            return None, UNAVAILABLE
+        try:
+            info = store.query_task(hex_id)
+        except Exception as exc:
+            return None, _code(exc)
+        # The master's times are on its own clock; Mooncake answers epoch milliseconds, so
+        # they are placed on this host's wall clock by the task's age.
+        created_ms = int(time.time() * 1000 - info.age_s * 1000)
+        updated_ms = created_ms + int((info.updated_s - info.created_s) * 1000)
+        return (
+            QueryTaskResponse(
+                id=uuid_pair(info.task_id),
+                type=TaskType.REPLICA_MOVE
+                if info.task_type.name == "MOVE"
+                else TaskType.REPLICA_COPY,
+                status=TaskStatus[info.status.name],
+                created_at_ms_epoch=created_ms,
+                last_updated_at_ms_epoch=updated_ms,
+                assigned_client=uuid_pair(info.executor),
+                message=info.message,
+            ),
+            OK,
+        )
+
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Drop the replicas of this store's own objects among `keys` whose lease has expired
+        (all of them, or only those on `segment_name`); the keys cleared ([] on failure)."""
+        ks = _check_keys(keys)
+        if not isinstance(segment_name, str):
+            raise TypeError("segment_name: expected str")
+        store = self._store
+        valid = [k for k in dict.fromkeys(ks) if k]
+        if store is None or not valid:
+            return []
+        segments = _segment_names([segment_name]) if segment_name else [""]
+        cleared: dict[str, None] = {}
+        try:
+            for segment in segments:
+                cleared.update(dict.fromkeys(store.batch_replica_clear(valid, segment)))
+        except Exception as exc:
+            _code(exc)
+        return list(cleared)
+
+    # ------------------------------------------------------------------ sessions
+
+    def batch_put_session_start(
+        self, keys: list[str], sizes: list[int], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        """Start assembling one object of `sizes[i]` bytes per key (sessions.py): 0, -705 when
+        the key exists or has a session, -600 for an empty key or a size of 0."""
+        ks, ns = _check_keys(keys), [_ptr(n) for n in sizes]
+
+        def op(store: Store) -> list[int]:
+            if len(ks) != len(ns):
+                return [INVALID] * len(ks)
+            native = self._native(config)
+            out = [INVALID if not k or n <= 0 else OK for k, n in zip(ks, ns, strict=True)]
+            ask = [k for i, k in enumerate(ks) if out[i] == OK and not self._sessions.has_put(k)]
+            exists = dict(zip(ask, store.batch_exists(ask), strict=True)) if ask else {}
+            for i, (k, n) in enumerate(zip(ks, ns, strict=True)):
+                if out[i] != OK:
+                    continue
+                if exists.get(k, True) or not self._sessions.open_put(k, n, native):
+                    out[i] = int(EXISTS)
+            return out
+
+        return self._run_list(len(ks), op)
+
+    def batch_put_from_multi_buffer_ranges(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        all_dst_offsets: list[list[int]],
+    ) -> list[int]:
+        """Within put sessions: copy `all_sizes[i][j]` registered bytes at
+        `all_buffer_ptrs[i][j]` to offset `all_dst_offsets[i][j]` of key i's object; bytes
+        written per key, -600 without a session, past the object's size, or for memory that
+        is not registered."""
+        ks = _check_keys(keys)
+        rows = self._range_rows(len(ks), all_buffer_ptrs, all_sizes, all_dst_offsets)
+
+        def op(store: Store) -> list[int]:
+            out = [INVALID] * len(ks)
+            for i, k in enumerate(ks):
+                session = self._sessions.put_session(k)
+                ranges = rows[i]
+                if session is None or ranges is None:
+                    continue
+                if not ranges:
+                    out[i] = NO_RANGES  # the wheel's answer to a key given no ranges
+                    continue
+                got = copy_from_ranges(session.data, ranges)
+                out[i] = got if got >= 0 else INVALID
+            return out
+
+        return self._run_list(len(ks), op)
+
+    def batch_put_session_end(self, keys: list[str]) -> list[int]:
+        """Put each session's object into the pool, readable from now on: 0 per key, -600 for
+        a key without a put session (the code of the put when it fails)."""
+        ks = _check_keys(keys)
+
+        def op(store: Store) -> list[int]:
+            out = [INVALID] * len(ks)
+            for i, k in enumerate(ks):
+                session = self._sessions.close_put(k)
+                if session is None:
+                    continue
+                try:
+                    out[i] = OK if store.put(k, session.data, session.config) else int(EXISTS)
+                except KVPoolError as exc:
+                    out[i] = int(exc.code)
+            return out
+
+        return self._run_list(len(ks), op)
+
+    def batch_put_session_revoke(self, keys: list[str]) -> list[int]:
+        """Drop put sessions unwritten: 0 per key, -600 for a key without one."""
+        ks = _check_keys(keys)
+        return self._run_list(
+            len(ks),
+            lambda store: [INVALID if self._sessions.close_put(k) is None else OK for k in ks],
+        )
+
+    def batch_get_session_start(self, keys: list[str]) -> list[int]:
+        """Look each object up once for the ranged gets that follow: 0, -704 when missing."""
+        ks = _check_keys(keys)
+
+        def op(store: Store) -> list[int]:
+            values = self._batch_values(store, ks)
+            out: list[int] = []
+            for k, value in zip(ks, values, strict=True):
+                if value is None:
+                    # An object of this store's own put session exists, but is not complete.
+                    out.append(NOT_READY if self._sessions.has_put(k) else NOT_FOUND)
+                else:
+                    self._sessions.open_get(k, value)
+                    out.append(OK)
+            return out
+
+        return self._run_list(len(ks), op)
+
+    def batch_get_into_multi_buffer_ranges(
+        self,
+        keys: list[str],
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        all_src_offsets: list[list[int]],
+    ) -> list[int]:
+        """Within get sessions: copy `all_sizes[i][j]` bytes from offset
+        `all_src_offsets[i][j]` of key i's object to the registered memory at
+        `all_buffer_ptrs[i][j]`; bytes read per key, -600 without a session, past the
+        object's end, or for memory that is not registered."""
+        ks = _check_keys(keys)
+        rows = self._range_rows(len(ks), all_buffer_ptrs, all_sizes, all_src_offsets)
+
+        def op(store: Store) -> list[int]:
+            out = [INVALID] * len(ks)
+            for i, k in enumerate(ks):
+                value = self._sessions.get_session(k)
+                ranges = rows[i]
+                if value is not None and ranges is not None:
+                    got = copy_into_ranges(value, ranges)
+                    out[i] = got if got >= 0 else INVALID
+            return out
+
+        return self._run_list(len(ks), op)
+
+    def batch_get_session_end(self, keys: list[str]) -> int:
+        """End get sessions (keys without one are ignored); 0."""
+        ks = _check_keys(keys)
+        if self._store is None:
+            return UNAVAILABLE
+        for k in ks:
+            self._sessions.close_get(k)
+        return OK
+
+    def _range_rows(
+        self,
+        n: int,
+        all_buffer_ptrs: list[list[int]],
+        all_sizes: list[list[int]],
+        all_offsets: list[list[int]],
+    ) -> list[list[tuple[memoryview, int]] | None]:
+        """Per key, its (registered view, object offset) ranges; None for a key whose lists
+        do not line up or name memory outside every registration (never dereferenced).
+        Ranges of 0 bytes are dropped: they copy nothing (0 in the wheel too)."""
+        ptrs = [[_ptr(p) for p in row] for row in all_buffer_ptrs]
+        sizes = [[_ptr(z) for z in row] for row in all_sizes]
+        offsets = [[_ptr(o) for o in row] for row in all_offsets]
+        if not n == len(ptrs) == len(sizes) == len(offsets):
+            return [None] * n
+        rows: list[list[tuple[memoryview, int]] | None] = []
+        for prow, zrow, orow in zip(ptrs, sizes, offsets, strict=True):
+            if not len(prow) == len(zrow) == len(orow):
+                rows.append(None)
+                continue
+            row = [(p, z, o) for p, z, o in zip(prow, zrow, orow, strict=True) if z != 0]
+            views = [self._pointers.find(p, z) for p, z, _ in row]
+            if any(v is None for v in views):
+                rows.append(None)
+                continue
+            rows.append([(v, o) for v, (_, _, o) in zip(views, row, strict=True) if v is not None])
+        return rows
+
     # ------------------------------------------------------------------ tensors
 
     def put_tensor(self, key: str, tensor: Any) -> int:
@@ -986,6 +1333,34 @@ class MooncakeDistributedStore:
         return [
             self.get_tensor_into(k, p, n) for k, p, n in zip(ks, buffer_ptrs, sizes, strict=True)
         ]
+
+
+def _check_names(names: object, what: str) -> list[str]:
+    """Segment names: a list of str (TypeError otherwise, as pybind11)."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(f"{what}: expected a list of str, got {type(names).__name__}")
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what}: expected str")
+    return [n for n in names if n]
+
+
+_BAD_SEGMENT: Final = (int(ErrorCode.SEGMENT_NOT_FOUND), int(ErrorCode.REPLICA_NOT_FOUND))
+
+
+def _task_code(exc: BaseException) -> int:
+    """Mooncake's code for a refused task: a segment that does not exist, or a move source
+    that holds no replica of the key, is a bad argument there (-600, checked on the wheel)."""
+    code = _code(exc)
+    return INVALID if code in _BAD_SEGMENT else code
+
+
+def _replica_descriptor(desc: ReplicaDesc) -> ReplicaDescriptor:
+    status = ReplicaStatus(int(desc.status))
+    if desc.kind == ReplicaKind.MEMORY:
+        where = Descriptor(desc.size, desc.offset, _mooncake_segment(desc.segment))
+        return ReplicaDescriptor(status, MemoryDescriptor(where))
+    disk = DiskDescriptor(desc.segment, desc.size)
+    return ReplicaDescriptor(status, None, disk, desc.kind == ReplicaKind.LOCAL_DISK)
 
 
 def _select_groups(native: Any, indices: list[int], n_keys: int) -> Any:

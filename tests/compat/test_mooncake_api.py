@@ -84,6 +84,23 @@ class Handles:
     items: tuple[bytes | None, ...]
 
 
+@dataclass(frozen=True)
+class Replicas:
+    """A list of `sizes`-many COMPLETE memory ReplicaDescriptors in this store's segment."""
+
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaMap:
+    """batch_get_replica_desc's dict: key → Replicas."""
+
+    items: dict[str, Replicas]
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.items))
+
+
 class Call:
     """store.<method>(*args) must return `expect` (kvpool: `kvpool`, when given, because `why`)."""
 
@@ -490,6 +507,201 @@ SCENARIOS: dict[str, list[Step]] = {
         Call("upsert_tensor_from", "t1", Ptr(), len(TENSOR_2X3), expect=0),
         Call("batch_is_exist", ["t1", "t2", "t3", "t4", "t5"], expect=[1, 0, 0, 0, 0]),
     ],
+    "replica_descriptors": [
+        Call("put", "k1", HELLO, expect=0),
+        Call("get_replica_desc", "k1", expect=Replicas((11,))),
+        Call("get_replica_desc", "nope", expect=[]),
+        Call("get_replica_desc", "", expect=[]),
+        Call("remove", "k1", expect=-706),  # reading descriptors grants a lease
+        Call("put", "k2", b"22", expect=0),
+        Call(
+            "batch_get_replica_desc",
+            ["k1", "k2"],
+            expect=ReplicaMap({"k1": Replicas((11,)), "k2": Replicas((2,))}),
+        ),
+        Call("batch_get_replica_desc", [], expect={}),
+        Call("get_replica_desc", 1, expect=Raises(TypeError)),
+    ],
+    "task_refusals": [
+        # Tasks that move bytes need two stores (test_replica_tasks.py); these need none.
+        Call("put", "k1", HELLO, expect=0),
+        Call("create_copy_task", "nope", ["nosuch:1"], expect=((0, 0), -704)),
+        Call("create_copy_task", "k1", ["nosuch:1"], expect=((0, 0), -600)),
+        Call("create_copy_task", "k1", [], expect=((0, 0), -600)),
+        Call("create_move_task", "nope", "a:1", "b:1", expect=((0, 0), -704)),
+        Call("create_move_task", "k1", "nosuch:1", "nosuch:2", expect=((0, 0), -600)),
+        Call("query_task", (1, 2), expect=(None, -1400)),
+        Call("query_task", "not a pair", expect=Raises(TypeError)),
+    ],
+    "replica_clear": [
+        # A put leaves no lease (only reads grant one), so its replicas can be cleared at once.
+        Call("put_batch", ["c1", "c2"], [b"1", b"2"], expect=0),
+        Call("batch_replica_clear", ["c1", "c2", "nope"], expect=["c1", "c2"]),
+        Call("batch_is_exist", ["c1", "c2"], expect=[0, 0]),
+        Call("batch_replica_clear", ["c1"], expect=[]),
+        Call("put", "c3", b"3", expect=0),
+        Call("get", "c3", expect=b"3"),
+        Call("batch_replica_clear", ["c3"], expect=[]),  # leased by the read
+        Eventually("batch_replica_clear", ["c3"], expect=["c3"]),
+        Call("put", "c4", b"4", expect=0),
+        Call("batch_replica_clear", ["c4"], "nosuch:1", expect=[]),
+        Call("batch_is_exist", ["c4"], expect=[1]),
+        Call("batch_replica_clear", [], expect=[]),
+    ],
+    "put_sessions": [
+        Call("register_buffer", Ptr(), ARENA, expect=0),
+        Fill(0, b"0123456789ABCDEF"),
+        Call("batch_put_from_multi_buffer_ranges", ["r1"], [[Ptr()]], [[4]], [[0]], expect=[-600]),
+        Call("batch_put_session_start", ["r1", "r2"], [8, 6], expect=[0, 0]),
+        Call(
+            "batch_put_from_multi_buffer_ranges",
+            ["r1", "r2"],
+            [[Ptr(), Ptr(8)], [Ptr(2)]],
+            [[4, 4], [6]],
+            [[0, 4], [0]],
+            expect=[8, 6],
+        ),
+        Call("get", "r1", expect=b""),  # not readable before the end
+        Call("is_exist", "r1", expect=0),
+        Call("batch_put_session_end", ["r1", "r2"], expect=[0, 0]),
+        Call("get_batch", ["r1", "r2"], expect=[b"012389AB", b"234567"]),
+        Call("batch_put_session_end", ["r1"], expect=[-600]),
+        Call("batch_put_session_start", ["r1", "r3"], [8, 3], expect=[-705, 0]),
+        Call("batch_put_session_revoke", ["r3"], expect=[0]),
+        Call("is_exist", "r3", expect=0),
+        Call("batch_put_session_revoke", ["nope"], expect=[-600]),
+        Call("batch_put_session_start", ["x1"], [1, 2], expect=[-600]),
+        Call("batch_put_session_start", ["x2"], [0], expect=[-600]),
+        Call("batch_put_session_start", ["r4"], [4], expect=[0]),
+        Call("batch_put_from_multi_buffer_ranges", ["r4"], [[Ptr()]], [[8]], [[0]], expect=[-600]),
+        Call(
+            "batch_put_from_multi_buffer_ranges",
+            ["r4"],
+            [[Foreign()]],
+            [[4]],
+            [[0]],
+            expect=[4],
+            kvpool=[-600],
+            why="kvpool never dereferences an address outside every registered buffer",
+        ),
+        Call("batch_put_session_revoke", ["r4"], expect=[0]),
+        Call("batch_put_session_start", ["r5"], [8], expect=[0]),
+        Call("batch_put_from_multi_buffer_ranges", ["r5"], [[Ptr()]], [[4]], [[0]], expect=[4]),
+        Call("batch_put_session_end", ["r5"], expect=[0]),
+        Call("get", "r5", expect=b"0123\x00\x00\x00\x00"),  # never written: zeros
+        # Shapes: an outer mismatch fails every key, an inner one its key; no ranges → -702.
+        Call("batch_put_session_start", ["s1", "s2", "s1"], [4, 4, 4], expect=[0, 0, -705]),
+        Call(
+            "batch_put_from_multi_buffer_ranges",
+            ["s1", "s2"],
+            [[Ptr()]],
+            [[4]],
+            [[0]],
+            expect=[-600, -600],
+        ),
+        Call(
+            "batch_put_from_multi_buffer_ranges",
+            ["s1", "s2"],
+            [[Ptr()], [Ptr()]],
+            [[4, 4], [4]],
+            [[0], [0]],
+            expect=[-600, 4],
+        ),
+        Call("batch_put_from_multi_buffer_ranges", ["s1"], [[]], [[]], [[]], expect=[-702]),
+        Call(
+            "batch_put_from_multi_buffer_ranges",
+            ["s1", "s1"],
+            [[Ptr()], [Ptr(4)]],
+            [[2], [2]],
+            [[0], [2]],
+            expect=[2, 2],
+        ),
+        Call("batch_get_session_start", ["s1"], expect=[-703]),  # reserved, not complete
+        Call("batch_put_session_end", ["s1", "s2"], expect=[0, 0]),
+        Call("get_batch", ["s1", "s2"], expect=[b"0145", b"0123"]),
+        # Mooncake reserves the key at the start, so a put in between finds it taken;
+        # kvpool's session is local until its end.
+        Call("batch_put_session_start", ["pp"], [4], expect=[0]),
+        Call("put", "pp", b"abcd", expect=0),
+        Call(
+            "batch_put_session_end",
+            ["pp"],
+            expect=[0],
+            kvpool=[-705],
+            why="a kvpool put session reserves nothing at the master before its end "
+            "(the native Store has no reservation without a write), so the put in between won",
+        ),
+        Call(
+            "get",
+            "pp",
+            expect=b"\x00\x00\x00\x00",
+            kvpool=b"abcd",
+            why="the put made during the session wrote the object (see the row above)",
+        ),
+    ],
+    "get_sessions": [
+        Call("put", "r1", b"012389AB", expect=0),
+        Call("register_buffer", Ptr(), ARENA, expect=0),
+        Call(
+            "batch_get_into_multi_buffer_ranges",
+            ["r1"],
+            [[Ptr(100), Ptr(200)]],
+            [[2, 3]],
+            [[1, 5]],
+            expect=[-600],  # no session
+        ),
+        Peek(100, b"\x00\x00"),
+        Call("batch_get_session_start", ["r1", "nope"], expect=[0, -704]),
+        Call(
+            "batch_get_into_multi_buffer_ranges",
+            ["r1", "nope"],
+            [[Ptr(300), Ptr(400)], [Ptr(500)]],
+            [[2, 3], [1]],
+            [[1, 5], [0]],
+            expect=[5, -600],
+        ),
+        Peek(300, b"12\x00"),
+        Peek(400, b"9AB\x00"),
+        Call(
+            "batch_get_into_multi_buffer_ranges", ["r1"], [[Ptr(300)]], [[4]], [[6]], expect=[-600]
+        ),
+        Call(
+            "batch_get_into_multi_buffer_ranges",
+            ["r1"],
+            [[Foreign()]],
+            [[4]],
+            [[0]],
+            expect=[4],
+            kvpool=[-600],
+            why="kvpool never writes to an address outside every registered buffer",
+        ),
+        Call(
+            "batch_get_into_multi_buffer_ranges",
+            ["r1", "nope"],
+            [[Ptr()]],
+            [[4]],
+            [[0]],
+            expect=[-600, -600],
+        ),
+        Call(
+            "batch_get_into_multi_buffer_ranges",
+            ["r1"],
+            [[Ptr(), Ptr(8)]],
+            [[4]],
+            [[0]],
+            expect=[-600],
+        ),
+        Call("batch_get_into_multi_buffer_ranges", ["r1"], [[]], [[]], [[]], expect=[0]),
+        Call("batch_get_into_multi_buffer_ranges", ["r1"], [[Ptr()]], [[0]], [[0]], expect=[0]),
+        Call("batch_get_session_end", ["r1", "nope"], expect=0),
+        Call("batch_get_session_end", ["r1"], expect=0),
+        Call("remove", "r1", expect=-706),  # the session's lookup granted a lease
+    ],
+    "other_setup_paths": [
+        Call("init_all", "tcp", "", 1 << 20, expect=-600),  # already set up
+        Call("put", "k1", b"still set up", expect=0),
+        Call("get", "k1", expect=b"still set up"),
+    ],
     "health_and_close": [
         Call("health_check", expect=0),
         Call("close", expect=0),
@@ -557,6 +769,21 @@ class _Run:
             assert len(got) == len(expect.data) and got.size() == len(expect.data), what
             assert got.ptr() != 0, what
             assert bytes(memoryview(got)) == expect.data, what
+        elif isinstance(expect, Replicas):
+            assert isinstance(got, list) and len(got) == len(expect.sizes), f"{what}: {got!r}"
+            for desc, size in zip(got, expect.sizes, strict=True):
+                assert desc.status == self.backend.module.ReplicaStatus.COMPLETE, what
+                assert desc.is_memory_replica() and not desc.is_disk_replica(), what
+                where = desc.get_memory_descriptor().buffer_descriptor
+                assert where.size == size, f"{what}: size {where.size}"
+                assert where.transport_endpoint == self.store.get_hostname(), what
+                assert isinstance(where.buffer_address, int), what
+                with pytest.raises(RuntimeError):
+                    desc.get_disk_descriptor()
+        elif isinstance(expect, ReplicaMap):
+            assert isinstance(got, dict) and sorted(got) == sorted(expect.items), what
+            for key, replicas in expect.items.items():
+                self.check(got[key], replicas, f"{what}[{key}]")
         elif isinstance(expect, Handles):
             assert len(got) == len(expect.items), what
             for g, e in zip(got, expect.items, strict=True):

@@ -66,6 +66,9 @@ __all__ = ["TaskAPI", "TaskExecutor", "TaskInfo", "TaskStats"]
 log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_S: Final = 0.05
+REPORT_BYTES: Final = 1 << 20
+"""Completed tasks are reported at least every this many bytes copied (and at the end of a
+fetch), so that a batch of large copies does not hold back the first one's report."""
 MAX_IDLE_BACKOFF_S: Final = 2.0
 """Longest wait between fetches while the master keeps refusing them (an older master without
 tasks, or one that is down); the heartbeat handles reconnects."""
@@ -176,7 +179,12 @@ class TaskExecutor:
 
     def run_once(self) -> int:
         """Fetch up to `max_tasks` tasks and run each; returns how many were run. Raises
-        the RPC's error when the fetch itself fails."""
+        the RPC's error when the fetch itself fails.
+
+        Reports go out pipelined (`call_many`), after every REPORT_BYTES copied and at the
+        end: one round trip per report was most of a small move (400 x 64 KiB moves:
+        2.1k/s reporting one by one).
+        """
         with self._lock:
             if self.node.closed:
                 return 0
@@ -187,11 +195,18 @@ class TaskExecutor:
             if reply.code == ErrorCode.CLIENT_NOT_FOUND:
                 return 0  # not registered (yet, or again): the heartbeat remounts
             raise_for_code(reply.code, "FetchTasks")
+            done: list[MarkTaskComplete] = []
+            copied = 0
             for task in reply.tasks:  # all of them: a fetched task is ours to report
-                self._run_task(task)
+                done.append(self._run_task(task))
+                copied += task.size * len(task.targets)
+                if copied >= REPORT_BYTES:
+                    self._report(done)
+                    done, copied = [], 0
+            self._report(done)
             return len(reply.tasks)
 
-    def _run_task(self, task: ReplicaTask) -> None:
+    def _run_task(self, task: ReplicaTask) -> MarkTaskComplete:
         try:
             message = self._copy(task)
         except KVPoolError as exc:
@@ -212,18 +227,28 @@ class TaskExecutor:
                 task.key,
                 message,
             )
-        try:
-            reply = self.node.rpc.call_as(
-                MarkTaskComplete(self.node.client_id, task.task_id, ok, message), Reply
-            )
-        except KVPoolError as exc:
-            # The master fails the task by itself (timeout, or when we expire).
-            log.warning("reporting task %s failed: %s", task.task_id, exc)
+        return MarkTaskComplete(self.node.client_id, task.task_id, ok, message)
+
+    def _report(self, reports: list[MarkTaskComplete]) -> None:
+        if not reports:
             return
-        if reply.code == ErrorCode.OBJECT_NO_REPLICATION_TASK:
-            log.info("task %s had already ended at the master (timed out or removed)", task.task_id)
-        elif reply.code != ErrorCode.OK:
-            log.warning("MarkTaskComplete %s answered %s", task.task_id, ErrorCode.of(reply.code))
+        try:
+            replies = self.node.rpc.call_many(reports, return_exceptions=True)
+        except KVPoolError as exc:
+            # The master fails the tasks by itself (timeout, or when we expire).
+            log.warning("reporting %d task(s) failed: %s", len(reports), exc)
+            return
+        for report, reply in zip(reports, replies, strict=True):
+            if not isinstance(reply, Reply):
+                log.warning("reporting task %s failed: %s", report.task_id, reply)
+            elif reply.code == ErrorCode.OBJECT_NO_REPLICATION_TASK:
+                log.info(
+                    "task %s had already ended at the master (timeout, removal)", report.task_id
+                )
+            elif reply.code != ErrorCode.OK:
+                log.warning(
+                    "MarkTaskComplete %s answered %s", report.task_id, ErrorCode.of(reply.code)
+                )
 
     def _copy(self, task: ReplicaTask) -> str:
         """Copy the task's source to every target; returns "" on success, else why not."""

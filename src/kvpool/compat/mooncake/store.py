@@ -17,8 +17,13 @@ Every method is built on the native `kvpool.client.Store` and answers the way th
   multi-buffer forms) accept only ranges inside registered memory (`memory.PointerRegistry`);
   anything else answers -600 and is never dereferenced (the real wheel copies from any
   address on its TCP path);
+* replica descriptors, copy/move tasks and `query_task` answer the wheel's shapes
+  (descriptors.py): task ids are `(high, low)` pairs, refusals `((0, 0), code)`, segments are
+  named as stores name them (`get_hostname()`); put and get sessions and their ranged calls
+  are kept per store (sessions.py);
 * the only exceptions are the ones Python-level misuse raises in Mooncake too: TypeError for an
-  argument of the wrong type, RuntimeError for a multi-dimensional part of `put_parts`.
+  argument of the wrong type, RuntimeError for a multi-dimensional part of `put_parts` (and for
+  the disk descriptor of a memory replica).
 
 Where Mooncake crashes (most calls before `setup()` or after `close()` segfault it), every call
 answers UNAVAILABLE_IN_CURRENT_STATUS (-1010), `get` b"", `health_check` 1, `close` 0.
@@ -254,7 +259,8 @@ class MooncakeDistributedStore:
         """Not supported: Mooncake's dummy client forwards every call to a separate
         `mooncake_client` process, which kvpool does not have (a kvpool store talks to the
         master itself); answers NOT_SUPPORTED (-1012). Use `setup()`."""
-        _ptr(mem_pool_size), _ptr(local_buffer_size)
+        for n in (mem_pool_size, local_buffer_size):
+            _ptr(n)  # TypeError for a non-integer, as pybind11
         if not isinstance(server_address, str):
             raise TypeError("server_address: expected str")
         log.error(

@@ -161,21 +161,24 @@ class TaskExecutor:
     def _run(self) -> None:
         delay = self.poll_interval
         while not self._stop.is_set():
+            # Cleared before fetching: a wake() that arrives during the fetch is not lost.
+            self._wake.clear()
             try:
                 ran = self.run_once()
                 delay = self.poll_interval
-            except KVPoolError as exc:
+            except Exception as exc:
                 # The master is unreachable or does not know FetchTasks: back off quietly,
-                # the heartbeat owns reconnecting.
+                # the heartbeat owns reconnecting. Anything else is a bug: say so, go on.
                 self.stats.fetch_errors += 1
-                if self.stats.fetch_errors == 1:
+                if not isinstance(exc, KVPoolError):
+                    log.exception("task executor: unexpected failure")
+                elif self.stats.fetch_errors == 1:
                     log.warning("FetchTasks failed (will keep trying): %s", exc)
                 ran = 0
                 delay = min(delay * 2, MAX_IDLE_BACKOFF_S)
             if ran:
                 continue  # a full or busy queue: fetch again at once
             self._wake.wait(delay)
-            self._wake.clear()
 
     def run_once(self) -> int:
         """Fetch up to `max_tasks` tasks and run each; returns how many were run. Raises

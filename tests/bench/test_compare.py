@@ -309,8 +309,14 @@ def test_kvpools_own_mooncake_shim_is_not_measured_as_mooncake(
     monkeypatch.setenv("MC_LOG_LEVEL", "ERROR")  # what the driver would set; restored after
     for name in [m for m in sys.modules if m == "mooncake" or m.startswith("mooncake.")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(Unavailable, match="is not the real Mooncake"):
-        mooncake_peer.MooncakeDriver().setup(1 << 20)
+    try:
+        with pytest.raises(Unavailable, match="is not the real Mooncake"):
+            mooncake_peer.MooncakeDriver().setup(1 << 20)
+    finally:
+        # The fake package must not outlive this test in sys.modules: later tests ask
+        # importlib whether a real Mooncake is installed.
+        for name in [m for m in sys.modules if m == "mooncake" or m.startswith("mooncake.")]:
+            del sys.modules[name]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ a throwaway virtual environment made with `python -m venv --without-pip` under t
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +26,16 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _real_mooncake_here() -> bool:
-    spec = importlib.util.find_spec("mooncake")
-    if spec is None or spec.origin is None:
-        return False
-    return "__kvpool_shim__" not in Path(spec.origin).read_text(encoding="utf-8")
+    # Asked of a fresh interpreter: what this test process has imported (another test's fake
+    # `mooncake` package, say) must not decide what pip will find in the environment.
+    code = (
+        "import importlib.util, pathlib, sys\n"
+        "s = importlib.util.find_spec('mooncake')\n"
+        "ok = s is not None and s.origin is not None and "
+        "'__kvpool_shim__' not in pathlib.Path(s.origin).read_text(encoding='utf-8')\n"
+        "sys.exit(0 if ok else 1)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def test_the_shim_refuses_an_environment_with_the_real_mooncake() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpool.client.node import NodeRuntime
-from kvpool.errors import InvalidParams, StoreClosed
+from kvpool.errors import InvalidParams, SegmentError, StoreClosed
 from kvpool.protocol.messages import Response, SegmentName, Stats, StatsReply
 from kvpool.rpc.client import RpcClient
 from kvtest.procs import Proc, free_port, kvpool_proc
@@ -35,7 +35,7 @@ def test_mount_and_unmount_show_at_the_master_and_close_is_idempotent() -> None:
             node.unmount(SegmentName(mem.name))
             assert segments_at(address) == set()
             assert mem.closed
-            with pytest.raises(InvalidParams):
+            with pytest.raises(SegmentError):
                 node.unmount(SegmentName(mem.name))
             with pytest.raises(InvalidParams):
                 node.mount(100)  # below one page

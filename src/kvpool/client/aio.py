@@ -180,3 +180,9 @@ class AsyncStore:
 
     async def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDesc]]:
         return await self._run(self.store.batch_get_replica_desc, keys)
+
+    async def mount_segment(self, size: int | str) -> str:
+        return await self._run(self.store.mount_segment, size)
+
+    async def unmount_segment(self, name: str) -> None:
+        await self._run(self.store.unmount_segment, name)

@@ -24,6 +24,7 @@ segment at the master (best effort: a dead master cannot be told, and it will ex
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -32,7 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.config import parse_size
-from kvpool.errors import InvalidParams, KVPoolError, RpcError, StoreClosed, raise_for_code
+from kvpool.errors import (
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    StoreClosed,
+    error_for_code,
+    raise_for_code,
+)
 from kvpool.protocol.messages import (
     ClientId,
     ClientStatus,
@@ -181,6 +189,9 @@ class NodeRuntime:
         self._lock = threading.RLock()
         self._closed = False
         self.segments: dict[SegmentName, tuple[SegmentMemory, SegmentInfo]] = {}
+        # Segment numbers are never reused: a peer may still cache where an unmounted
+        # segment was, and must not find another segment under its name.
+        self._numbers = itertools.count()
         self._server: TransferServer | None = None
         self.rpc = self._connect()
         self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
@@ -220,10 +231,14 @@ class NodeRuntime:
         return reply
 
     def remount(self) -> None:
-        """(Re)register this client with all of its segments (idempotent at the master)."""
+        """(Re)register this client with all of its segments (idempotent at the master).
+
+        Holds the lock through the call: a remount carrying a segment that `unmount` is
+        taking away, answered after the UnmountSegment, would mount it again at the master.
+        """
         with self._lock:
             infos = [info for _, info in self.segments.values()]
-        reply = self.rpc.call_as(ReMountSegment(self.client_id, self.host_id, infos), Reply)
+            reply = self.rpc.call_as(ReMountSegment(self.client_id, self.host_id, infos), Reply)
         raise_for_code(reply.code, f"ReMountSegment of {len(infos)} segment(s)")
 
     def reconnect(self) -> None:
@@ -250,7 +265,7 @@ class NodeRuntime:
             if self._server is None:
                 self._server = TransferServer(host=self.host, port=0)
             server = self._server
-            name = SegmentName(f"{server.endpoint}/{len(self.segments)}")
+            name = SegmentName(f"{server.endpoint}/{next(self._numbers)}")
             mem = SegmentMemory.create(name, nbytes)
             try:
                 server.add_segment(mem)
@@ -273,24 +288,39 @@ class NodeRuntime:
         log.info("mounted segment %s (%d bytes) at %s", info.name, info.size, self.master)
         return mem
 
-    def unmount(self, name: SegmentName) -> None:
-        """Unmount one segment at the master, then stop serving it and unmap it."""
+    def unmount(self, name: SegmentName, *, best_effort: bool = True) -> None:
+        """Unmount one segment at the master (which drops the replicas it held), then stop
+        serving it and unmap it.
+
+        Raises `SegmentError` (SEGMENT_NOT_FOUND) for a name this process does not own. With
+        `best_effort` (close()), a master that cannot be told is logged and the memory goes
+        anyway (a dead master expires us). Without it, a failed UnmountSegment raises and the
+        segment stays mounted and served, so the master never names memory that is gone.
+        """
         with self._lock:
-            entry = self.segments.pop(name, None)
-        if entry is None:
-            raise InvalidParams(f"segment {name!r} is not mounted by this process")
-        mem, _ = entry
-        try:
-            # Bounded: close() must not hang on a master that is gone (it expires us anyway).
-            reply = self.rpc.call_as(
-                UnmountSegment(self.client_id, name), Reply, timeout=UNMOUNT_TIMEOUT_S
-            )
-            if reply.code != 0:
-                log.warning("UnmountSegment %s answered %d", name, reply.code)
-        except RpcError as exc:
-            log.warning("could not unmount %s at %s: %s", name, self.master, exc)
-        finally:
-            mem.close()
+            entry = self.segments.get(name)
+            if entry is None:
+                raise error_for_code(
+                    ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r} is not mounted by this process"
+                )
+            mem, _ = entry
+            try:
+                # Bounded: close() must not hang on a master that is gone.
+                timeout = UNMOUNT_TIMEOUT_S if best_effort else self._rpc_timeout
+                reply = self.rpc.call_as(
+                    UnmountSegment(self.client_id, name), Reply, timeout=timeout
+                )
+                if not best_effort:
+                    raise_for_code(reply.code, f"UnmountSegment {name}")
+                elif reply.code != 0:
+                    log.warning("UnmountSegment %s answered %d", name, reply.code)
+            except KVPoolError as exc:
+                if not best_effort:
+                    raise
+                log.warning("could not unmount %s at %s: %s", name, self.master, exc)
+            del self.segments[name]
+        mem.close()
+        log.info("unmounted segment %s", name)
 
     @property
     def endpoint(self) -> str | None:

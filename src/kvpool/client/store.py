@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import IntEnum
@@ -93,6 +94,7 @@ from kvpool.protocol.messages import (
     ReplicaListReply,
     ReplicaStatus,
     Reply,
+    SegmentName,
     SizeReply,
     Stats,
     StatsReply,
@@ -233,17 +235,13 @@ class Store(TaskAPI):
         )
         self._data: DataPath | None = None
         self._tasks: TaskExecutor | None = None
+        self._task_poll_interval = task_poll_interval
+        self._mount_lock = threading.Lock()
         try:
             self._data = DataPath(self._node, self.protocol, self.transfer_timeout)
             self._node.start()
             if seg_bytes > 0:
-                self._node.mount(seg_bytes, on_created=self._data.engine.attach_local)
-                # Owning a segment makes this process the executor of the replica tasks
-                # whose source is here (pool-mode swap-out, copy/move tasks).
-                self._tasks = TaskExecutor(
-                    self._node, self._data, poll_interval=task_poll_interval
-                ).start()
-                self._node.on_pending_tasks = self._tasks.wake
+                self._mount(self._data, seg_bytes)
         except BaseException:
             self._teardown()
             raise
@@ -257,7 +255,7 @@ class Store(TaskAPI):
 
     @property
     def segments(self) -> list[str]:
-        """Names of the segments this Store mounted."""
+        """Names of the segments this Store has mounted now, oldest first (a copy)."""
         return list(self._node.segments)
 
     def close(self) -> None:
@@ -269,11 +267,13 @@ class Store(TaskAPI):
 
     def _teardown(self) -> None:
         # Tasks stop first (one being copied is finished and reported), then the node
-        # unmounts (the master stops handing out our segment), then the engine lets go of
-        # peer mappings and sockets.
-        if self._tasks is not None:
-            self._tasks.close()
-        self._node.close()
+        # unmounts (the master stops handing out our segments), then the engine lets go of
+        # peer mappings and sockets. Under the mount lock: a mount_segment racing with close
+        # either finishes first (and its executor is closed here) or finds the node closed.
+        with self._mount_lock:
+            if self._tasks is not None:
+                self._tasks.close()
+            self._node.close()
         if self._data is not None:
             self._data.close()
 
@@ -306,6 +306,38 @@ class Store(TaskAPI):
         return HealthStatus.HEALTHY
 
     # ------------------------------------------------------------------ segments
+
+    def mount_segment(self, size: int | str) -> str:
+        """Contribute `size` more bytes (an int or "1GiB", at least a page) of this process's
+        memory to the pool: a new pre-faulted segment, served by this Store's transfer server
+        and remounted with the others when the master asks. Returns its name (usable in
+        `ReplicateConfig.preferred_segments`). A Store made with `segment_size=0` starts
+        serving and executing replica tasks with its first segment."""
+        data = self._open()
+        return self._mount(data, size)
+
+    def _mount(self, data: DataPath, size: int | str) -> str:
+        with self._mount_lock:
+            mem = self._node.mount(size, on_created=data.engine.attach_local)
+            if self._tasks is None:
+                # Owning a segment makes this process the executor of the replica tasks
+                # whose source is here (pool-mode swap-out, copy/move tasks).
+                self._tasks = TaskExecutor(
+                    self._node, data, poll_interval=self._task_poll_interval
+                ).start()
+                self._node.on_pending_tasks = self._tasks.wake
+        return mem.name
+
+    def unmount_segment(self, name: str) -> None:
+        """Take segment `name` out of the pool: the master unmounts it (and drops the
+        replicas it held: an object that lived only there is gone), then this Store stops
+        serving it and frees its memory. Raises `SegmentError` (SEGMENT_NOT_FOUND) for a
+        name this Store did not mount; when the master cannot be told the segment stays
+        mounted and the error is raised."""
+        self._open()
+        if not isinstance(name, str):
+            raise InvalidParams(f"name: expected a str, got {type(name).__name__}")
+        self._node.unmount(SegmentName(name), best_effort=False)
 
     def warm_up(self) -> int:
         """Open every segment of the pool now (map same-host shared memory, resolve the

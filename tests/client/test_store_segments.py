@@ -8,6 +8,7 @@ server, so "served" is checked over the wire, not only through shared memory.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,44 @@ def test_a_restarted_master_gets_mounted_segments_back() -> None:
             assert s.get("after-restart") == b"again"
     finally:
         master.stop()
+
+
+def test_a_segment_over_a_file_stores_values_in_that_file(one_node: Pool, tmp_path: Path) -> None:
+    path = tmp_path / "segment.bin"
+    path.write_bytes(b"\xee" * (3 << 20))
+    with Store(one_node.address) as own, Store(one_node.address) as other:
+        seg = own.mount_segment("1MiB", path=str(path), offset=1 << 20)
+        value = bytes(range(251)) * 40
+        other.put("in-file", value, on(seg))  # same host, no memfd to map: over TCP
+        with RpcClient(one_node.address, response_type=Response) as rpc:
+            (r,) = rpc.call_as(GetReplicaList("in-file"), ReplicaListReply).replicas
+        assert r.segment == seg
+        with path.open("rb") as f:
+            f.seek((1 << 20) + r.offset)
+            assert f.read(len(value)) == value  # the bytes live in the caller's file
+        assert other.get("in-file") == value
+        assert own.get("in-file") == value
+        own.unmount_segment(seg)
+        with pytest.raises(ObjectNotFound):
+            other.get("in-file")
+    assert path.stat().st_size == 3 << 20  # the file is the caller's: left as it is
+
+
+def test_a_file_segment_refuses_bad_paths_and_ranges(one_node: Pool, tmp_path: Path) -> None:
+    path = tmp_path / "small.bin"
+    path.write_bytes(bytes(1 << 20))
+    cases: list[tuple[str, int, int]] = [
+        (str(tmp_path / "missing"), 1 << 20, 0),
+        (str(tmp_path), 1 << 20, 0),  # a directory
+        (str(path), 2 << 20, 0),  # past the end
+        (str(path), 1 << 20, 4096),  # past the end from the offset
+        (str(path), 4096, 100),  # offset not page-aligned
+        (str(path), 4096, -4096),
+    ]
+    before = segments_at(one_node.address)
+    with Store(one_node.address) as s:
+        for file, size, offset in cases:
+            with pytest.raises(InvalidParams):
+                s.mount_segment(size, path=file, offset=offset)
+        assert s.segments == []
+        assert segments_at(one_node.address) == before

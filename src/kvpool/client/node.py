@@ -252,12 +252,19 @@ class NodeRuntime:
     # -------------------------------------------------------------- segments
 
     def mount(
-        self, size: int | str, on_created: Callable[[SegmentMemory], None] | None = None
+        self,
+        size: int | str,
+        on_created: Callable[[SegmentMemory], None] | None = None,
+        *,
+        path: str | None = None,
+        offset: int = 0,
     ) -> SegmentMemory:
         """Create, serve and mount a new segment of `size` bytes; returns its memory.
 
-        `on_created(mem)` runs after the memory exists and before the master is told (the
-        Store attaches it to its engine there). Nothing is left behind when this fails.
+        The memory is a new memfd, or with `path` the bytes [offset, offset + size) of that
+        regular file (`SegmentMemory.map_file`). `on_created(mem)` runs after the memory
+        exists and before the master is told (the Store attaches it to its engine there).
+        Nothing is left behind when this fails.
         """
         nbytes = parse_size(size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
         with self._lock:
@@ -266,7 +273,10 @@ class NodeRuntime:
                 self._server = TransferServer(host=self.host, port=0)
             server = self._server
             name = SegmentName(f"{server.endpoint}/{next(self._numbers)}")
-            mem = SegmentMemory.create(name, nbytes)
+            if path is None:
+                mem = SegmentMemory.create(name, nbytes)
+            else:
+                mem = SegmentMemory.map_file(name, path, nbytes, offset)
             try:
                 server.add_segment(mem)
                 if on_created is not None:

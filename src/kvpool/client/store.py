@@ -307,18 +307,26 @@ class Store(TaskAPI):
 
     # ------------------------------------------------------------------ segments
 
-    def mount_segment(self, size: int | str) -> str:
+    def mount_segment(self, size: int | str, *, path: str | None = None, offset: int = 0) -> str:
         """Contribute `size` more bytes (an int or "1GiB", at least a page) of this process's
         memory to the pool: a new pre-faulted segment, served by this Store's transfer server
         and remounted with the others when the master asks. Returns its name (usable in
         `ReplicateConfig.preferred_segments`). A Store made with `segment_size=0` starts
-        serving and executing replica tasks with its first segment."""
-        data = self._open()
-        return self._mount(data, size)
+        serving and executing replica tasks with its first segment.
 
-    def _mount(self, data: DataPath, size: int | str) -> str:
+        With `path`, the segment is the bytes [offset, offset + size) of that regular file
+        (`offset` page-aligned), shared with the file; same-host peers reach it over TCP, and
+        the file must not shrink while mounted (`SegmentMemory.map_file`)."""
+        data = self._open()
+        return self._mount(data, size, path, offset)
+
+    def _mount(
+        self, data: DataPath, size: int | str, path: str | None = None, offset: int = 0
+    ) -> str:
         with self._mount_lock:
-            mem = self._node.mount(size, on_created=data.engine.attach_local)
+            mem = self._node.mount(
+                size, on_created=data.engine.attach_local, path=path, offset=offset
+            )
             if self._tasks is None:
                 # Owning a segment makes this process the executor of the replica tasks
                 # whose source is here (pool-mode swap-out, copy/move tasks).

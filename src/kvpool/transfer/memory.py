@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -85,11 +86,11 @@ class SharedMapping:
         "size",
     )
 
-    def __init__(self, fd: int, size: int, label: str) -> None:
+    def __init__(self, fd: int, size: int, label: str, offset: int = 0) -> None:
         self.size = size
         self.label = label
         self._mmap: mmap.mmap | None = mmap.mmap(
-            fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE
+            fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=offset
         )
         self._view: memoryview | None = memoryview(self._mmap)
         self.address = buffer_address(self._view)
@@ -206,12 +207,15 @@ class SegmentMemory:
 
     __slots__ = ("_closed", "_fd", "_hooks", "_lock", "mapping", "name", "shm_path", "size")
 
-    def __init__(self, name: str, size: int, fd: int, mapping: SharedMapping) -> None:
+    def __init__(
+        self, name: str, size: int, fd: int, mapping: SharedMapping, *, shared: bool = True
+    ) -> None:
         self.name = name
         self.size = size
         self._fd = fd
         self.mapping = mapping
-        self.shm_path = f"/proc/{os.getpid()}/fd/{fd}"
+        self.shm_path = f"/proc/{os.getpid()}/fd/{fd}" if shared else ""
+        """What a same-host peer maps; "" for a file segment (peers reach it over TCP)."""
         self._hooks: dict[int, Callable[[SegmentMemory], None]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -236,6 +240,47 @@ class SegmentMemory:
             raise
         log.info("segment %s: %d bytes at /proc/%d/fd/%d", clean, nbytes, os.getpid(), fd)
         return cls(clean, nbytes, fd, mapping)
+
+    @classmethod
+    def map_file(cls, name: str, path: str, size: int, offset: int = 0) -> SegmentMemory:
+        """A segment over `size` bytes of the caller's regular file `path` (a file on tmpfs such
+        as /dev/shm, or on disk) from `offset` (a multiple of the page size), mapped
+        `MAP_SHARED | MAP_POPULATE`: what the pool writes there lands in the file.
+
+        It is not advertised to same-host peers (`shm_path` is "", so they use TCP): they
+        verify a segment by its memfd name, and a caller's file carries none. The file must
+        not shrink while mounted: touching a page past its end kills the process (SIGBUS),
+        the price Mooncake's `mount_segment` pays too. Raises `InvalidParams` for a bad range,
+        a path that is not a regular file or cannot be opened read-write.
+        """
+        clean = normalize_segment_name(name)
+        page = mmap.PAGESIZE
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidParams(f"offset: expected an int >= 0, got {offset!r}")
+        if offset % page:
+            raise InvalidParams(f"offset {offset} is not a multiple of the page size {page}")
+        nbytes = parse_size(size, name="segment size", minimum=1)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except (OSError, TypeError, ValueError) as exc:
+            raise InvalidParams(f"cannot open {path!r} read-write: {exc}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidParams(f"{path!r} is not a regular file")
+            if offset + nbytes > st.st_size:
+                raise InvalidParams(
+                    f"{path!r}: [{offset}, {offset + nbytes}) is past its end ({st.st_size} bytes)"
+                )
+            mapping = SharedMapping(fd, nbytes, f"segment {clean} ({path})", offset)
+        except OSError as exc:
+            os.close(fd)
+            raise KVPoolError(f"cannot map {path!r} as segment {clean!r}: {exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        log.info("segment %s: %d bytes of %s at offset %d", clean, nbytes, path, offset)
+        return cls(clean, nbytes, fd, mapping, shared=False)
 
     @property
     def buffer(self) -> memoryview:

@@ -388,6 +388,39 @@ def test_upsert_of_another_size_is_a_new_generation_for_the_hooks(clock: object)
     assert hooks.events[-1] == ("complete", "k") and used(svc) == 2 * MiB
 
 
+def test_upsert_of_another_size_under_a_read_lease_parks_the_old_range_until_it_ends(
+    make_service: object, clock: object
+) -> None:
+    svc: MasterService = make_service(segments=1)  # type: ignore[operator]
+    first = put(svc, "k", size=4096)
+    old = (first.replicas[0].segment, first.replicas[0].offset)
+    lease = get(svc, "k").lease_ttl_ms / 1000  # a reader may copy from `old` until then
+    assert start(svc, "k", size=8192, upsert=True).code == OK
+    other = start(svc, "other", size=4096)
+    assert other.code == OK
+    assert (other.replicas[0].segment, other.replicas[0].offset) != old
+    assert used(svc) == 4096 + 8192 + 4096
+    clock.advance(lease)  # type: ignore[attr-defined]
+    svc.release_stale()
+    assert used(svc) == 8192 + 4096
+
+
+def test_upsert_of_the_same_size_under_a_read_lease_writes_new_ranges(
+    make_service: object, clock: object
+) -> None:
+    svc: MasterService = make_service(segments=1)  # type: ignore[operator]
+    first = put(svc, "k", size=4096)
+    lease = get(svc, "k").lease_ttl_ms / 1000
+    second = start(svc, "k", size=4096, upsert=True)
+    assert second.code == OK
+    assert second.replicas[0].offset != first.replicas[0].offset  # not under the reader
+    assert end(svc, "k", checksum=7) == OK and get(svc, "k").checksum == 7
+    assert used(svc) == 2 * 4096
+    clock.advance(lease)  # type: ignore[attr-defined]
+    svc.release_stale()
+    assert used(svc) == 4096
+
+
 def test_upsert_without_room_for_the_new_size_keeps_the_old_value(svc: MasterService) -> None:
     put(svc, "k", size=MiB)
     assert start(svc, "k", size=17 * MiB, upsert=True).code == E.NO_AVAILABLE_HANDLE

@@ -10,7 +10,8 @@ Rules (Mooncake's; the protocol module docstring has the whole lifecycle):
   parked until `put_start_release_timeout` after it started). No room: NO_AVAILABLE_HANDLE,
   after one `reclaim_for` and one retry.
 * UpsertStart: absent, a put; same size, the replicas are rewritten in place; another size,
-  new ranges first, then a new object record.
+  or the same size under a live read lease, new ranges first, then a new object record (the
+  old ranges of a leased object stay parked until its lease ends: a reader may be copying).
 * Batch handlers are tight loops over the keys with the per-request work (validation, clock,
   tenant's shards, the client's in-flight set) hoisted out into a `_PutPlan`; a batch of plain
   puts cuts its objects from one allocated region.
@@ -332,21 +333,29 @@ class WritePath(ServiceState):
                 return PutStartReply(_BUSY)  # another write of this key is in progress
             self._preempt(obj)
             return self._put_one(plan, key, size, obj.group_id, now)
-        if size == obj.size:
+        leased = now < obj.lease_deadline
+        if size == obj.size and not leased:
             # Case B: rewrite in place; unreadable until PutEnd.
             live = tuple(r for r in obj.replicas if r.segment.alive)
             for r in live:
                 r.status = _PROCESSING
             obj.replicas = live
         else:
-            # Case C: new ranges first, so a full pool leaves the old value intact. The result
-            # is a new object record (a new generation for the reclaim hooks, which see the
-            # old one removed), carrying over what outlives a rewrite: group, hard pin, pin.
+            # Case C (and a same-size rewrite under a live read lease, which must not write
+            # under the reader): new ranges first, so a full pool leaves the old value intact.
+            # The result is a new object record (a new generation for the reclaim hooks, which
+            # see the old one removed), carrying over what outlives a rewrite: group, hard
+            # pin, pin.
             fresh = self._allocate(size, plan)
             if not fresh:
                 return PutStartReply(_NO_SPACE)
-            for r in obj.replicas:
-                self._free_replica(r, obj.size)
+            if leased:
+                # A reader holding the lease may still be copying from the old ranges: freed
+                # now, the next put could land there and the reader get another key's bytes.
+                self._park_until(obj.lease_deadline, obj.size, obj.replicas)
+            else:
+                for r in obj.replicas:
+                    self._free_replica(r, obj.size)
             old, obj = (
                 obj,
                 ObjectMeta(

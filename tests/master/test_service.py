@@ -810,10 +810,38 @@ def test_a_silent_client_is_expired_with_its_segments_replicas_and_puts(
     assert sorted(svc.expire_clients()) == sorted([NODE, WRITER])
     assert svc.segments.get(m.SegmentName("seg-0")) is None
     assert get(svc, "on-node").code == E.OBJECT_NOT_FOUND
-    assert get(svc, "in-flight").code == E.OBJECT_NOT_FOUND  # revoked
-    assert svc.segments.get(m.SegmentName("other-seg")).allocator.allocated == 0  # type: ignore[union-attr]
+    assert get(svc, "in-flight").code == E.OBJECT_NOT_FOUND  # preempted
+    # Its range stays parked (the silent writer may still be writing) until the release time.
+    other_seg = svc.segments.get(m.SegmentName("other-seg"))
+    assert other_seg is not None and other_seg.allocator.allocated == MiB
+    clock.advance(svc.config.put_start_release_timeout)  # type: ignore[attr-defined]
+    svc.release_stale()
+    assert other_seg.allocator.allocated == 0
     reply = svc.handle(m.Ping(NODE))
     assert isinstance(reply, m.PingReply) and reply.client_status is m.ClientStatus.NEED_REMOUNT
+
+
+def test_an_expired_clients_unfinished_put_keeps_its_range_parked_until_release(
+    make_service: object, clock: object
+) -> None:
+    svc: MasterService = make_service(segments=1)  # type: ignore[operator]
+    w1 = m.ClientId("w1")
+    svc.handle(m.ReMountSegment(w1, HOST, []))
+    first = start(svc, "a", client=w1)
+    at = (first.replicas[0].segment, first.replicas[0].offset)
+    clock.advance(svc.config.client_ttl + 1)  # type: ignore[attr-defined]
+    svc.handle(m.Ping(NODE))
+    assert svc.expire_clients() == [w1]
+    assert get(svc, "a").code == E.OBJECT_NOT_FOUND
+    # w1 may still be writing into `at`: nothing else may be placed there yet.
+    later = start(svc, "b")
+    assert later.code == OK and (later.replicas[0].segment, later.replicas[0].offset) != at
+    assert end(svc, "b") == OK
+    assert [(r.segment.name, r.offset) for r, _ in svc.parked()] == [at]
+    clock.advance(svc.config.put_start_release_timeout)  # type: ignore[attr-defined]
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert svc.parked() == [] and used(svc) == 4096
 
 
 def test_ping_with_empty_client_id_is_invalid_params(svc: MasterService) -> None:

@@ -160,7 +160,11 @@ class AdminPath(ServiceState):
         return gone
 
     def expire_client(self, client_id: ClientId) -> None:
-        """Unmount the client's segments, revoke its in-flight PutStarts, forget it."""
+        """Unmount the client's segments, preempt its in-flight PutStarts, forget it.
+
+        A client that fell silent may still be writing into other nodes' segments: the ranges
+        of its unfinished puts are parked until their release time, as a stale PutStart's
+        are, so no other object is placed where a late write could land."""
         rec = self.clients.get(client_id)
         if rec is not None:
             for name in list(rec.segments):
@@ -168,11 +172,11 @@ class AdminPath(ServiceState):
                 if seg is not None and seg.client_id == client_id:
                     self._unmount(seg)
         for obj in self.clients.in_flight_of(client_id):
-            self._revoke(obj)
+            self._preempt(obj)
         if self._task_of:
             self._fail_tasks_of_client(client_id)
         self.clients.forget(client_id)
-        log.warning("client %s expired: segments unmounted, in-flight puts revoked", client_id)
+        log.warning("client %s expired: segments unmounted, in-flight puts preempted", client_id)
 
     def release_stale(self) -> int:
         """Revoke PutStarts older than `put_start_release_timeout` and free parked replicas

@@ -15,6 +15,7 @@ Codes are plain ints here: replies carry ints, and the hot loops should not conv
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from kvpool.master.tasks import Task
 
 __all__ = ["ServiceState"]
+
+log = logging.getLogger(__name__)
 
 # Codes as plain ints: replies carry ints, and the hot loops should not convert enums.
 _OK = 0
@@ -137,6 +140,15 @@ class ServiceState:
         obj.replicas = ()
         self.clients.drop_in_flight(obj)
         self._drop(obj)
+
+    def _preempt(self, old: ObjectMeta) -> None:
+        """Take an unfinished PutStart's key away from it (stale, or its client expired); its
+        writer may still be writing, so its space stays parked until
+        `put_start_release_timeout` after it started."""
+        log.info("preempting unfinished PutStart of %r by client %s", old.key, old.client_id)
+        self._park(old)
+        self.clients.drop_in_flight(old)
+        self._drop(old)
 
     def _lookup(self, tenant: str, key: str) -> ObjectMeta | None:
         """The object, unless all of its replicas sit on unmounted segments (then it is

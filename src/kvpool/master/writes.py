@@ -285,14 +285,6 @@ class WritePath(ServiceState):
                 seg.allocator.free(plan.region_next, plan.region_end - plan.region_next)
             plan.region_seg = None
 
-    def _preempt(self, old: ObjectMeta) -> None:
-        """Take a stale PutStart's key away from it; its writer may still be writing, so its
-        space stays parked until `put_start_release_timeout` after it started."""
-        log.info("preempting stale PutStart of %r by client %s", old.key, old.client_id)
-        self._park(old)
-        self.clients.drop_in_flight(old)
-        self._drop(old)
-
     def upsert_start(self, req: UpsertStart) -> PutStartReply:
         plan = self._plan(req.client_id, req.tenant, req.config, 1)
         if plan.code != _OK:

@@ -267,6 +267,11 @@ def test_a_task_fails_when_its_executor_expires(make_service: MakeService, clock
     assert svc.expire_clients() == [NODE]
     q = call(svc, m.QueryTask(task_id))
     assert q.status is m.TaskStatus.FAILED
+    # NODE may still be copying into its target: parked, freed after the release timeout.
+    assert used(svc, "dst") == SIZE
+    clock.advance(svc.config.put_start_release_timeout)
+    call(svc, m.Ping(NODE2))
+    svc.release_stale()
     assert used(svc, "dst") == 0
 
 
@@ -280,6 +285,58 @@ def test_a_task_fails_when_a_segment_it_touches_is_unmounted(make_service: MakeS
     q = call(svc, m.QueryTask(task_id))
     assert q.status is m.TaskStatus.FAILED and "dst" in q.message
     assert segments_of(svc, "k") == ["src"]
+
+
+def test_an_expired_executors_target_is_not_given_to_the_next_put(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(segments=0, client_ttl=10.0)
+    mount(svc, "segA", client=NODE)
+    mount(svc, "segB", client=NODE2)
+    put(svc, "k", "segA")
+    task_id = call(svc, m.CreateCopyTask("k", [m.SegmentName("segB")])).task_id
+    (task,) = fetch(svc)
+    target = (task.targets[0].segment, task.targets[0].offset)
+    clock.advance(11)
+    call(svc, m.Ping(NODE2))
+    assert svc.expire_clients() == [NODE]
+    assert status(svc, task_id) is m.TaskStatus.FAILED
+    # NODE may still be copying into `target`: the next put on segB must land elsewhere.
+    config = m.ReplicateConfigMsg(preferred_segments=[m.SegmentName("segB")])
+    reply = call(svc, m.PutStart(WRITER, "next", SIZE, config))
+    assert reply.code == 0
+    assert (reply.replicas[0].segment, reply.replicas[0].offset) != target
+
+
+def test_a_target_of_a_task_failed_by_unmounting_its_source_stays_parked(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(segments=0)
+    mount(svc, "src", client=NODE)
+    mount(svc, "dst", client=NODE2)
+    put(svc, "k", "src")
+    task_id = call(svc, m.CreateMoveTask("k", m.SegmentName("src"), m.SegmentName("dst"))).task_id
+    fetch(svc)
+    assert call(svc, m.UnmountSegment(NODE, m.SegmentName("src"))) == m.Reply(0)
+    assert status(svc, task_id) is m.TaskStatus.FAILED
+    assert used(svc, "dst") == SIZE and len(svc.parked()) == 1
+    clock.advance(svc.config.put_start_release_timeout)
+    call(svc, m.Ping(NODE2))
+    svc.release_stale()
+    assert used(svc, "dst") == 0 and svc.parked() == []
+
+
+def test_a_task_failed_before_its_executor_fetched_it_frees_its_targets_at_once(
+    make_service: MakeService,
+) -> None:
+    svc = make_service(segments=0)
+    mount(svc, "src", client=NODE)
+    mount(svc, "dst", client=NODE2)
+    put(svc, "k", "src")
+    task_id = call(svc, m.CreateCopyTask("k", [m.SegmentName("dst")])).task_id
+    assert call(svc, m.UnmountSegment(NODE, m.SegmentName("src"))) == m.Reply(0)
+    assert status(svc, task_id) is m.TaskStatus.FAILED
+    assert used(svc, "dst") == 0 and svc.parked() == []
 
 
 def test_a_task_older_than_the_timeout_fails_and_ended_tasks_are_forgotten_later(
@@ -299,7 +356,7 @@ def test_a_task_older_than_the_timeout_fails_and_ended_tasks_are_forgotten_later
     svc.release_stale()
     q = call(svc, m.QueryTask(task_id))
     assert q.status is m.TaskStatus.FAILED and "timed out" in q.message
-    assert used(svc, "seg-1") == 0
+    assert used(svc, "seg-1") == SIZE  # parked: the executor may still be copying
     clock.advance(99)
     call(svc, m.Ping(NODE))
     svc.release_stale()

@@ -112,7 +112,7 @@ class ServiceState:
         heapq.heappush(self._parked, (release_at, self._park_seq, size, replicas))
 
     # Implemented by tasks.TaskPath (declared here for the parts that call them).
-    def _fail_task(self, task: Task, message: str) -> None:
+    def _fail_task(self, task: Task, message: str, *, reported: bool = False) -> None:
         raise NotImplementedError
 
     def _fail_tasks_of_client(self, client_id: ClientId) -> None:

@@ -20,12 +20,15 @@ client reports. The protocol, step by step (also in `kvpool.protocol.messages`):
    `MarkTaskComplete(client_id, task_id, ok, message)`. Success: copy adds the targets as
    COMPLETE replicas; move puts the target in the source's place (same position, so a moved
    primary stays primary) and frees the source at once when no read lease is live, else when
-   the lease runs out (a reader may still be copying from it). Failure: the targets are freed.
+   the lease runs out (a reader may still be copying from it). Failure reported by the
+   executor: the targets are freed.
 4. A task also fails by itself when: its executor expires; a segment it touches is unmounted;
    the object is removed (only `force` removes an object with a task; Remove without it
    answers OBJECT_HAS_REPLICATION_TASK, and so does UpsertStart); or it is older than
    `replica_task_timeout`. A report on a task that already failed answers
-   OBJECT_NO_REPLICATION_TASK. Until the task ends the source stays readable.
+   OBJECT_NO_REPLICATION_TASK. Until the task ends the source stays readable. A task that
+   fails this way after its executor fetched it keeps its targets parked for
+   `put_start_release_timeout` (the executor may still be copying into them).
 5. `QueryTask(task_id)` answers type, status, message and times for `task_retention` seconds
    after the task ended (TASK_NOT_FOUND after that).
 
@@ -241,10 +244,10 @@ class TaskPath(ServiceState):
         if not task.active:
             return Reply(_NO_TASK)  # it ended already (timed out, object removed, ...)
         if not req.ok:
-            self._fail_task(task, req.message or "the executor reported a failure")
+            self._fail_task(task, req.message or "the executor reported a failure", reported=True)
             return _OK_REPLY
         if not all(t.segment.alive for t in task.targets):
-            self._fail_task(task, "a target segment was unmounted")
+            self._fail_task(task, "a target segment was unmounted", reported=True)
             return Reply(_REPLICA_GONE)
         self._succeed_task(task)
         return _OK_REPLY
@@ -436,9 +439,21 @@ class TaskPath(ServiceState):
         else:
             self._free_replica(source, obj.size)
 
-    def _fail_task(self, task: Task, message: str) -> None:
-        for t in task.targets:
-            self._free_replica(t, task.obj.size)
+    def _fail_task(self, task: Task, message: str, *, reported: bool = False) -> None:
+        """End `task` as FAILED. Its targets are freed at once only when nobody can be writing
+        into them: the executor reported (`reported`), or never fetched the task. Otherwise
+        (the executor expired, the task timed out, a segment went, the object was removed)
+        the executor may still be copying, so the targets stay parked for
+        `put_start_release_timeout` (a target on an unmounted segment has nothing to park)."""
+        size = task.obj.size
+        if reported or task.status is TaskStatus.PENDING:
+            for t in task.targets:
+                self._free_replica(t, size)
+        else:
+            live = tuple(t for t in task.targets if t.segment.alive)
+            if live:
+                release_at = self._clock() + self._config.put_start_release_timeout
+                self._park_until(release_at, size, live)
         log.info("task %r failed: %s", task, message)
         self._end_task(task, TaskStatus.FAILED, message)
 

@@ -174,8 +174,16 @@ def test_removing_a_moving_object_fails_its_move_and_frees_both_sides() -> None:
     assert pool.svc.handle(m.Remove(victim.key, True)) == m.Reply(0)
     reply = pool.svc.handle(m.MarkTaskComplete(NODE, victim.task_id, True))
     assert reply == m.Reply(E.OBJECT_NO_REPLICATION_TASK)
-    assert pool.used("hot") == 8 and pool.used("cold") == len(tasks) - 1
     assert pool.engine.migrating_bytes == (len(tasks) - 1) * OBJ
+    # The executor had fetched the move and may still be copying: its target stays parked.
+    assert pool.used("hot") == 8 and pool.used("cold") == len(tasks)
+    pool.clock.advance(pool.svc.config.put_start_release_timeout)
+    for task in tasks[1:]:
+        pool.report(task, True)
+    pool.svc.handle(m.Ping(NODE))
+    pool.svc.handle(m.Ping(NODE2))
+    pool.svc.release_stale()
+    assert pool.used("cold") == len(tasks) - 1
 
 
 def test_direct_reclaim_never_starts_a_move_even_when_some_segment_could_take_it() -> None:

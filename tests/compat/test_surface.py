@@ -19,12 +19,7 @@ import pytest
 import kvpool.compat.mooncake as compat
 
 NOT_SUPPORTED = {
-    # segments and memory pools (the native Store mounts exactly one segment, at setup)
-    "mount_segment",
-    "unmount_segment",
-    "allocate_and_mount_segment",
-    "unmount_and_free_segment",
-    "unmount_local_disk_segment",
+    # memory pools
     "alloc_from_mem_pool",
     "get_offload_rpc_read_count",
     # tensor parallelism, CUDA and safetensors

@@ -21,6 +21,9 @@ Every method is built on the native `kvpool.client.Store` and answers the way th
   (descriptors.py): task ids are `(high, low)` pairs, refusals `((0, 0), code)`, segments are
   named as stores name them (`get_hostname()`); put and get sessions and their ranged calls
   are kept per store (sessions.py);
+* segments mounted after setup (`mount_segment` over a caller's file,
+  `allocate_and_mount_segment`) and their unmounts answer the wheel's dicts and codes
+  (segments.py, which also says how a graceful unmount differs);
 * the only exceptions are the ones Python-level misuse raises in Mooncake too: TypeError for an
   argument of the wrong type, RuntimeError for a multi-dimensional part of `put_parts` (and for
   the disk descriptor of a memory replica).
@@ -64,6 +67,7 @@ from kvpool.compat.mooncake.descriptors import (
 )
 from kvpool.compat.mooncake.memory import BufferHandle, PointerRegistry
 from kvpool.compat.mooncake.replicate import ReplicaStatus, ReplicateConfig, TaskStatus, TaskType
+from kvpool.compat.mooncake.segments import Kind, MountedSegments
 from kvpool.compat.mooncake.sessions import Sessions, copy_from_ranges, copy_into_ranges
 from kvpool.compat.mooncake.setup import SetupParams, from_dict, from_positional, split_hostname
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError
@@ -191,6 +195,7 @@ class MooncakeDistributedStore:
         self._buffer_size = 0
         self._pointers = PointerRegistry()
         self._sessions = Sessions()
+        self._mounted = MountedSegments(self._forget_segment)
         # The read side of Mooncake's local buffer: `get` reads into it and copies out once.
         # Reading into fresh memory instead (the native Store's `get`) and then copying into
         # the `bytes` Mooncake returns touches two fresh allocations per call, and first-touch
@@ -322,6 +327,7 @@ class MooncakeDistributedStore:
             _local_segments.pop(hostname, None)
         self._pointers.clear()
         self._sessions.clear()
+        self._mounted.close()
         self._staging = None
         try:
             store.close()
@@ -342,6 +348,97 @@ class MooncakeDistributedStore:
             return int(store.health_check())
         except KVPoolError:
             return 2
+
+    # ------------------------------------------------------------------ segments
+
+    def mount_segment(
+        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Mount bytes [offset, offset + size) of the file (or /dev/shm file) at `path` as one
+        more segment of this store: `{"ret": 0, "segment_ids": [id]}`; size 0 mounts nothing
+        (ret 0, no ids); a file that cannot be opened, a range past its end, an offset that is
+        not page-aligned, or a size under one page answer ret -1. `protocol` and `location`
+        are accepted and not needed."""
+        _check_str(path, "path")
+        nbytes, off = _unsigned(size, "size"), _unsigned(offset, "offset")
+        _check_str(protocol, "protocol")
+        _check_str(location, "location")
+        store = self._store
+        if store is None:
+            return {"ret": UNAVAILABLE, "segment_ids": []}
+        if nbytes == 0:
+            return {"ret": OK, "segment_ids": []}
+        try:
+            name = store.mount_segment(nbytes, path=path, offset=off)
+        except Exception as exc:
+            log.error("mount_segment(%r, %d, %d): %s", path, nbytes, off, exc)
+            return {"ret": INTERNAL, "segment_ids": []}
+        self._adopt_segment(name, Kind.FILE)
+        return {"ret": OK, "segment_ids": [name]}
+
+    def allocate_and_mount_segment(
+        self, size: int, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Allocate `size` bytes (rounded up to a page; Mooncake rounds to 16 MiB) and mount
+        them as one more segment: `{"ret": 0, "segment_ids": [id], "allocated_size": n}`;
+        size 0 or a failed allocation answer ret -1."""
+        nbytes = _unsigned(size, "size")
+        _check_str(protocol, "protocol")
+        _check_str(location, "location")
+        store = self._store
+        if store is None:
+            return {"ret": UNAVAILABLE, "segment_ids": [], "allocated_size": 0}
+        rounded = -(-nbytes // KVPOOL_MIN_SEGMENT) * KVPOOL_MIN_SEGMENT
+        try:
+            if rounded == 0:
+                raise InvalidParams("size is 0")
+            name = store.mount_segment(rounded)
+        except Exception as exc:
+            log.error("allocate_and_mount_segment(%d): %s", nbytes, exc)
+            return {"ret": INTERNAL, "segment_ids": [], "allocated_size": 0}
+        self._adopt_segment(name, Kind.ALLOCATED)
+        return {"ret": OK, "segment_ids": [name], "allocated_size": rounded}
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmount segments of `mount_segment`, in order; 0, or the first failure (-1 for an id
+        this store did not mount that way, -600 for one already being unmounted gracefully).
+        A grace period answers at once and unmounts when it ends (segments.py)."""
+        return self._unmount(segment_ids, grace_period_seconds, Kind.FILE)
+
+    def unmount_and_free_segment(
+        self, segment_ids: list[str], grace_period_seconds: int = 0
+    ) -> int:
+        """`unmount_segment` for the segments of `allocate_and_mount_segment`."""
+        return self._unmount(segment_ids, grace_period_seconds, Kind.ALLOCATED)
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        """0: a kvpool store has no local disk segment (the wheel answers 0 without one)."""
+        _unsigned(grace_period_seconds, "grace_period_seconds")
+        return OK if self._store is not None else UNAVAILABLE
+
+    def _unmount(self, segment_ids: object, grace: object, kind: Kind) -> int:
+        if isinstance(segment_ids, str) or not isinstance(segment_ids, Sequence):
+            raise TypeError(f"segment_ids: expected a list of str, got {type(segment_ids)}")
+        ids = [_check_str(sid, "segment_ids") for sid in segment_ids]
+        grace_s = _unsigned(grace, "grace_period_seconds")
+        store = self._store
+        if store is None:
+            return UNAVAILABLE
+        return self._mounted.unmount(store, ids, kind, grace_s)
+
+    def _adopt_segment(self, name: str, kind: Kind) -> None:
+        self._mounted.add(name, kind)
+        # preferred_segments=[hostname] and replica descriptors name it after this store.
+        with _local_lock:
+            names = _local_segments.get(self._hostname)
+            if names is not None and name not in names:
+                names.append(name)
+
+    def _forget_segment(self, name: str) -> None:
+        with _local_lock:
+            names = _local_segments.get(self._hostname)
+            if names is not None and name in names:
+                names.remove(name)
 
     # ------------------------------------------------------------------ helpers
 
@@ -1339,6 +1436,20 @@ class MooncakeDistributedStore:
         return [
             self.get_tensor_into(k, p, n) for k, p, n in zip(ks, buffer_ptrs, sizes, strict=True)
         ]
+
+
+def _check_str(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected str, got {type(value).__name__}")
+    return value
+
+
+def _unsigned(value: object, what: str) -> int:
+    """An int >= 0 (TypeError otherwise, as pybind11 answers for its unsigned arguments)."""
+    n = _ptr(value)
+    if n < 0:
+        raise TypeError(f"{what}: expected an int >= 0, got {n}")
+    return n
 
 
 def _check_names(names: object, what: str) -> list[str]:

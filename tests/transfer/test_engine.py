@@ -368,6 +368,31 @@ def test_closing_a_local_segment_under_a_transfer_quarantines_it(
     assert mem.mapping.closed
 
 
+@pytest.mark.parametrize("path", ["transfer", "transfer_batch"])
+def test_a_local_segment_closed_during_a_copy_is_unmapped_when_the_copy_ends(
+    make_engine: Make,
+    closing: Callable[[Any], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+) -> None:
+    # `transfer` takes the inline fast path, `transfer_batch` the general one (`_start`).
+    import kvpool.transfer.engine as engine_module
+
+    mem = closing(SegmentMemory.create("closing", 1 << 20))
+    eng = make_engine({})
+    eng.attach_local(mem)
+    real_copy = engine_module.copy_bytes
+
+    def copy_while_the_owner_closes(*args: Any) -> None:
+        mem.close()  # the owner unmounts mid-copy: the held mapping is quarantined
+        real_copy(*args)
+
+    monkeypatch.setattr(engine_module, "copy_bytes", copy_while_the_owner_closes)
+    getattr(eng, path)([W(b"12345678", "closing", 0)])
+    # The copy's release was the last hold: it unmapped (no slice of it was left alive).
+    assert mem.mapping.closed and not mem.mapping.quarantined
+
+
 def test_closed_engine_refuses_work(make_engine: Make) -> None:
     eng = make_engine({})
     eng.close()

@@ -143,6 +143,24 @@ def test_half_closed_and_dying_peers_do_not_hurt_the_server(
         recv_exact(s, 4)
 
 
+def test_a_segment_closed_under_a_write_whose_peer_dies_is_unmapped(
+    closing: Callable[[Any], Any],
+) -> None:
+    mem = closing(SegmentMemory.create("dying", SIZE))
+    with TransferServer() as server:
+        server.add_segment(mem)
+        s = connect(server)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.sendall(request(2, b"dying", 1, 0, 10000) + b"q" * 5000)
+        wait_until(lambda: mem.mapping.holders == 1, timeout=10, what="the write to hold it")
+        mem.close()  # the owner unmounts while the payload is arriving: quarantined
+        assert mem.mapping.quarantined
+        s.close()  # the peer dies halfway through its payload (RST)
+        wait_until(lambda: server.connection_count() == 0, timeout=10, what="the connection")
+        # The server's last release unmapped it (no slice of it was left alive).
+        assert mem.mapping.closed and not mem.mapping.quarantined
+
+
 def test_removed_segment_is_no_longer_served(
     served: tuple[TransferServer, SegmentMemory],
 ) -> None:

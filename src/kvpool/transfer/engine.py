@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, SegmentError, TransferError
 from kvpool.transfer.base import MemoryRegion, Transport
@@ -433,6 +434,7 @@ class TransferEngine:
                     f"request {i} ({op.name} {name}@{offset}+{n}) failed: segment is closing",
                     ErrorCode.SEGMENT_NOT_FOUND,
                 )
+            seg: memoryview | None = None
             try:
                 seg = mapping.view[offset : offset + n]
                 if op is _READ:
@@ -440,6 +442,10 @@ class TransferEngine:
                 else:
                     copy_bytes(seg, view, mapping.address + offset, 0)
             finally:
+                # The slice goes before the hold: if the mapping was closed meanwhile, the
+                # last release unmaps it, which a live slice would make fail (quarantined).
+                if seg is not None:
+                    seg.release()
                 mapping.release()
         return True
 
@@ -499,15 +505,18 @@ class TransferEngine:
             self._tcp.run(endpoint, pieces, future, deadline, False)
         for i, op, view, mapping, offset in copies:
             code, why = ErrorCode.OK, ""
+            part: memoryview | None = None
             try:
-                seg = mapping.view[offset : offset + view.nbytes]
+                part = mapping.view[offset : offset + view.nbytes]
                 if op is _READ:
-                    copy_bytes(view, seg, 0, mapping.address + offset)
+                    copy_bytes(view, part, 0, mapping.address + offset)
                 else:
-                    copy_bytes(seg, view, mapping.address + offset, 0)
+                    copy_bytes(part, view, mapping.address + offset, 0)
             except (ValueError, TypeError, KVPoolError) as exc:
                 code, why = ErrorCode.TRANSFER_FAIL, f"copy failed: {exc!r}"
             finally:
+                if part is not None:  # before the hold (see _copy_all_inline)
+                    part.release()
                 mapping.release()
             future.complete(i, code, why)
         if groups:
@@ -557,6 +566,8 @@ class TransferEngine:
     ) -> None:
         op, view, mapping, offset = job
         n = view.nbytes
+        user: npt.NDArray[np.uint8] | None = None
+        seg: npt.NDArray[np.uint8] | None = None
         try:
             if future.aborted:
                 future.complete(i, ErrorCode.TRANSFER_FAIL, "aborted")
@@ -568,11 +579,13 @@ class TransferEngine:
                 np.copyto(user, seg)
             else:
                 np.copyto(seg, user)
-            del user, seg
             future.complete(i, ErrorCode.OK)
         except Exception as exc:
             future.complete(i, ErrorCode.TRANSFER_FAIL, f"copy failed: {exc!r}")
         finally:
+            # The arrays export the mapping's memory: drop them before the hold (see
+            # _copy_all_inline), also when the copy failed.
+            user = seg = None
             mapping.release()
 
     # ---- lifecycle -----------------------------------------------------------------------

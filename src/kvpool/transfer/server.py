@@ -287,13 +287,17 @@ class TransferServer:
                     mem,
                 )
             else:
+                region: memoryview | None = None
                 try:
                     if reader.buffered < length:
                         out.flush()
                     region = mem.mapping.view[offset : offset + length]
                     reader.read_into(region)
-                    region.release()
                 finally:
+                    # The slice goes first, also when the peer died mid-payload: a live slice
+                    # makes the last release's unmap fail and leaves the mapping quarantined.
+                    if region is not None:
+                        region.release()
                     mem.mapping.release()
                 out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 

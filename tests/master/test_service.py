@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import xxhash
 
-from kvpool.errors import ErrorCode
+from kvpool.errors import ErrorCode, InvalidParams
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimTarget
 from kvpool.master.metadata import ObjectMeta, Replica
@@ -669,6 +670,31 @@ def test_remove_by_regex_counts_the_matching_unleased_objects(svc: MasterService
 def test_remove_by_invalid_regex_is_invalid_params(svc: MasterService) -> None:
     reply = svc.handle(m.RemoveByRegex("(unclosed"))
     assert isinstance(reply, m.CountReply) and reply.code == E.INVALID_PARAMS
+
+
+def test_remove_by_a_catastrophic_regex_stops_with_invalid_params_and_the_count_so_far(
+    svc: MasterService,
+) -> None:
+    # `^(a|aa)+$` backtracks exponentially on "aaa...b": unguarded, this one key holds the
+    # master's loop for seconds (minutes a few characters later).
+    evil = "a" * 36 + "b"
+    names = [f"x-{i}" for i in range(20)]
+    for k in [*names, evil]:
+        put(svc, k)
+    t0 = time.perf_counter()
+    reply = svc.handle(m.RemoveByRegex("^(a|aa)+$|^x-"))
+    elapsed = time.perf_counter() - t0
+    assert isinstance(reply, m.CountReply) and reply.code == E.INVALID_PARAMS
+    assert elapsed < 1.0, elapsed  # about regex_match_budget (0.1 s), not seconds
+    # The keys matched before the overrun stay removed, and the count says how many.
+    removed = [k for k in names if svc.index.get("default", k) is None]
+    assert reply.count == len(removed)
+    assert get(svc, evil).code == OK
+
+
+def test_regex_match_budget_must_be_positive() -> None:
+    with pytest.raises(InvalidParams, match="regex_match_budget"):
+        MasterConfig(regex_match_budget=0.0)
 
 
 # ============================================================== segments

@@ -89,6 +89,10 @@ class MasterConfig:
     destination is freed)."""
     task_retention: float = 600.0
     """Seconds an ended replica task stays answerable by QueryTask."""
+    regex_match_budget: float = 0.1
+    """Seconds of RemoveByRegex pattern matching allowed per chunk of 5,000 keys (one
+    event-loop turn); a request that overruns it stops with INVALID_PARAMS (the pattern is the
+    client's: a catastrophic one must not stall the master)."""
 
     def __post_init__(self) -> None:
         _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)
@@ -115,6 +119,7 @@ class MasterConfig:
         _positive("task_retention", self.task_retention, allow_zero=True)
         _positive("monitor_interval", self.monitor_interval)
         _positive("reclaim_interval", self.reclaim_interval)
+        _positive("regex_match_budget", self.regex_match_budget)
         if not 0 <= self.port <= 65535:
             raise InvalidParams(f"port must be within [0, 65535], got {self.port}")
         if self.num_shards < 1:

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -142,9 +141,8 @@ class MasterServer:
         return await _chunked(self.service.remove_matching(req.tenant, None, req.force))
 
     def _remove_by_regex(self, req: RemoveByRegex) -> Any:
-        try:
-            rx = re.compile(req.pattern)
-        except re.error:
+        rx = self.service.compile_pattern(req.pattern)
+        if rx is None:
             return self.service.remove_by_regex(req)  # answers INVALID_PARAMS at once
         return _chunked(self.service.remove_matching(req.tenant, rx, req.force))
 

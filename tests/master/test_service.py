@@ -847,6 +847,24 @@ def test_a_silent_client_is_expired_with_its_segments_replicas_and_puts(
     assert isinstance(reply, m.PingReply) and reply.client_status is m.ClientStatus.NEED_REMOUNT
 
 
+def test_a_stall_of_the_monitor_is_not_the_clients_silence(
+    svc: MasterService, clock: object
+) -> None:
+    ttl = svc.config.client_ttl
+    assert svc.check_liveness() == []
+    # The master's loop was stuck for 2.5 TTLs: the clients' pings sat unread meanwhile.
+    clock.advance(2.5 * ttl)  # type: ignore[attr-defined]
+    assert svc.check_liveness() == []
+    assert len(svc.segments) == 2
+    # From then on the usual rule: silent for a whole TTL (monitor ticks every second).
+    elapsed = 0.0
+    while not svc.check_liveness():
+        clock.advance(1.0)  # type: ignore[attr-defined]
+        elapsed += 1.0
+        assert elapsed <= ttl + 1
+    assert elapsed >= ttl - 1 and len(svc.segments) == 0
+
+
 def test_an_expired_clients_unfinished_put_keeps_its_range_parked_until_release(
     make_service: object, clock: object
 ) -> None:

@@ -1,9 +1,10 @@
 """Segments, client liveness, removal and stats: the master's non-object-write requests.
 
 Mount and ReMount register the client and are idempotent; Unmount checks the owner. The server's
-monitor calls `expire_clients`, `release_stale` and `sweep_dead`. Remove refuses leased or
-in-flight objects unless forced; RemoveAll and RemoveByRegex run over a snapshot of the index,
-in chunks (`remove_matching` yields between them so the server can give the loop a turn).
+monitor calls `check_liveness` (`expire_clients`, not blaming the clients for a stall of the
+master's own loop), `release_stale` and `sweep_dead`. Remove refuses leased or in-flight objects
+unless forced; RemoveAll and RemoveByRegex run over a snapshot of the index, in chunks
+(`remove_matching` yields between them so the server can give the loop a turn).
 
 RemoveByRegex patterns come from clients, so they are matched with the `regex` package and a
 time limit (`re` cannot be interrupted: `^(a|aa)+$` against a 40-character key runs for
@@ -167,6 +168,19 @@ class AdminPath(ServiceState):
         if self._task_of:
             self._fail_tasks_on_segment(seg)
         log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
+
+    def check_liveness(self) -> list[ClientId]:
+        """The monitor's liveness step: `expire_clients`, except that a gap since the previous
+        step longer than `client_ttl` means the master's loop was stalled (a long request, a
+        pause of the process), not that its clients fell silent: their pings were waiting
+        unread. Every deadline is then pushed forward by the gap before anyone is expired."""
+        now = self._clock()
+        last, self._last_liveness = self._last_liveness, now
+        if last is not None and now - last > self._config.client_ttl:
+            gap = now - last
+            log.warning("liveness monitor stalled for %.1f s: client deadlines postponed", gap)
+            self.clients.postpone(gap)
+        return self.expire_clients()
 
     def expire_clients(self) -> list[ClientId]:
         """Expire every client silent for `client_ttl`; answers their ids."""

@@ -2,8 +2,10 @@
 
 A client registers by ReMountSegment (or MountSegment) and then pings every second; each Ping
 pushes its deadline to now + `client_ttl`. The master's monitor calls `expired(now)` every
-`monitor_interval` and the service expires those clients (unmounts their segments, revokes
-their in-flight PutStarts). A Ping from a client not in the table answers NEED_REMOUNT.
+`monitor_interval` and the service expires those clients (unmounts their segments, preempts
+their in-flight PutStarts; after a stall of the master's loop longer than `client_ttl` it first
+`postpone`s every deadline by the stall). A Ping from a client not in the table answers
+NEED_REMOUNT.
 
 In-flight PutStarts are tracked per client id even for clients that never registered (a pure
 reader-writer without segments), so `expire` and the stale-PutStart release both find them.
@@ -72,6 +74,11 @@ class ClientTable:
     def expired(self, now: float) -> list[ClientRecord]:
         """Clients whose deadline has passed (still in the table; `forget` removes them)."""
         return [c for c in self._clients.values() if c.deadline <= now]
+
+    def postpone(self, seconds: float) -> None:
+        """Push every client's deadline `seconds` later (the master itself was not listening)."""
+        for c in self._clients.values():
+            c.deadline += seconds
 
     def forget(self, client_id: ClientId) -> None:
         self._clients.pop(client_id, None)

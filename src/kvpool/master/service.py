@@ -104,6 +104,7 @@ class MasterService(WritePath, ReadPath, AdminPath, TaskPath):
         self.view_version = 1
         #: Set when a segment went away; the server then runs `sweep_dead`.
         self.sweep_needed = False
+        self._last_liveness = None
         self._tasks = {}
         self._task_of = {}
         self._task_queues = {}

@@ -92,6 +92,8 @@ class ServiceState:
     view_version: int
     #: Set when a segment went away; the server then runs `sweep_dead`.
     sweep_needed: bool
+    #: When the monitor last ran `check_liveness` (None: not yet).
+    _last_liveness: float | None
     # Replica tasks (tasks.py): every task by id (ended ones until their retention runs out),
     # the active task of an object, each executor's PENDING tasks in creation order, and
     # (ended time, id) of ended tasks in the order they ended.

@@ -177,3 +177,27 @@ def test_a_read_moves_on_to_the_next_replica_when_one_fails(pool: PoolFactory) -
         for k in on_dead:
             assert s.get(k) == values[k]
         assert s.batch_get(list(values)) == list(values.values())
+
+
+def test_a_put_interrupted_by_an_unexpected_exception_is_revoked(
+    pool: PoolFactory,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fault injection on the data path: anything other than a transfer error code (a concurrent
+    # close(), KeyboardInterrupt, a bug) escaping mid-write must still revoke the PutStart, or a
+    # retried put would answer "already exists" for put_start_discard_timeout.
+    p = pool(nodes=1, segment_size="16MiB")
+    with Store(p.address) as s:
+        data = s._open()
+
+        def broken_transfer(*args: object, **kwargs: object) -> list[ErrorCode]:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(data, "transfer", broken_transfer)
+        with pytest.raises(KeyboardInterrupt):
+            s.put("k", b"v" * 1000)
+        monkeypatch.undo()
+        assert stats(p.address).processing == 0
+        assert s.exists("k") is False
+        assert s.put("k", b"second try") is True
+        assert s.get("k") == b"second try"

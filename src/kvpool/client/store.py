@@ -420,28 +420,41 @@ class Store(TaskAPI):
         if rep.code == ErrorCode.OBJECT_ALREADY_EXISTS and not upsert:
             return False
         raise_for_code(rep.code, key)
-        code = self._check_replicas(rep.replicas, mv.nbytes)
-        if code == ErrorCode.OK:
-            replicas = rep.replicas
-            csum: int | None = None
-            codes: list[ErrorCode] = []
-            if mv.nbytes >= CHUNKED_MIN:
-                # Hash while writing the first replica, when it is mapped here.
-                first = replicas[0]
-                done = self._open().copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
-                if done is not None:
-                    codes, csum, replicas = [done[0]], done[1], replicas[1:]
-            reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in replicas]
-            codes += self._open().transfer(reqs)
-            if csum is None:
-                csum = checksum(mv)
-            code = next((c for c in codes if c != ErrorCode.OK), ErrorCode.OK)
+        try:
+            code, csum = self._write_replicas(rep.replicas, mv)
+        except BaseException:
+            # Whatever escaped (a concurrent close(), KeyboardInterrupt, a fault of the data
+            # path), the PutStart must not linger: for put_start_discard_timeout it would make
+            # a retried put answer "already exists" and hold its space.
+            self._revoke([key])
+            raise
         if code != ErrorCode.OK:
             self._revoke([key])
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         end = _reply(rpc.call(PutEnd(cid, key, csum, self.tenant)), Reply)
         raise_for_code(end.code, key)
         return True
+
+    def _write_replicas(
+        self, replicas: Sequence[ReplicaDesc], mv: memoryview
+    ) -> tuple[ErrorCode, int | None]:
+        """Write `mv` into every replica; the first failure (or OK) and the value's checksum."""
+        code = self._check_replicas(replicas, mv.nbytes)
+        if code != ErrorCode.OK:
+            return code, None
+        csum: int | None = None
+        codes: list[ErrorCode] = []
+        if mv.nbytes >= CHUNKED_MIN:
+            # Hash while writing the first replica, when it is mapped here.
+            first = replicas[0]
+            done = self._open().copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
+            if done is not None:
+                codes, csum, replicas = [done[0]], done[1], replicas[1:]
+        reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in replicas]
+        codes += self._open().transfer(reqs)
+        if csum is None:
+            csum = checksum(mv)
+        return next((c for c in codes if c != ErrorCode.OK), ErrorCode.OK), csum
 
     @staticmethod
     def _check_replicas(replicas: Sequence[ReplicaDesc], size: int) -> ErrorCode:

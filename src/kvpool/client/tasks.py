@@ -274,6 +274,9 @@ class TaskExecutor:
                 if src.offset + size > mem.nbytes:
                     return f"source range {src.offset}+{size} is outside {src.segment}"
                 view = mem[src.offset : src.offset + size]
+                # Released before the hold (callbacks run last-in first-out): a slice that
+                # outlived the hold would keep the mapping from being unmapped.
+                stack.callback(view.release)
             else:
                 buf = bytearray(size)
                 view = memoryview(buf)

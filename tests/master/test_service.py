@@ -865,6 +865,21 @@ def test_a_stall_of_the_monitor_is_not_the_clients_silence(
     assert elapsed >= ttl - 1 and len(svc.segments) == 0
 
 
+def test_monitor_jitter_does_not_keep_a_silent_client_alive(
+    make_service: object, clock: object
+) -> None:
+    # A TTL as short as the monitor's period, on a busy machine where every tick comes late:
+    # that lateness is jitter, not a stall, and must not postpone the silent node forever.
+    svc: MasterService = make_service(client_ttl=1.0, monitor_interval=1.0)  # type: ignore[operator]
+    assert svc.check_liveness() == []
+    ticks = 0
+    while len(svc.segments) > 0:
+        clock.advance(1.3)  # type: ignore[attr-defined]
+        svc.check_liveness()
+        ticks += 1
+        assert ticks <= 3, "the silent node was never expired"
+
+
 def test_an_expired_clients_unfinished_put_keeps_its_range_parked_until_release(
     make_service: object, clock: object
 ) -> None:

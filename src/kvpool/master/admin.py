@@ -171,15 +171,21 @@ class AdminPath(ServiceState):
 
     def check_liveness(self) -> list[ClientId]:
         """The monitor's liveness step: `expire_clients`, except that a gap since the previous
-        step longer than `client_ttl` means the master's loop was stalled (a long request, a
-        pause of the process), not that its clients fell silent: their pings were waiting
-        unread. Every deadline is then pushed forward by the gap before anyone is expired."""
+        step well beyond `monitor_interval` (by more than half of `client_ttl`) means the
+        master's loop was stalled (a long request, a pause of the process), not that its
+        clients fell silent: their pings were waiting unread. Every deadline is then pushed
+        forward by the stall before anyone is expired."""
         now = self._clock()
         last, self._last_liveness = self._last_liveness, now
-        if last is not None and now - last > self._config.client_ttl:
-            gap = now - last
-            log.warning("liveness monitor stalled for %.1f s: client deadlines postponed", gap)
-            self.clients.postpone(gap)
+        if last is not None:
+            # The stall is what the gap exceeds the monitor's own period by. Only a stall that
+            # matters next to the TTL postpones anything: ordinary scheduling jitter on a busy
+            # machine must not, or with a TTL near the period a silent client would be
+            # postponed on every tick and never expire.
+            stall = now - last - self._config.monitor_interval
+            if stall > self._config.client_ttl / 2:
+                log.warning("liveness monitor stalled for %.1f s: deadlines postponed", stall)
+                self.clients.postpone(stall)
         return self.expire_clients()
 
     def expire_clients(self) -> list[ClientId]:

@@ -7,7 +7,7 @@ tasks take turns with them:
 * the **monitor**, every `monitor_interval` (1 s): freezes what the garbage collector has
   seen so far (`gc.freeze()`: the metadata is acyclic, so collections need only look at what
   is new), expires clients silent for `client_ttl` (not for a stall of the loop itself:
-  `check_liveness` pushes every deadline past a gap between its runs longer than that),
+  `check_liveness` pushes every deadline past a stall of its runs well beyond the period),
   releases stale PutStarts and parked replicas, and, when a segment went away, sweeps the
   replicas of dead segments out of the metadata `sweep_batch` objects per loop turn;
 * the **reclaim tick**, every `reclaim_interval`: `hooks.tick(now)` (kswapd's chance to act);

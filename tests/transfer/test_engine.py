@@ -102,7 +102,10 @@ def test_big_tcp_batches_are_striped_over_several_connections(make_engine: Make)
         eng = make_engine({"big": loc}, "tcp", tcp_streams=4, chunk_bytes=1 << 20)
         data = np.random.default_rng(1).integers(0, 256, 24 << 20, dtype=np.uint8)
         eng.transfer([W(data, "big", 1 << 20)])
-        assert server.connection_count() == 4
+        # Four lanes run on pooled connections: "up to `streams`" (tcp.py). A lane that starts
+        # after another has finished reuses its connection, which a loaded machine does (3 was
+        # seen with one core busy), so exactly 4 is not the contract; more than one is.
+        assert 2 <= server.connection_count() <= 4
         assert bytes(mem.buffer[1 << 20 : 25 << 20]) == data.tobytes()
         out = np.empty_like(data)
         eng.transfer([R(out, "big", 1 << 20)])

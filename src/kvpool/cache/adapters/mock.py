@@ -10,7 +10,6 @@ a caller changing its buffer after a store completes does not change what L2 hol
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
@@ -23,6 +22,7 @@ from kvpool.cache.adapters.base import (
     check_task_args,
     override,
 )
+from kvpool.cache.adapters.keylocks import KeyLocks
 from kvpool.cache.adapters.registry import AdapterConfig, register_adapter
 from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
@@ -51,7 +51,7 @@ class MockAdapter(L2Adapter):
         self._capacity = int((config or MockAdapterConfig()).capacity_bytes)
         self._lock = threading.Lock()
         self._data: dict[ObjectKey, bytes] = {}
-        self._locks: Counter[ObjectKey] = Counter()
+        self._locks = KeyLocks()
         self._ids = count(1)
         self._stores: dict[L2TaskId, StoreResult] = {}
         self._lookups: dict[L2TaskId, Bitmap] = {}
@@ -111,8 +111,7 @@ class MockAdapter(L2Adapter):
         with self._lock:
             tid = self._task()
             found = Bitmap.from_bools(k in self._data for k in keys)
-            for i in found:
-                self._locks[keys[i]] += 1
+            self._locks.lock_found(keys, found)
             self._lookups[tid] = found
         self._fds[1].notify()
         return tid
@@ -126,11 +125,7 @@ class MockAdapter(L2Adapter):
     def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
         check_task_args(keys)
         with self._lock:
-            for k in keys:
-                if self._locks[k] > 1:
-                    self._locks[k] -= 1
-                else:
-                    self._locks.pop(k, None)
+            self._locks.unlock(keys)
 
     @override
     def submit_load_task(self, keys: Sequence[ObjectKey], objects: Sequence[MemoryObj]) -> L2TaskId:
@@ -169,7 +164,7 @@ class MockAdapter(L2Adapter):
         with self._lock:
             out = []
             for k in keys:
-                ok = k in self._data and self._locks[k] == 0
+                ok = k in self._data and not self._locks.is_locked(k)
                 if ok:
                     del self._data[k]
                 out.append(ok)
@@ -177,7 +172,7 @@ class MockAdapter(L2Adapter):
 
     def locked_keys(self) -> dict[ObjectKey, int]:
         with self._lock:
-            return {k: n for k, n in self._locks.items() if n}
+            return self._locks.held()
 
     def stored_keys(self) -> set[ObjectKey]:
         with self._lock:

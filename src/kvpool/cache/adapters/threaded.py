@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import count
@@ -34,6 +33,7 @@ from kvpool.cache.adapters.base import (
     check_task_args,
     override,
 )
+from kvpool.cache.adapters.keylocks import KeyLocks
 from kvpool.cache.adapters.record import RecordError, decode_into, encode_parts
 from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
@@ -89,7 +89,7 @@ class ThreadedAdapter(L2Adapter):
         self._stores: dict[L2TaskId, StoreResult] = {}
         self._lookups: dict[L2TaskId, Bitmap] = {}
         self._loads: dict[L2TaskId, Bitmap] = {}
-        self._locks: Counter[ObjectKey] = Counter()
+        self._locks = KeyLocks()
         self._closed = False
         self._fds = (EventFd(), EventFd(), EventFd())
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvpool-l2-{name}")
@@ -165,8 +165,7 @@ class ThreadedAdapter(L2Adapter):
         with self._lock:
             if self._closed:
                 found = Bitmap(len(keys))  # close() released every lock; take none now
-            for i in found:
-                self._locks[keys[i]] += 1
+            self._locks.lock_found(keys, found)
             self._lookups[tid] = found
         self._fds[1].notify()
 
@@ -179,11 +178,7 @@ class ThreadedAdapter(L2Adapter):
     def submit_unlock(self, keys: Sequence[ObjectKey]) -> None:
         check_task_args(keys)
         with self._lock:
-            for k in keys:
-                if self._locks[k] > 1:
-                    self._locks[k] -= 1
-                else:
-                    self._locks.pop(k, None)
+            self._locks.unlock(keys)
 
     # -- load -------------------------------------------------------------------------------
 
@@ -227,13 +222,13 @@ class ThreadedAdapter(L2Adapter):
         """Remove keys that no lookup holds locked (blocking); True where removal was attempted."""
         check_task_args(keys)
         with self._lock:
-            ok = [self._locks[k] == 0 for k in keys]
+            ok = [not self._locks.is_locked(k) for k in keys]
         self._backend.delete_many([k for k, free in zip(keys, ok, strict=True) if free])
         return ok
 
     def locked_keys(self) -> dict[ObjectKey, int]:
         with self._lock:
-            return {k: n for k, n in self._locks.items() if n}
+            return self._locks.held()
 
     @override
     def close(self) -> None:

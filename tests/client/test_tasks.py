@@ -179,7 +179,9 @@ def test_async_store_has_the_task_methods(two_nodes: Pool) -> None:
         async with AsyncStore(two_nodes.address) as s:
             await s.put("async-task", b"v" * 5000, ReplicateConfig(preferred_segments=[a]))
             task = await s.create_copy_task("async-task", [b])
+            deadline = asyncio.get_running_loop().time() + 10
             while not (info := await s.query_task(task)).done:
+                assert asyncio.get_running_loop().time() < deadline, "copy task never finished"
                 await asyncio.sleep(0.01)
             assert info.status == TaskStatus.SUCCESS
             assert len(await s.get_replica_desc("async-task")) == 2

@@ -308,6 +308,32 @@ def test_a_batch_larger_than_the_chunk_is_served_in_sub_batches_in_order() -> No
         assert removed.codes == [0] * n
 
 
+def test_a_batch_commit_larger_than_the_chunk_keeps_each_key_with_its_range() -> None:
+    server = MasterServer(MasterConfig(port=0, batch_chunk_keys=100, seed=1), server_name="t")
+    thread = ServerThread(server, name="master-commit-chunks")  # type: ignore[arg-type]
+    with thread, client(thread.start().endpoint) as rpc:
+        rpc.call(m.MountSegment(m.ClientId("node"), HOST, seg("s")))
+        w = m.ClientId("w")
+        arena = rpc.call(m.ReserveArena(w, 1 << 20))
+        assert isinstance(arena, m.ArenaReply) and arena.code == 0
+        n = 450
+        keys = [f"c{i}" for i in range(n)]
+        offs = [arena.offset + 128 * i for i in range(n)]
+        groups = [f"g{i % 3}" for i in range(n)]
+        cfg = m.ReplicateConfigMsg(group_ids=groups)
+        sizes = [65 + i % 60 for i in range(n)]
+        done = rpc.call(m.BatchPutCommit(w, arena.arena_id, keys, sizes, offs, list(range(n)), cfg))
+        assert done.codes == [0] * n
+        got = rpc.call(m.BatchGetReplicaList(keys))
+        assert [r.replicas[0].offset for r in got.results] == offs
+        assert [r.size for r in got.results] == sizes
+        assert [r.checksum for r in got.results] == list(range(n))
+        obj = server.service.index.get("default", "c449")
+        assert obj is not None and obj.group_id == "g2"
+        bad = rpc.call(m.BatchPutCommit(w, arena.arena_id, ["x"] * 200, [64] * 199, offs[:200]))
+        assert bad.codes == [E.INVALID_PARAMS] * 200
+
+
 def test_a_node_executes_a_move_task_over_rpc(rpc: RpcClient) -> None:
     """The node's side of replica tasks on the wire: the test is the node (it fetches its task,
     "copies" by recording the request, reports) and the master switches the metadata."""

@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from kvpool.config import parse_duration
+from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
 from kvpool.master.hooks import ReclaimHooks
@@ -25,6 +25,13 @@ from kvpool.master.server import MasterServer
 from kvpool.rpc.loop import run
 
 __all__ = ["master"]
+
+
+def _to_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value, name=f"--{(param.name or '').replace('_', '-')}")
+    except KVPoolError as exc:
+        raise click.BadParameter(exc.message) from exc
 
 
 def _to_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -146,6 +153,15 @@ def _ratio() -> click.FloatRange:
     "--num-shards", default=64, show_default=True, type=click.IntRange(1), help="Metadata shards."
 )
 @click.option(
+    "--max-arena-size",
+    default="64MiB",
+    show_default=True,
+    metavar="SIZE",
+    callback=_to_bytes,
+    help="Largest arena lent to a client for puts in one round trip (never above an eighth of "
+    "the largest segment); 0 turns arenas off (every put takes PutStart and PutEnd).",
+)
+@click.option(
     "--alignment",
     default=64,
     show_default=True,
@@ -171,6 +187,7 @@ def master(
     allocation_strategy: str,
     reclaim: bool,
     num_shards: int,
+    max_arena_size: int,
     alignment: int,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
@@ -192,6 +209,7 @@ def master(
             replica_task_timeout=replica_task_timeout,
             allocation_strategy=AllocationStrategy(allocation_strategy),
             num_shards=num_shards,
+            max_arena_size=max_arena_size,
             alignment=alignment,
         )
     except KVPoolError as exc:

@@ -165,6 +165,7 @@ class AdminPath(ServiceState):
         if rec is not None:
             rec.segments.pop(seg.name, None)
         self.sweep_needed = True
+        self._drop_arenas_on(seg)
         if self._task_of:
             self._fail_tasks_on_segment(seg)
         log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
@@ -211,6 +212,7 @@ class AdminPath(ServiceState):
                     self._unmount(seg)
         for obj in self.clients.in_flight_of(client_id):
             self._preempt(obj)
+        self._expire_arenas(client_id)
         if self._task_of:
             self._fail_tasks_of_client(client_id)
         self.clients.forget(client_id)

@@ -74,6 +74,9 @@ class MasterConfig:
     """Byte alignment of every replica's offset and size inside a segment."""
     max_replicas: int = 16
     """Largest replica_num a put may ask for."""
+    max_arena_size: int = 64 << 20
+    """Largest arena (a range lent to one client for its one-round-trip puts) granted; an
+    arena is also never more than an eighth of the largest segment. 0 turns arenas off."""
     monitor_interval: float = 1.0
     """Seconds between runs of the liveness monitor and the stale-PutStart release."""
     reclaim_interval: float = 0.05
@@ -128,6 +131,8 @@ class MasterConfig:
             raise InvalidParams(f"alignment must be a power of two, got {self.alignment}")
         if self.max_replicas < 1:
             raise InvalidParams(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if self.max_arena_size < 0:
+            raise InvalidParams(f"max_arena_size must be >= 0, got {self.max_arena_size}")
         if self.batch_chunk_keys < 1:
             raise InvalidParams(f"batch_chunk_keys must be >= 1, got {self.batch_chunk_keys}")
         if self.sweep_batch < 1:

@@ -37,6 +37,7 @@ from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchGetReplicaList,
+    BatchPutCommit,
     BatchPutEnd,
     BatchPutRevoke,
     BatchPutStart,
@@ -187,6 +188,7 @@ class MasterServer:
 
 
 _BATCH_TYPES = (
+    BatchPutCommit,
     BatchPutStart,
     BatchUpsertStart,
     BatchPutEnd,
@@ -206,6 +208,14 @@ def _splittable(req: Any) -> bool:
         return len(req.sizes) == n and (groups is None or len(groups) == n)
     if isinstance(req, BatchPutEnd):
         return not req.checksums or len(req.checksums) == n
+    if isinstance(req, BatchPutCommit):
+        groups = req.config.group_ids
+        return (
+            len(req.sizes) == n
+            and len(req.offsets) == n
+            and (not req.checksums or len(req.checksums) == n)
+            and (groups is None or len(groups) == n)
+        )
     return True
 
 
@@ -220,6 +230,15 @@ def _part(req: Any, lo: int, hi: int) -> Any:
             )
     elif isinstance(req, BatchPutEnd) and req.checksums:
         changes["checksums"] = req.checksums[lo:hi]
+    elif isinstance(req, BatchPutCommit):
+        changes["sizes"] = req.sizes[lo:hi]
+        changes["offsets"] = req.offsets[lo:hi]
+        if req.checksums:
+            changes["checksums"] = req.checksums[lo:hi]
+        if req.config.group_ids is not None:
+            changes["config"] = msgspec.structs.replace(
+                req.config, group_ids=req.config.group_ids[lo:hi]
+            )
     return msgspec.structs.replace(req, **changes)
 
 

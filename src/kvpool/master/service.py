@@ -8,8 +8,9 @@ loop owns it: nothing here locks, and nothing here may block.
 
 The rules live in the parts it is assembled from (each a `ServiceState` subclass):
 `writes.WritePath` (the write lifecycle), `reads.ReadPath` (reads and leases),
-`admin.AdminPath` (segments, liveness, removal, stats) and `tasks.TaskPath` (replica copy and
-move tasks, BatchReplicaClear, pool-mode swap-out). This module builds the state, maps each
+`admin.AdminPath` (segments, liveness, removal, stats), `tasks.TaskPath` (replica copy and
+move tasks, BatchReplicaClear, pool-mode swap-out) and `arenas.ArenaPath` (ReserveArena,
+PutCommit: puts in one round trip). This module builds the state, maps each
 request type to its handler, and implements `hooks.ReclaimTarget` for the reclaim hooks.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpool.master.admin import AdminPath
+from kvpool.master.arenas import ArenaPath
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.liveness import ClientTable
@@ -38,6 +40,7 @@ from kvpool.master.writes import WritePath
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchGetReplicaList,
+    BatchPutCommit,
     BatchPutEnd,
     BatchPutRevoke,
     BatchPutStart,
@@ -56,14 +59,17 @@ from kvpool.protocol.messages import (
     Message,
     MountSegment,
     Ping,
+    PutCommit,
     PutEnd,
     PutRevoke,
     PutStart,
     QueryTask,
+    ReleaseArenas,
     ReMountSegment,
     Remove,
     RemoveAll,
     RemoveByRegex,
+    ReserveArena,
     Stats,
     UnmountSegment,
     UpsertStart,
@@ -72,7 +78,7 @@ from kvpool.protocol.messages import (
 __all__ = ["MasterService"]
 
 
-class MasterService(WritePath, ReadPath, AdminPath, TaskPath):
+class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
     """All metadata of one pool and the rules that change it (one event loop owns it).
 
     Implements `ReclaimTarget` for the reclaim hooks.
@@ -109,6 +115,8 @@ class MasterService(WritePath, ReadPath, AdminPath, TaskPath):
         self._task_of = {}
         self._task_queues = {}
         self._tasks_ended = deque()
+        self._arenas = {}
+        self._arenas_of = {}
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
             Echo: self.echo,
             Ping: self.ping,
@@ -140,6 +148,10 @@ class MasterService(WritePath, ReadPath, AdminPath, TaskPath):
             FetchTasks: self.fetch_tasks,
             MarkTaskComplete: self.mark_task_complete,
             BatchReplicaClear: self.batch_replica_clear,
+            ReserveArena: self.reserve_arena,
+            ReleaseArenas: self.release_arenas,
+            PutCommit: self.put_commit,
+            BatchPutCommit: self.batch_put_commit,
         }
         self._hooks.attach(self)
 

@@ -126,6 +126,13 @@ class ServiceState:
     def _expire_tasks(self) -> int:
         raise NotImplementedError
 
+    # Implemented by arenas.ArenaPath.
+    def _expire_arenas(self, client_id: ClientId) -> None:
+        raise NotImplementedError
+
+    def _drop_arenas_on(self, seg: Segment) -> None:
+        raise NotImplementedError
+
     def _evict_one_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
         freed = self._aligned(obj.size) if self._free_replica(replica, obj.size) else 0

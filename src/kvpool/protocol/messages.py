@@ -31,6 +31,20 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
   absent key is put, the same size reuses the replicas in place, another size reallocates; it
   is finished with the same `PutEnd` / `PutRevoke`.
 
+* **Put in one round trip (arenas).** A client may hold *arenas*: ranges of one segment that
+  `ReserveArena(client_id, size, min_size)` allocates to it (`ArenaReply`: id, segment, offset,
+  size, alignment). It cuts each value's range from an arena itself (bump allocation, aligned),
+  writes the value there, then sends `PutCommit(client_id, key, size, arena_id, offset,
+  checksum)`, which creates the object COMPLETE in one step (OBJECT_ALREADY_EXISTS as PutStart;
+  the range then stays part of the arena). The master checks that the range lies in one of the
+  client's arenas and overlaps no range committed from it before (INVALID_PARAMS otherwise);
+  an arena it does not know (released, on an unmounted segment, the client expired, or the
+  master restarted) answers INVALID_WRITE, and the client falls back to PutStart/PutEnd.
+  `ReleaseArenas(client_id, ids)` (also the `retire` list of a ReserveArena) gives the parts
+  never committed back; a committed range belongs to its object from then on and is freed with
+  it. The arenas of an expired client are parked until `put_start_release_timeout`, as its
+  in-flight PutStarts are. Only one-replica puts without preferred segments take this path.
+
 * **Get.** `GetReplicaList(key)` answers the readable replicas (COMPLETE, on a live segment),
   the size, the checksum and `lease_ttl_ms`: the object holds a read lease until
   max(old lease, now + `default_kv_lease_ttl`), during which Remove refuses it
@@ -72,9 +86,11 @@ import msgspec
 
 __all__ = [
     "DEFAULT_TENANT",
+    "ArenaReply",
     "BatchExistKey",
     "BatchExistReply",
     "BatchGetReplicaList",
+    "BatchPutCommit",
     "BatchPutEnd",
     "BatchPutRevoke",
     "BatchPutStart",
@@ -106,6 +122,7 @@ __all__ = [
     "MountSegment",
     "Ping",
     "PingReply",
+    "PutCommit",
     "PutEnd",
     "PutRevoke",
     "PutStart",
@@ -113,6 +130,7 @@ __all__ = [
     "QueryTask",
     "QueryTaskReply",
     "ReMountSegment",
+    "ReleaseArenas",
     "Remove",
     "RemoveAll",
     "RemoveByRegex",
@@ -124,6 +142,7 @@ __all__ = [
     "ReplicateConfigMsg",
     "Reply",
     "Request",
+    "ReserveArena",
     "Response",
     "SegmentInfo",
     "SegmentName",
@@ -362,6 +381,51 @@ class BatchPutRevoke(Message):
     tenant: TenantId = DEFAULT_TENANT
 
 
+class ReserveArena(Message):
+    """Allocate an arena of `size` bytes (the master may grant less, never below `min_size`)
+    for this client's one-round-trip puts; `retire` releases the client's arenas first."""
+
+    client_id: ClientId
+    size: int
+    min_size: int = 0
+    retire: list[int] = []
+
+
+class ReleaseArenas(Message):
+    """Give back what was never committed from these arenas (unknown ids are ignored)."""
+
+    client_id: ClientId
+    arena_ids: list[int]
+
+
+class PutCommit(Message):
+    """Create `key` COMPLETE from `size` bytes the client already wrote at `offset` of its arena
+    `arena_id`; `checksum` is xxh3_64 of the value. `config` must ask for one replica and no
+    preferred segments (its pins apply)."""
+
+    client_id: ClientId
+    key: str
+    size: int
+    arena_id: int
+    offset: int
+    checksum: int | None = None
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
+class BatchPutCommit(Message):
+    """`PutCommit` of many keys from one arena; `checksums` is empty or one per key."""
+
+    client_id: ClientId
+    arena_id: int
+    keys: list[str]
+    sizes: list[int]
+    offsets: list[int]
+    checksums: list[int] = []
+    config: ReplicateConfigMsg = DEFAULT_REPLICATE_CONFIG
+    tenant: TenantId = DEFAULT_TENANT
+
+
 class GetReplicaList(Message):
     key: str
     tenant: TenantId = DEFAULT_TENANT
@@ -453,6 +517,19 @@ class PutStartReply(Message):
 
 class BatchPutStartReply(Message):
     results: list[PutStartReply]
+
+
+class ArenaReply(Message):
+    """A granted arena: `size` bytes at `offset` of `segment` (owned by `endpoint`'s node);
+    ranges cut from it must start on multiples of `alignment`."""
+
+    code: int
+    arena_id: int = 0
+    segment: SegmentName = SegmentName("")
+    offset: int = 0
+    size: int = 0
+    alignment: int = 64
+    endpoint: str = ""
 
 
 class ReplicaListReply(Message):
@@ -653,6 +730,10 @@ Request = (
     | FetchTasks
     | MarkTaskComplete
     | BatchReplicaClear
+    | ReserveArena
+    | ReleaseArenas
+    | PutCommit
+    | BatchPutCommit
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 
@@ -675,6 +756,7 @@ Response = (
     | QueryTaskReply
     | FetchTasksReply
     | BatchReplicaClearReply
+    | ArenaReply
 )
 """Every reply of the master (the `response_type` of an RpcClient talking to it). Named
 `Response` because `Reply` is the plain `Reply(code)` message of the contract."""

@@ -16,6 +16,13 @@ Put (`put`, `upsert`, `put_from` and the batch forms)
     one BatchPutRevoke for the keys whose writes failed) for the whole batch and report each
     key's outcome as an `ErrorCode`.
 
+    One round trip instead of two (`kvpool.client.arena`): a put or batch_put of values up to
+    a quarter of `arena_size` with one replica and nothing preferred cuts its ranges from an
+    arena the master lent this Store, writes the values there, and sends one PutCommit (one
+    BatchPutCommit for a batch) that makes them readable. An existing key answers False /
+    OBJECT_ALREADY_EXISTS as before (its bytes were written for nothing). When the master has
+    no arena to give (a full pool) or forgot the arena, the put takes PutStart/PutEnd.
+
 Get (`get`, `get_into`, the batch forms)
     GetReplicaList grants a read lease and names the replicas → the first COMPLETE memory
     replica on this host is read, else the first complete one; a replica whose read fails (or
@@ -43,6 +50,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Final, Literal, TypeVar
 
+from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, NodeRuntime
 from kvpool.client.replica import (
@@ -69,6 +77,7 @@ from kvpool.protocol.messages import (
     BatchExistKey,
     BatchExistReply,
     BatchGetReplicaList,
+    BatchPutCommit,
     BatchPutEnd,
     BatchPutRevoke,
     BatchPutStart,
@@ -82,6 +91,7 @@ from kvpool.protocol.messages import (
     ExistReply,
     GetReplicaList,
     GetSize,
+    PutCommit,
     PutEnd,
     PutRevoke,
     PutStart,
@@ -93,6 +103,7 @@ from kvpool.protocol.messages import (
     ReplicaKind,
     ReplicaListReply,
     ReplicaStatus,
+    ReplicateConfigMsg,
     Reply,
     SegmentName,
     SizeReply,
@@ -126,6 +137,18 @@ class HealthStatus(IntEnum):
 
 Buffer = object
 """Anything with the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap, ...)."""
+
+
+_OK: Final = int(ErrorCode.OK)
+_EXISTS: Final = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+_INVALID_WRITE: Final = int(ErrorCode.INVALID_WRITE)
+_MEMORY: Final = ReplicaKind.MEMORY
+_PROCESSING: Final = ReplicaStatus.PROCESSING
+
+
+def _arena_config(cfg: ReplicateConfigMsg) -> bool:
+    """Whether a put with `cfg` may take an arena: one replica, placed by the master."""
+    return cfg.replica_num == 1 and not cfg.preferred_segments and not cfg.prefer_alloc_in_same_node
 
 
 def _check_key(key: object) -> str:
@@ -193,6 +216,8 @@ class Store(TaskAPI):
         cluster_id: must match the master's.
         task_poll_interval: with a segment, seconds between polls for replica copy/move tasks
             the master assigns to this process (`kvpool.client.tasks`).
+        arena_size: bytes of each arena the master lends this Store for puts in one round
+            trip (values up to a quarter of it take that path); 0 turns arenas off.
     """
 
     def __init__(
@@ -210,9 +235,12 @@ class Store(TaskAPI):
         heartbeat_interval: float = 1.0,
         cluster_id: str = "kvpool",
         task_poll_interval: float = DEFAULT_POLL_INTERVAL_S,
+        arena_size: int | str = "32MiB",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
+        self._arenas: Arenas | None = None
         seg_bytes = parse_size(segment_size, name="segment_size")
+        arena_bytes = parse_size(arena_size, name="arena_size")
         parse_size(local_buffer_size, name="local_buffer_size")
         if protocol not in _PROTOCOLS:
             raise InvalidParams(f"protocol: {protocol!r} is not one of {', '.join(_PROTOCOLS)}")
@@ -240,6 +268,7 @@ class Store(TaskAPI):
         try:
             self._data = DataPath(self._node, self.protocol, self.transfer_timeout)
             self._node.start()
+            self._arenas = Arenas(self._node.rpc, self._node.client_id, arena_bytes)
             if seg_bytes > 0:
                 self._mount(self._data, seg_bytes)
         except BaseException:
@@ -273,6 +302,8 @@ class Store(TaskAPI):
         with self._mount_lock:
             if self._tasks is not None:
                 self._tasks.close()
+            if self._arenas is not None:
+                self._arenas.close()  # before the node: its connection carries the release
             self._node.close()
         if self._data is not None:
             self._data.close()
@@ -413,6 +444,12 @@ class Store(TaskAPI):
     ) -> bool:
         self._open()
         cfg = (config or DEFAULT_CONFIG).to_msg()
+        if not upsert and _arena_config(cfg):
+            arenas = self._arenas
+            if arenas is not None and mv.nbytes <= arenas.max_value:
+                done = self._put_arena(arenas, key, mv, cfg)
+                if done is not None:
+                    return done
         rpc = self._node.rpc
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
@@ -434,6 +471,38 @@ class Store(TaskAPI):
         end = _reply(rpc.call(PutEnd(cid, key, csum, self.tenant)), Reply)
         raise_for_code(end.code, key)
         return True
+
+    def _put_arena(
+        self, arenas: Arenas, key: str, mv: memoryview, cfg: ReplicateConfigMsg
+    ) -> bool | None:
+        """`put` through an arena: True / False as `put`, None when it must take PutStart."""
+        got = arenas.take([mv.nbytes])
+        if got is None:
+            return None
+        arena, (off,) = got
+        try:
+            place = ReplicaDesc(
+                0, _MEMORY, _PROCESSING, arena.segment, off, mv.nbytes, arena.endpoint
+            )
+            code, csum = self._write_replicas([place], mv)
+            if code != ErrorCode.OK:
+                log.debug("write into arena %s failed (%s); using PutStart", arena.segment, code)
+                arenas.abandon(arena)
+                return None
+            commit = PutCommit(
+                self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
+            )
+            answer = _reply(self._node.rpc.call(commit), Reply).code
+        finally:
+            arenas.done(arena)
+        if answer == _OK:
+            return True
+        if answer == _EXISTS:
+            return False
+        if answer == _INVALID_WRITE:  # the master no longer knows the arena
+            arenas.drop(arena)
+            return None
+        raise error_for_code(ErrorCode.of(answer), key)
 
     def _write_replicas(
         self, replicas: Sequence[ReplicaDesc], mv: memoryview
@@ -528,6 +597,90 @@ class Store(TaskAPI):
         cfg_obj = config or DEFAULT_CONFIG
         cfg_obj.check_batch(len(keys))
         cfg = cfg_obj.to_msg()
+        arenas = self._arenas
+        if (
+            not upsert
+            and arenas is not None
+            and _arena_config(cfg)
+            and max(mv.nbytes for mv in views) <= arenas.max_value
+        ):
+            done = self._put_batch_arena(arenas, keys, views, cfg)
+            if done is not None:
+                return done
+        return self._put_batch_started(keys, views, cfg, upsert=upsert)
+
+    def _put_batch_arena(
+        self,
+        arenas: Arenas,
+        keys: list[str],
+        views: list[memoryview],
+        cfg: ReplicateConfigMsg,
+    ) -> list[ErrorCode] | None:
+        """`batch_put` through one arena and one BatchPutCommit; None when the whole batch
+        must take PutStart. Keys whose write failed or whose arena the master forgot are put
+        again through PutStart."""
+        sizes = [mv.nbytes for mv in views]
+        got = arenas.take(sizes)
+        if got is None:
+            return None
+        arena: Arena = got[0]
+        offs = got[1]
+        ok = ErrorCode.OK
+        n = len(keys)
+        try:
+            codes, digests = self._open().move_many(
+                TransferOp.WRITE, views, [arena.segment] * n, offs, True
+            )
+            out = list(codes)
+            good = [i for i in range(n) if codes[i] == ok]
+            if len(good) != n:
+                arenas.abandon(arena)
+            if good:
+                every = len(good) == n
+                sums = [
+                    d if d is not None else checksum(views[i])
+                    for i, d in ((i, digests[i]) for i in good)
+                ]
+                commit = BatchPutCommit(
+                    self._node.client_id,
+                    arena.arena_id,
+                    keys if every else [keys[i] for i in good],
+                    sizes if every else [sizes[i] for i in good],
+                    offs if every else [offs[i] for i in good],
+                    sums,
+                    cfg,
+                    self.tenant,
+                )
+                got_codes = _reply(self._node.rpc.call(commit), BatchReply).codes
+                if len(got_codes) != len(good):
+                    raise KVPoolError(
+                        f"BatchPutCommit answered {len(got_codes)} codes for {len(good)} keys",
+                        ErrorCode.RPC_FAIL,
+                    )
+                for i, c in zip(good, got_codes, strict=True):
+                    out[i] = ErrorCode.of(c) if c else ok
+        finally:
+            arenas.done(arena)
+        again = [i for i in range(n) if out[i] != ok and out[i] != ErrorCode.OBJECT_ALREADY_EXISTS]
+        if any(out[i] == ErrorCode.INVALID_WRITE for i in again):
+            arenas.drop(arena)
+        if again:
+            redo = self._put_batch_started(
+                [keys[i] for i in again], [views[i] for i in again], cfg, upsert=False
+            )
+            for i, c in zip(again, redo, strict=True):
+                out[i] = c
+        return out
+
+    def _put_batch_started(
+        self,
+        keys: list[str],
+        views: list[memoryview],
+        cfg: ReplicateConfigMsg,
+        *,
+        upsert: bool,
+    ) -> list[ErrorCode]:
+        """`batch_put` / `batch_upsert` through BatchPutStart and BatchPutEnd."""
         rpc = self._node.rpc
         cid = self._node.client_id
         sizes = [mv.nbytes for mv in views]

@@ -54,6 +54,10 @@ SAMPLES: list[m.Message] = [
     m.BatchUpsertStart(m.ClientId("c1"), ["a"], [1]),
     m.PutEnd(m.ClientId("c1"), "k", 2**64 - 1),
     m.BatchPutEnd(m.ClientId("c1"), ["a", "b"], [1, 2]),
+    m.BatchGetLocations(["a", "b"]),
+    m.LocationsReply(
+        [0, -704], [10, 0], [5, None], [[0, 4096, 1, 0], []], ["s0", "s1"], ["e0", "e1"], 5000
+    ),
     m.ReserveArena(m.ClientId("c1"), 32 << 20, 4096, [7, 9]),
     m.ReleaseArenas(m.ClientId("c1"), [7]),
     m.PutCommit(m.ClientId("c1"), "k", 100, 7, 4096, 2**64 - 1),

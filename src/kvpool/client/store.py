@@ -76,14 +76,13 @@ from kvpool.errors import (
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchExistReply,
-    BatchGetReplicaList,
+    BatchGetLocations,
     BatchPutCommit,
     BatchPutEnd,
     BatchPutRevoke,
     BatchPutStart,
     BatchPutStartReply,
     BatchRemove,
-    BatchReplicaListReply,
     BatchReply,
     BatchUpsertStart,
     CountReply,
@@ -91,6 +90,7 @@ from kvpool.protocol.messages import (
     ExistReply,
     GetReplicaList,
     GetSize,
+    LocationsReply,
     PutCommit,
     PutEnd,
     PutRevoke,
@@ -835,15 +835,18 @@ class Store(TaskAPI):
         if not ks:
             return []
         started = time.monotonic()
-        results = self._replica_lists(ks)
-        out: list[bytearray | None] = [None] * len(ks)
-        dests: list[memoryview | None] = [None] * len(ks)
-        for i, rl in enumerate(results):
-            if rl.code == ErrorCode.OK:
-                buf = bytearray(rl.size)
-                out[i] = buf
-                dests[i] = memoryview(buf)
-        codes = self._read_batch(ks, results, dests, started)
+        loc = self._locations(ks)
+        out: list[bytearray | None] = []
+        dests: list[memoryview | None] = []
+        for code, size in zip(loc.codes, loc.sizes, strict=True):
+            if code == 0:
+                buf = bytearray(size)
+                out.append(buf)
+                dests.append(memoryview(buf))
+            else:
+                out.append(None)
+                dests.append(None)
+        codes = self._read_batch(ks, loc, dests, started)
         first: KVPoolError | None = None
         for i, code in enumerate(codes):
             if code == ErrorCode.OBJECT_NOT_FOUND:
@@ -869,37 +872,42 @@ class Store(TaskAPI):
         if not ks:
             return []
         started = time.monotonic()
-        results = self._replica_lists(ks)
+        loc = self._locations(ks)
+        sizes = loc.sizes
         dests: list[memoryview | None] = [None] * len(ks)
         early: dict[int, ErrorCode] = {}
-        for i, rl in enumerate(results):
-            if rl.code != ErrorCode.OK:
+        for i, code in enumerate(loc.codes):
+            if code != 0:
                 continue
-            if rl.size > views[i].nbytes:
+            if sizes[i] > views[i].nbytes:
                 early[i] = ErrorCode.INVALID_PARAMS
             else:
-                dests[i] = views[i][: rl.size]
-        codes = self._read_batch(ks, results, dests, started)
+                dests[i] = views[i][: sizes[i]]
+        codes = self._read_batch(ks, loc, dests, started)
         out: list[int] = []
         for i, code in enumerate(codes):
             final = early.get(i, code)
-            out.append(results[i].size if final == ErrorCode.OK else int(final))
+            out.append(sizes[i] if final == ErrorCode.OK else int(final))
         return out
 
-    def _replica_lists(self, keys: list[str]) -> list[ReplicaListReply]:
-        reply = self._node.rpc.call(BatchGetReplicaList(keys, self.tenant))
-        results = _reply(reply, BatchReplicaListReply).results
-        if len(results) != len(keys):
+    def _locations(self, keys: list[str]) -> LocationsReply:
+        loc = _reply(self._node.rpc.call(BatchGetLocations(keys, self.tenant)), LocationsReply)
+        n = len(keys)
+        if not len(loc.codes) == len(loc.sizes) == len(loc.checksums) == len(loc.places) == n:
             raise KVPoolError(
-                f"BatchGetReplicaList answered {len(results)} results for {len(keys)} keys",
+                f"BatchGetLocations answered {len(loc.codes)} results for {n} keys",
                 ErrorCode.RPC_FAIL,
             )
-        return results
+        if len(loc.endpoints) != len(loc.segments):
+            raise KVPoolError(
+                "BatchGetLocations: segments and endpoints differ", ErrorCode.RPC_FAIL
+            )
+        return loc
 
     def _read_batch(
         self,
         keys: list[str],
-        results: list[ReplicaListReply],
+        loc: LocationsReply,
         dests: list[memoryview | None],
         started: float,
     ) -> list[ErrorCode]:
@@ -907,63 +915,110 @@ class Store(TaskAPI):
         whose first choice failed one by one through their other replicas.
 
         This loop runs once per key of every batch, so it stays plain: codes are converted
-        only when not OK, the clock is read once for the whole batch.
+        only when not OK, the clock is read once for the whole batch, and the parallel lists
+        of the `LocationsReply` are read as they came (no object per key).
         """
         ok = ErrorCode.OK
         data = self._open()
-        is_local = data.is_local
-        codes = [ok] * len(results)
+        segments = loc.segments
+        n_segs = len(segments)
+        first_of = self._first_places(loc, data.is_local)
+        codes = [ok] * len(dests)
         places: list[memoryview] = []
         segs: list[str] = []
         offs: list[int] = []
-        owner: list[tuple[int, list[ReplicaDesc]]] = []
-        memory, complete = ReplicaKind.MEMORY, ReplicaStatus.COMPLETE
-        for i, rl in enumerate(results):
-            if rl.code != 0:
-                codes[i] = ErrorCode.of(rl.code)
+        owner: list[int] = []
+        bad_place = False
+        for i, code in enumerate(loc.codes):
+            if code != 0:
+                codes[i] = ErrorCode.of(code)
                 continue
             dest = dests[i]
             if dest is None:
                 codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
                 continue
-            replicas = rl.replicas
-            if len(replicas) == 1:  # the common case, inline (order_replicas' first branch)
-                r = replicas[0]
-                order = [r] if r.kind == memory and r.status == complete else []
-            else:
-                order = order_replicas(replicas, is_local)
-            if not order:
+            p = loc.places[i]
+            if not p:
                 codes[i] = ErrorCode.REPLICA_IS_NOT_READY
                 continue
+            j = first_of[i] if first_of else 0
+            seg = p[j]
+            if not 0 <= seg < n_segs:
+                bad_place = True
+                codes[i] = ErrorCode.RPC_FAIL
+                continue
             places.append(dest)
-            segs.append(order[0].segment)
-            offs.append(order[0].offset)
-            owner.append((i, order))
+            segs.append(segments[seg])
+            offs.append(p[j + 1])
+            owner.append(i)
+        if bad_place:
+            log.warning("BatchGetLocations named a segment index out of range")
         verify = self.verify_checksum
         done, digests = data.move_many(TransferOp.READ, places, segs, offs, verify)
         now = time.monotonic()
-        for (i, order), code, taken, dest in zip(owner, done, digests, places, strict=True):
-            rl = results[i]
-            want = rl.checksum
+        sums = loc.checksums
+        for i, code, taken, dest in zip(owner, done, digests, places, strict=True):
+            want = sums[i]
             if code == ok and (
                 not verify
                 or want is None
                 or (taken if taken is not None else checksum(dest)) == want
             ):
-                ttl = rl.lease_ttl_ms
+                ttl = loc.lease_ttl_ms
                 if ttl > 0 and now > started + ttl / 1000.0:
                     codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
                 continue
             codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH
             # The rare path: the first choice failed; try the others one by one.
-            if len(order) > 1:
+            others = self._replica_list(loc, i, skip=first_of[i] if first_of else 0)
+            if others.replicas:
                 try:
-                    deadline = lease_deadline(started, rl.lease_ttl_ms)
-                    self._read(keys[i], rl, dest, deadline, order[1:])
+                    deadline = lease_deadline(started, loc.lease_ttl_ms)
+                    self._read(keys[i], others, dest, deadline, others.replicas)
                     codes[i] = ok
                 except KVPoolError as exc:
                     codes[i] = exc.code
         return codes
+
+    @staticmethod
+    def _first_places(
+        loc: LocationsReply, is_local: Callable[[SegmentName], bool]
+    ) -> list[int] | None:
+        """Per key, the index in its places of the replica to read first (the first one on
+        this host, as `order_replicas`), or None when every key has at most one replica."""
+        if all(len(p) <= 2 for p in loc.places):
+            return None
+        segments = loc.segments
+        local = [is_local(SegmentName(name)) for name in segments]
+        first: list[int] = []
+        for p in loc.places:
+            j = 0
+            for k in range(0, len(p), 2):
+                if 0 <= p[k] < len(local) and local[p[k]]:
+                    j = k
+                    break
+            first.append(j)
+        return first
+
+    @staticmethod
+    def _replica_list(loc: LocationsReply, i: int, skip: int) -> ReplicaListReply:
+        """Key `i` of `loc` as a ReplicaListReply, without the replica at `skip` (the one that
+        failed), for the one-by-one retry through `_read`."""
+        p = loc.places[i]
+        descs = [
+            ReplicaDesc(
+                0,
+                _MEMORY,
+                ReplicaStatus.COMPLETE,
+                loc.segments[p[k]],
+                p[k + 1],
+                loc.sizes[i],
+                loc.endpoints[p[k]],
+            )
+            for k in range(0, len(p), 2)
+            if k != skip and 0 <= p[k] < len(loc.segments)
+        ]
+        return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)
 
     # ------------------------------------------------------------------ queries
 

@@ -19,7 +19,9 @@ from kvpool.master.metadata import (
 )
 from kvpool.master.state import (
     _COMPLETE,
+    _NOT_FOUND,
     _NOT_FOUND_LIST,
+    _NOT_READY,
     _NOT_READY_LIST,
     _OK,
     ServiceState,
@@ -27,17 +29,23 @@ from kvpool.master.state import (
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchExistReply,
+    BatchGetLocations,
     BatchGetReplicaList,
     BatchReplicaListReply,
     ExistKey,
     ExistReply,
     GetReplicaList,
     GetSize,
+    LocationsReply,
     ReplicaDesc,
+    ReplicaKind,
     ReplicaListReply,
+    SegmentName,
     SizeReply,
     TenantId,
 )
+
+_MEMORY = ReplicaKind.MEMORY
 
 __all__ = ["ReadPath"]
 
@@ -71,6 +79,66 @@ class ReadPath(ServiceState):
             obj = shards[h(key.encode(), seed) % n].get(key)
             append(_NOT_FOUND_LIST if obj is None else read(obj, deadline))
         return BatchReplicaListReply(out)
+
+    def batch_get_locations(self, req: BatchGetLocations) -> LocationsReply:
+        """BatchGetReplicaList's answers in parallel lists (see `LocationsReply`): per key a
+        code, size, checksum and the flattened (segment index, offset) of its readable memory
+        replicas; no Struct per key or replica, which halves the master's work per key."""
+        keys = req.keys
+        n = len(keys)
+        t = self._index.tenant(req.tenant)
+        if t is None:
+            return LocationsReply([_NOT_FOUND] * n, [0] * n, [None] * n, [[] for _ in keys])
+        deadline = self._clock() + self._lease_ttl
+        seed, shards = t.seed, t.shards
+        nshards = len(shards)
+        h = xxhash.xxh3_64_intdigest
+        on_access = self._hooks.on_access
+        codes: list[int] = []
+        sizes: list[int] = []
+        sums: list[int | None] = []
+        places: list[list[int]] = []
+        index: dict[SegmentName, int] = {}
+        endpoints: list[str] = []
+        empty: list[int] = []
+        for key in keys:
+            obj = shards[h(key.encode(), seed) % nshards].get(key)
+            if obj is None:
+                codes.append(_NOT_FOUND)
+                sizes.append(0)
+                sums.append(None)
+                places.append(empty)
+                continue
+            where: list[int] = []
+            readable = False
+            for r in obj.replicas:
+                seg = r.segment
+                if r.status is _COMPLETE and seg.alive:
+                    readable = True
+                    if r.kind is _MEMORY:
+                        i = index.get(seg.name)
+                        if i is None:
+                            i = index[seg.name] = len(endpoints)
+                            endpoints.append(seg.endpoint)
+                        where += (i, r.offset)
+            if not readable:
+                code = _NOT_READY if not obj.complete and obj.has_live_replica() else _NOT_FOUND
+                if code == _NOT_FOUND:
+                    self._forget_dead(obj)
+                codes.append(code)
+                sizes.append(0)
+                sums.append(None)
+                places.append(empty)
+                continue
+            obj.lease_deadline = max(obj.lease_deadline, deadline)
+            on_access(obj)
+            codes.append(_OK)
+            sizes.append(obj.size)
+            sums.append(obj.checksum)
+            places.append(where)
+        return LocationsReply(
+            codes, sizes, sums, places, list(index), endpoints, self._lease_ttl_ms
+        )
 
     def _read_obj(self, obj: ObjectMeta, deadline: float) -> ReplicaListReply:
         """The readable replicas of `obj`, granting a lease until `deadline` (now + ttl)."""

@@ -39,6 +39,7 @@ from kvpool.master.tasks import TaskPath
 from kvpool.master.writes import WritePath
 from kvpool.protocol.messages import (
     BatchExistKey,
+    BatchGetLocations,
     BatchGetReplicaList,
     BatchPutCommit,
     BatchPutEnd,
@@ -134,6 +135,7 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
             BatchPutRevoke: self.batch_put_revoke,
             GetReplicaList: self.get_replica_list,
             BatchGetReplicaList: self.batch_get_replica_list,
+            BatchGetLocations: self.batch_get_locations,
             ExistKey: self.exist_key,
             BatchExistKey: self.batch_exist_key,
             GetSize: self.get_size,

@@ -50,6 +50,9 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
   max(old lease, now + `default_kv_lease_ttl`), during which Remove refuses it
   (OBJECT_HAS_LEASE) and eviction skips it. REPLICA_IS_NOT_READY while only PROCESSING replicas
   exist, OBJECT_NOT_FOUND otherwise. `ExistKey` and `GetSize` grant the same lease.
+  `BatchGetLocations(keys)` is the batch form a Store uses: the same answers and lease in the
+  compact `LocationsReply` (parallel lists; segments named once per reply), which costs the
+  master and the client a fraction of a Struct per key and replica.
 
 * **Remove.** `Remove(key, force)` refuses a leased object (OBJECT_HAS_LEASE) or one still being
   written (REPLICA_IS_NOT_READY) unless `force`; `RemoveAll` and `RemoveByRegex` answer how many
@@ -89,6 +92,7 @@ __all__ = [
     "ArenaReply",
     "BatchExistKey",
     "BatchExistReply",
+    "BatchGetLocations",
     "BatchGetReplicaList",
     "BatchPutCommit",
     "BatchPutEnd",
@@ -117,6 +121,7 @@ __all__ = [
     "GetSegment",
     "GetSize",
     "HostId",
+    "LocationsReply",
     "MarkTaskComplete",
     "Message",
     "MountSegment",
@@ -436,6 +441,14 @@ class BatchGetReplicaList(Message):
     tenant: TenantId = DEFAULT_TENANT
 
 
+class BatchGetLocations(Message):
+    """`BatchGetReplicaList` answered in the compact `LocationsReply` (same rules, same lease):
+    what a batch read needs, without a Struct per key and replica."""
+
+    keys: list[str]
+    tenant: TenantId = DEFAULT_TENANT
+
+
 class ExistKey(Message):
     key: str
     tenant: TenantId = DEFAULT_TENANT
@@ -544,6 +557,24 @@ class ReplicaListReply(Message):
 
 class BatchReplicaListReply(Message):
     results: list[ReplicaListReply]
+
+
+class LocationsReply(Message):
+    """The answer to `BatchGetLocations`: parallel lists with one entry per key, in order.
+
+    `codes[i]` is what GetReplicaList would answer; for an OK key `sizes[i]`, `checksums[i]`
+    and `places[i]`, its readable memory replicas in the master's order, flattened as
+    `[segment index, offset, segment index, offset, ...]`; the indexes point into `segments`
+    and `endpoints` (each segment named once per reply). One `lease_ttl_ms` for all keys.
+    """
+
+    codes: list[int]
+    sizes: list[int]
+    checksums: list[int | None]
+    places: list[list[int]]
+    segments: list[SegmentName] = []
+    endpoints: list[str] = []
+    lease_ttl_ms: int = 0
 
 
 class ExistReply(Message):
@@ -716,6 +747,7 @@ Request = (
     | BatchPutRevoke
     | GetReplicaList
     | BatchGetReplicaList
+    | BatchGetLocations
     | ExistKey
     | BatchExistKey
     | GetSize
@@ -747,6 +779,7 @@ Response = (
     | BatchPutStartReply
     | ReplicaListReply
     | BatchReplicaListReply
+    | LocationsReply
     | ExistReply
     | BatchExistReply
     | SizeReply

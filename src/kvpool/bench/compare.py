@@ -76,7 +76,7 @@ def make_drivers(systems: Sequence[str]) -> list[Driver]:
     if "mooncake" in systems:
         drivers.append(MooncakeDriver())
     if "redis" in systems:
-        drivers.append(RedisDriver())
+        drivers += [RedisDriver("tcp"), RedisDriver("unix")]
     if "limit" in systems:
         drivers += [MemcpyDriver(), SocketDriver()]
     return drivers

@@ -8,6 +8,10 @@ trip, but redis-py builds a command object per key: measured on 2026-11-30 it to
 64 x 4 KiB batch against 0.4 ms for `MSET`, so the faster form is measured.) `reset` is
 `FLUSHALL SYNC`.
 
+`RedisDriver("unix")` is the same over a Unix domain socket (`--unixsocket` in a private
+temporary directory, TCP off): kvpool's Store talks to a master on its own host over a Unix
+socket, so this row is the like-for-like Redis for that case.
+
 Redis always returns a new `bytes` for a value (there is no read-into-buffer API), so a get
 pays for that allocation and copy; that is part of what a user of Redis gets. Values are handed
 to redis-py as `bytes` (the copy is timed): measured on 2026-11-30, a 16 MiB SET of a
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -48,10 +53,14 @@ class RedisDriver(Driver):
     system = "redis"
     path = "tcp"
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "tcp") -> None:
         super().__init__()
+        if path not in ("tcp", "unix"):
+            raise ValueError(f"redis path must be tcp or unix, not {path!r}")
+        self.path = path
         self._child: Child | None = None
         self._client: redis.Redis | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @override
     def setup(self, capacity: int) -> None:
@@ -66,15 +75,18 @@ class RedisDriver(Driver):
         binary = find_redis_server()
         if binary is None:
             raise Unavailable("redis-server is not installed", _INSTALL_SERVER)
-        port = free_port()
+        if self.path == "unix":
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvpool-bench-redis-")
+            sock = os.path.join(self._tmp.name, "redis.sock")
+            listen = ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700"]
+        else:
+            port = free_port()
+            listen = ["--bind", "127.0.0.1", "--port", str(port)]
         # maxmemory well above what the run stores, so Redis never evicts a value we read back.
         self._child = Child(
             [
                 binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
+                *listen,
                 "--save",
                 "",
                 "--appendonly",
@@ -88,8 +100,11 @@ class RedisDriver(Driver):
             ],
             name="redis-server",
         )
-        self._child.wait_line(r"Ready to accept connections", timeout=30)
-        self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=60)
+        self._child.wait_line(r"(?i)ready to accept connections", timeout=30)
+        if self.path == "unix":
+            self._client = redis.Redis(unix_socket_path=sock, socket_timeout=60)
+        else:
+            self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=60)
         if not self._client.ping():
             raise BenchError("redis-server does not answer PING")
 
@@ -143,3 +158,6 @@ class RedisDriver(Driver):
         if self._child is not None:
             self._child.stop()
             self._child = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

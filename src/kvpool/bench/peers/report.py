@@ -75,6 +75,8 @@ TARGETS: tuple[Target, ...] = (
     Target("kvpool shm / memcpy, >= 1 MiB", KVPOOL_SHM, ("limit", "memcpy"), 0.7, _MIB),
     Target("kvpool tcp / raw socket, >= 1 MiB", KVPOOL_TCP, ("limit", "socket"), 0.7, _MIB),
     Target("kvpool/Redis, every row", KVPOOL_SHM, ("redis", "tcp"), 1.0),
+    # Not in the issue: Redis over a Unix socket, as kvpool's control plane is on one host.
+    Target("kvpool/Redis over a Unix socket, every row", KVPOOL_SHM, ("redis", "unix"), 1.0),
 )
 
 
@@ -292,6 +294,7 @@ _STYLES: dict[str, tuple[str, str, str]] = {
     "kvpool/tcp": ("C1", "-", "o"),
     "mooncake/tcp": ("C2", "-", "^"),
     "redis/tcp": ("C3", "-", "v"),
+    "redis/unix": ("C3", "--", "v"),
     "limit/memcpy": ("0.45", "--", "."),
     "limit/socket": ("0.1", ":", "."),
 }

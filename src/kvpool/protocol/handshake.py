@@ -13,6 +13,13 @@ closes the connection:
 The client checks the `Welcome` in turn (`check_welcome`), so a client that reached the wrong
 cluster through a stale address fails at connect time, not on its first request.
 
+Same-host transport: a server that also listens on a Linux abstract Unix socket names it in
+``Welcome.unix_address`` (the name with its leading NUL, ``"\\0kvpool-rpc/..."``; empty when it
+has none). A client on the same host (the same network namespace: an abstract name resolves
+nowhere else) connects there, handshakes again, checks that the second `Welcome` names the same
+address and cluster, and drops the TCP connection; on any failure it keeps TCP. The field is a
+defaulted trailing one, so a `Welcome` of an older server still decodes (as "no Unix socket").
+
 Both checks are pure functions here, so the rules live in one place and are tested without I/O.
 """
 
@@ -28,16 +35,21 @@ from kvpool.protocol.framing import ErrorReply
 __all__ = [
     "HANDSHAKE_REQUEST_ID",
     "PROTOCOL_VERSION",
+    "UNIX_ADDRESS_MAX_BYTES",
     "Hello",
     "Welcome",
     "check_hello",
+    "check_unix_welcome",
     "check_welcome",
+    "is_abstract_unix_address",
 ]
 
 #: The version of the framing, the handshake and the RPC rules. Bump on any incompatible change.
 PROTOCOL_VERSION: Final = 1
 #: The request id of the `Hello` frame and of its answer.
 HANDSHAKE_REQUEST_ID: Final = 0
+#: The most bytes of a Unix socket address, its leading NUL included (Linux's sun_path).
+UNIX_ADDRESS_MAX_BYTES: Final = 108
 
 _Name = Annotated[str, msgspec.Meta(max_length=256)]
 
@@ -58,6 +70,8 @@ class Welcome(msgspec.Struct, tag=True, frozen=True):
     protocol_version: int
     cluster_id: _Name
     server_name: _Name = ""
+    #: The server's abstract Unix socket (leading NUL included), "" when it listens on none.
+    unix_address: _Name = ""
 
 
 def check_hello(
@@ -93,5 +107,38 @@ def check_welcome(
             ErrorCode.ILLEGAL_CLIENT,
             f"server {welcome.server_name!r} belongs to cluster {welcome.cluster_id!r}, "
             f"expected {cluster_id!r}",
+        )
+    return None
+
+
+def is_abstract_unix_address(address: str) -> bool:
+    """Whether `address` is a Linux abstract Unix socket name a client may connect to.
+
+    Only abstract names (leading NUL) are followed: they leave no file behind and resolve only
+    inside the client's own network namespace, so a `Welcome` can never point a client at a
+    socket file elsewhere on its host.
+    """
+    return (
+        len(address) > 1 and address[0] == "\0" and len(address.encode()) <= UNIX_ADDRESS_MAX_BYTES
+    )
+
+
+def check_unix_welcome(
+    welcome: Welcome,
+    *,
+    cluster_id: str,
+    unix_address: str,
+    protocol_version: int = PROTOCOL_VERSION,
+) -> KVPoolError | None:
+    """The error for the `welcome` read over the Unix socket `unix_address` (which the TCP
+    `Welcome` named), or None when it is the same server: same cluster, same address."""
+    problem = check_welcome(welcome, cluster_id=cluster_id, protocol_version=protocol_version)
+    if problem is not None:
+        return problem
+    if welcome.unix_address != unix_address:
+        return error_for_code(
+            ErrorCode.RPC_FAIL,
+            f"the Unix socket {unix_address!r} is served by {welcome.server_name!r}, which names "
+            f"{welcome.unix_address!r}",
         )
     return None

@@ -197,11 +197,22 @@ def handler(request: Any, conn: Connection) -> Any:
 
 
 class RawConn:
-    """A plain socket speaking frames by hand, for feeding a server what a client never would."""
+    """A plain socket speaking frames by hand, for feeding a server what a client never would.
+
+    `endpoint` is "host:port" or an abstract Unix socket name (leading NUL)."""
 
     def __init__(self, endpoint: str, timeout: float = 5.0) -> None:
-        host, port = endpoint.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        if endpoint.startswith("\0"):  # a server's abstract Unix socket (its unix_address)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            try:
+                self.sock.connect(endpoint)
+            except OSError:
+                self.sock.close()
+                raise
+        else:
+            host, port = endpoint.rsplit(":", 1)
+            self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.decoder = FrameDecoder()
         self.frames: list[Frame] = []
 

@@ -242,13 +242,15 @@ def test_close_fails_calls_in_flight(client: RpcClient) -> None:
     assert len(out) == 1 and isinstance(out[0], RpcError)
 
 
-def _tcp_sockets() -> int:
-    return len(psutil.Process().net_connections(kind="tcp"))
+def _sockets() -> tuple[int, int]:
+    """(TCP, Unix) sockets of this process: clients move to the server's Unix socket."""
+    proc = psutil.Process()
+    return len(proc.net_connections(kind="tcp")), len(proc.net_connections(kind="unix"))
 
 
 def test_nothing_is_left_behind_after_close() -> None:
     threads_before = set(threading.enumerate())
-    sockets_before = _tcp_sockets()
+    sockets_before = _sockets()
     st = ServerThread(make_server()).start()
     clients = [_client(st) for _ in range(3)]
     for c in clients:
@@ -273,7 +275,7 @@ def test_nothing_is_left_behind_after_close() -> None:
     st.stop()
     assert set(threading.enumerate()) == threads_before
     assert server.connection_count == 0
-    assert _tcp_sockets() == sockets_before  # the listener and every connection are closed
+    assert _sockets() == sockets_before  # both listeners and every connection are closed
     st.stop()  # idempotent
 
 

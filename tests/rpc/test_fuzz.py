@@ -1,5 +1,6 @@
 """Property tests: random bytes and valid-but-wrong messages fed to a live server.
 
+Every property runs against both listeners of the server, TCP and its abstract Unix socket.
 For every example the server must answer each complete frame with exactly the reply the
 protocol promises (a correct reply, or an `ErrorReply` with the right code), close only when
 framing is lost, never crash and never hang; and a normal client must still be served after
@@ -59,6 +60,15 @@ def fuzz_server() -> Iterator[ServerThread]:
         yield st_
     finally:
         st_.stop()
+
+
+@pytest.fixture(scope="module", params=["tcp", "unix"])
+def fuzz_address(request: pytest.FixtureRequest, fuzz_server: ServerThread) -> str:
+    """Where the fuzzing connections go: the TCP endpoint or the abstract Unix socket."""
+    if request.param == "tcp":
+        return fuzz_server.endpoint
+    assert fuzz_server.server.unix_address
+    return fuzz_server.server.unix_address
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +174,10 @@ payloads = st.one_of(
     garbage_tail=st.one_of(st.just(b""), st.binary(min_size=1, max_size=64)),
 )
 def test_every_frame_gets_its_promised_answer(
-    fuzz_server: ServerThread, witness: RpcClient, payload_list: list[bytes], garbage_tail: bytes
+    fuzz_address: str, witness: RpcClient, payload_list: list[bytes], garbage_tail: bytes
 ) -> None:
     assume(all(_expected(p) is not None for p in payload_list))
-    with RawConn(fuzz_server.endpoint) as raw:
+    with RawConn(fuzz_address) as raw:
         assert isinstance(raw.hello(), Welcome)
         stream = b"".join(encode_frame(i + 1, p) for i, p in enumerate(payload_list))
         raw.send(stream + garbage_tail)
@@ -207,9 +217,10 @@ def test_every_frame_gets_its_promised_answer(
     )
 )
 def test_random_bytes_before_the_handshake_never_hurt_the_server(
-    fuzz_server: ServerThread, witness: RpcClient, data: bytes
+    fuzz_address: str, witness: RpcClient, data: bytes
 ) -> None:
-    with socket.create_connection(fuzz_server.address, timeout=10) as sock:
+    with RawConn(fuzz_address, timeout=10) as raw:
+        sock = raw.sock
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
         frames = _read_until_eof(sock)
@@ -227,7 +238,7 @@ def test_random_bytes_before_the_handshake_never_hurt_the_server(
 
 
 def test_the_fuzzed_server_leaks_no_connections(
-    fuzz_server: ServerThread, witness: RpcClient
+    fuzz_server: ServerThread, fuzz_address: str, witness: RpcClient
 ) -> None:
     from kvtest.procs import wait_until
 

@@ -58,10 +58,19 @@ def _still_serves(server: ServerThread) -> None:
         assert c.call(Add(20, 22)) == Sum(42)
 
 
-def test_handshake_welcome(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+@pytest.fixture(params=["tcp", "unix"])
+def raw_address(request: pytest.FixtureRequest, server: ServerThread) -> str:
+    """The test server's TCP endpoint or its abstract Unix socket: both serve the same rules."""
+    return server.endpoint if request.param == "tcp" else server.server.unix_address
+
+
+def test_handshake_welcome(server: ServerThread, raw_address: str) -> None:
+    with RawConn(raw_address) as raw:
         welcome = raw.hello()
-        assert welcome == Welcome(PROTOCOL_VERSION, CLUSTER, server.server.server_name)
+        assert welcome == Welcome(
+            PROTOCOL_VERSION, CLUSTER, server.server.server_name, server.server.unix_address
+        )
+        assert welcome.unix_address.startswith("\0kvpool-rpc/test-cluster/")
         raw.request(1, Add(1, 2))
         assert raw.recv_reply() == (1, Sum(3))
 
@@ -75,9 +84,9 @@ def test_handshake_welcome(server: ServerThread) -> None:
     ],
 )
 def test_handshake_refusals_answer_then_close(
-    server: ServerThread, cluster: str, version: int, code: ErrorCode
+    server: ServerThread, raw_address: str, cluster: str, version: int, code: ErrorCode
 ) -> None:
-    with RawConn(server.endpoint) as raw:
+    with RawConn(raw_address) as raw:
         refusal = raw.hello(cluster, version)
         assert isinstance(refusal, ErrorReply)
         assert refusal.code == code
@@ -85,16 +94,16 @@ def test_handshake_refusals_answer_then_close(
     _still_serves(server)
 
 
-def test_a_request_before_the_hello_is_refused(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_a_request_before_the_hello_is_refused(server: ServerThread, raw_address: str) -> None:
+    with RawConn(raw_address) as raw:
         raw.request(0, Add(1, 1))
         _, reply = raw.recv_reply()
         assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.INVALID_PARAMS
         assert raw.closed_by_peer()
 
 
-def test_a_hello_with_a_nonzero_id_is_refused(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_a_hello_with_a_nonzero_id_is_refused(server: ServerThread, raw_address: str) -> None:
+    with RawConn(raw_address) as raw:
         raw.request(5, Hello(PROTOCOL_VERSION, CLUSTER))
         rid, reply = raw.recv_reply()
         assert rid == 5
@@ -104,8 +113,9 @@ def test_a_hello_with_a_nonzero_id_is_refused(server: ServerThread) -> None:
 
 def test_undecodable_payload_gets_deserialize_fail_and_the_connection_goes_on(
     server: ServerThread,
+    raw_address: str,
 ) -> None:
-    with RawConn(server.endpoint) as raw:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(encode_frame(7, b"\xc1\xc1\xc1"))  # 0xc1 is never valid msgpack
         rid, reply = raw.recv_reply()
@@ -120,9 +130,9 @@ def test_undecodable_payload_gets_deserialize_fail_and_the_connection_goes_on(
     [Unknown(3), Hello(PROTOCOL_VERSION, CLUSTER), {"a": 1}, [1, 2, 3], "Add", None],
 )
 def test_valid_msgpack_that_is_no_known_request_gets_invalid_params(
-    server: ServerThread, message: object
+    server: ServerThread, raw_address: str, message: object
 ) -> None:
-    with RawConn(server.endpoint) as raw:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(encode_frame(9, msgspec.msgpack.encode(message)))
         rid, reply = raw.recv_reply()
@@ -133,8 +143,10 @@ def test_valid_msgpack_that_is_no_known_request_gets_invalid_params(
 
 
 @pytest.mark.parametrize("request_id", [0, ERROR_FLAG | 3])
-def test_reserved_request_ids_are_refused(server: ServerThread, request_id: int) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_reserved_request_ids_are_refused(
+    server: ServerThread, raw_address: str, request_id: int
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.request(request_id, Add(1, 1))
         _, reply = raw.recv_reply()
@@ -160,8 +172,10 @@ def test_oversized_frame_gets_buffer_overflow_then_close_and_others_are_served(
     _still_serves(small_server)
 
 
-def test_huge_length_prefix_does_not_make_the_server_allocate(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_huge_length_prefix_does_not_make_the_server_allocate(
+    server: ServerThread, raw_address: str
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(struct.pack("<IQ", 0xFFFFFFFF, 1))
         _, reply = raw.recv_reply()
@@ -170,8 +184,10 @@ def test_huge_length_prefix_does_not_make_the_server_allocate(server: ServerThre
     _still_serves(server)
 
 
-def test_too_short_length_prefix_closes_the_connection(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_too_short_length_prefix_closes_the_connection(
+    server: ServerThread, raw_address: str
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(struct.pack("<I", 3))
         _, reply = raw.recv_reply()
@@ -180,8 +196,10 @@ def test_too_short_length_prefix_closes_the_connection(server: ServerThread) -> 
     _still_serves(server)
 
 
-def test_a_slow_request_does_not_hold_back_later_ones(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_a_slow_request_does_not_hold_back_later_ones(
+    server: ServerThread, raw_address: str
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(
             encode_frame(1, msgspec.msgpack.encode(Sleep(0.5, 1)))
@@ -191,8 +209,10 @@ def test_a_slow_request_does_not_hold_back_later_ones(server: ServerThread) -> N
         assert raw.recv_reply() == (1, Slept(1))
 
 
-def test_pipelined_requests_in_one_write_are_all_answered(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_pipelined_requests_in_one_write_are_all_answered(
+    server: ServerThread, raw_address: str
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.send(
             b"".join(encode_frame(i, msgspec.msgpack.encode(Add(i, 1))) for i in range(1, 301))
@@ -201,13 +221,15 @@ def test_pipelined_requests_in_one_write_are_all_answered(server: ServerThread) 
         assert replies == {i: Sum(i + 1) for i in range(1, 301)}
 
 
-def test_a_peer_that_never_reads_is_throttled_not_buffered(server: ServerThread) -> None:
+def test_a_peer_that_never_reads_is_throttled_not_buffered(
+    server: ServerThread, raw_address: str
+) -> None:
     # Each Say echoes 64 KiB back. Without back-pressure the server would read everything
     # and queue the replies in memory; with it, it stops reading and our sends stall.
     frame = encode_frame(1, msgspec.msgpack.encode(Say("z" * 65536)))
     pushed = 0
     limit = 256 << 20
-    with RawConn(server.endpoint) as raw:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.sock.setblocking(False)
         deadline = time.monotonic() + 30
@@ -365,20 +387,25 @@ def test_a_peer_cannot_park_unbounded_work_on_the_server() -> None:
         st.stop()
 
 
-def test_a_client_leaving_does_not_cancel_its_running_request(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_a_client_leaving_does_not_cancel_its_running_request(
+    server: ServerThread, raw_address: str
+) -> None:
+    group = f"orphan-{raw_address}"  # groups outlive a test: one per transport
+    with RawConn(raw_address) as raw:
         raw.hello()
-        raw.request(1, Gather("orphan", 2, 1))
+        raw.request(1, Gather(group, 2, 1))
         wait_until(lambda: server.server.connection_count == 1, what="connected")
     # This Gather completes the group; the departed client's handler must run to its end too
     # (its reply is dropped), not be cancelled because its connection went away.
     with RpcClient(server.endpoint, response_type=Response, cluster_id=CLUSTER) as c:
-        assert c.call(Gather("orphan", 2, 2), timeout=10) == Slept(2)
-        wait_until(lambda: c.call(Finished("orphan")) == Sum(2), what="both handlers finished")
+        assert c.call(Gather(group, 2, 2), timeout=10) == Slept(2)
+        wait_until(lambda: c.call(Finished(group)) == Sum(2), what="both handlers finished")
 
 
-def test_a_peer_that_half_closes_still_gets_its_slow_replies(server: ServerThread) -> None:
-    with RawConn(server.endpoint) as raw:
+def test_a_peer_that_half_closes_still_gets_its_slow_replies(
+    server: ServerThread, raw_address: str
+) -> None:
+    with RawConn(raw_address) as raw:
         raw.hello()
         raw.request(1, Sleep(0.2, 1))
         raw.request(2, Add(1, 1))

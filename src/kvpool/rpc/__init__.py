@@ -1,4 +1,5 @@
-"""kvpool.rpc: moves `kvpool.protocol` frames over TCP. It knows no service.
+"""kvpool.rpc: moves `kvpool.protocol` frames over TCP, or a Unix socket on the same host. It
+knows no service.
 
 Layer: imports `kvpool.protocol`, `kvpool.errors`, `kvpool.config`; never a service package
 (master, transfer, client, ...). A service hands the server its request union and a handler,
@@ -7,9 +8,15 @@ and hands the clients its response union.
 ```
  RpcClient (sync, thread-safe) ─┐                     ┌─ RpcServer (asyncio Protocol, uvloop)
  AsyncRpcClient (asyncio)  ─────┼── frames over TCP ──┤    handler(request, conn) -> reply
-                                │   Hello / Welcome   │    or awaitable of a reply (a task)
-                                └── request ids ──────┘  ServerThread: a server on its own loop
+                                │   or abstract Unix  │    or awaitable of a reply (a task)
+                                │   Hello / Welcome   │  ServerThread: a server on its own loop
+                                └── request ids ──────┘
 ```
+
+Transport: every client dials TCP; when the `Welcome` names the server's abstract Unix socket
+(the server listens on one unless ``unix=False``), a client on the same host moves to it after a
+second handshake and keeps TCP on any failure (``unix=False`` or ``KVPOOL_RPC_UNIX=0`` keep it
+on TCP). Behaviour is identical on both; the Unix round trip is cheaper.
 
 Modules:
 

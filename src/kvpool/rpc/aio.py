@@ -4,7 +4,10 @@ The same contract as the sync `RpcClient` (`kvpool.rpc.client`), built on an asy
 ``data_received`` resolves each call's future by request id, so any number of tasks pipeline on
 one connection. A broken connection fails every call in flight with `RpcError` (RPC_FAIL) and the
 next call reconnects (handshake included); a call past its timeout raises RPC_TIMEOUT and forgets
-its id so the late reply is dropped; an `ErrorReply` raises the exception of its code.
+its id so the late reply is dropped; an `ErrorReply` raises the exception of its code. It moves
+to the server's abstract Unix socket after the TCP handshake exactly as `RpcClient` does (same
+``unix`` option, same ``KVPOOL_RPC_UNIX``, same checks and fallback to TCP); `transport` says
+which one it uses.
 
 One client belongs to one event loop (the one that connected it); it is not thread-safe.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar, Union, cast
 
@@ -43,9 +47,11 @@ from kvpool.protocol.handshake import (
     PROTOCOL_VERSION,
     Hello,
     Welcome,
+    check_unix_welcome,
     check_welcome,
+    is_abstract_unix_address,
 )
-from kvpool.rpc.client import _check_timeout, parse_address
+from kvpool.rpc.client import Transport, _check_timeout, parse_address, unix_enabled
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]
@@ -60,8 +66,14 @@ _DEFAULT_WINDOW: Final = 128
 class _Protocol(asyncio.Protocol):
     """One connection: routes reply frames to the futures waiting for them."""
 
-    def __init__(self, client: AsyncRpcClient, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        client: AsyncRpcClient,
+        loop: asyncio.AbstractEventLoop,
+        transport_kind: Transport = "tcp",
+    ) -> None:
         self._client = client
+        self.kind: Transport = transport_kind
         self.decoder = FrameDecoder(client.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[Any]] = {}
@@ -134,9 +146,21 @@ class _Protocol(asyncio.Protocol):
             self.transport.abort()
             self.transport = None
 
+    def retire(self) -> None:
+        """Close an idle, handshaken connection gracefully (it was replaced by another)."""
+        if self.broken is None:
+            self.broken = RpcError(f"connection to {self._client.address} replaced")
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
 
 class AsyncRpcClient:
     """An asyncio client of one `RpcServer`; arguments as for `RpcClient`."""
+
+    #: The Unix socket attempt may take at most this share of the connect budget, so that the
+    #: TCP connection it falls back to still has time to serve the call.
+    _UNIX_BUDGET_SHARE: Final = 0.5
 
     def __init__(
         self,
@@ -149,10 +173,13 @@ class AsyncRpcClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         auth: bytes = b"",
         protocol_version: int = PROTOCOL_VERSION,
+        unix: bool = True,
     ) -> None:
         self.address = address
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
+        #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
+        self.unix = unix_enabled(unix)
         self.cluster_id = cluster_id
         self.client_name = client_name
         self.protocol_version = protocol_version
@@ -189,6 +216,12 @@ class AsyncRpcClient:
     def closed(self) -> bool:
         """True once `close()` has been called."""
         return self._closed
+
+    @property
+    def transport(self) -> Transport | None:
+        """What the current connection runs over, "unix" or "tcp"; None when not connected."""
+        proto = self._proto
+        return proto.kind if proto is not None and proto.broken is None else None
 
     async def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply; concurrent calls pipeline."""
@@ -336,7 +369,9 @@ class AsyncRpcClient:
                 return self._proto
             try:
                 async with asyncio.timeout(budget):
-                    proto = await self._open()
+                    proto = await self._open(
+                        loop_deadline=asyncio.get_running_loop().time() + budget
+                    )
             except TimeoutError as exc:
                 raise RpcError(
                     f"connecting to {self.address} timed out", ErrorCode.RPC_TIMEOUT
@@ -347,7 +382,8 @@ class AsyncRpcClient:
             self._proto = proto
             return proto
 
-    async def _open(self) -> _Protocol:
+    async def _open(self, loop_deadline: float) -> _Protocol:
+        """Dial TCP and handshake; move to the server's Unix socket when it names one."""
         loop = asyncio.get_running_loop()
         try:
             _, proto = await loop.create_connection(
@@ -355,6 +391,63 @@ class AsyncRpcClient:
             )
         except OSError as exc:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
+        welcome = await self._handshake(proto, self.address)
+        self.server_name = welcome.server_name
+        if self.unix and welcome.unix_address:
+            budget = (loop_deadline - loop.time()) * self._UNIX_BUDGET_SHARE
+            try:
+                unix = await self._open_unix(welcome.unix_address, budget)
+            except BaseException:  # cancelled (the caller's timeout, a task cancel)
+                proto.fail(RpcError(f"connecting to {self.address} was cancelled"))
+                raise
+            if unix is not None:
+                proto.retire()  # no request went over it: the server just sees it close
+                return unix
+        return proto
+
+    async def _open_unix(self, name: str, budget: float) -> _Protocol | None:
+        """A handshaken connection to the server's Unix socket `name`, or None (keep TCP)."""
+        if not is_abstract_unix_address(name):
+            log.warning(
+                "%s advertises %r, not an abstract Unix socket: using TCP", self.address, name
+            )
+            return None
+        if budget <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        where = f"{self.address} (unix {name[1:]!r})"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        proto: _Protocol | None = None
+        ok = False
+        try:
+            async with asyncio.timeout(budget):
+                # Connected here, then handed over: neither loop then reads the name as a path.
+                await loop.sock_connect(sock, name)
+                _, proto = await loop.create_unix_connection(
+                    lambda: _Protocol(self, loop, "unix"), sock=sock
+                )
+                await self._handshake(proto, where, unix_address=name)
+                ok = True
+        except TimeoutError:
+            log.warning("%s did not answer in %.3f s: using TCP", where, budget)
+        except OSError as exc:
+            # ECONNREFUSED: another host or network namespace (the expected case), or a server
+            # that closed its listener; either way TCP serves.
+            log.debug("%s unreachable (%s): using TCP", where, exc)
+        except KVPoolError as exc:
+            log.warning("handshake with %s failed (%s): using TCP", where, exc)
+        finally:
+            if not ok:  # failed or cancelled: leave nothing open
+                if proto is not None:
+                    proto.fail(RpcError(f"{where} not used"))  # its transport owns `sock`
+                else:
+                    sock.close()
+        return proto if ok else None
+
+    async def _handshake(self, proto: _Protocol, where: str, *, unix_address: str = "") -> Welcome:
+        """Send the Hello and check the Welcome (for the Unix socket `unix_address` when
+        given); the connection is dropped on any failure, which raises as a connect does."""
         try:
             assert proto.transport is not None
             payload = self._encode(self._hello)
@@ -364,21 +457,28 @@ class AsyncRpcClient:
             rid, payload = await proto.welcome
             if rid & ERROR_FLAG:
                 refusal = self._decode_error(payload)
-                raise error_for_code(refusal.code, f"{self.address} refused: {refusal.message}")
+                raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
             welcome = msgspec.msgpack.decode(payload, type=Welcome)
-            problem = check_welcome(
-                welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
-            )
+            if unix_address:
+                problem = check_unix_welcome(
+                    welcome,
+                    cluster_id=self.cluster_id,
+                    unix_address=unix_address,
+                    protocol_version=self.protocol_version,
+                )
+            else:
+                problem = check_welcome(
+                    welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
+                )
             if problem is not None:
                 raise problem
         except msgspec.DecodeError as exc:
-            proto.fail(RpcError(f"handshake with {self.address} failed: {exc}"))
-            raise RpcError(f"handshake with {self.address} failed: {exc}") from exc
+            proto.fail(RpcError(f"handshake with {where} failed: {exc}"))
+            raise RpcError(f"handshake with {where} failed: {exc}") from exc
         except BaseException:
-            proto.fail(RpcError(f"handshake with {self.address} failed"))
+            proto.fail(RpcError(f"handshake with {where} failed"))
             raise
-        self.server_name = welcome.server_name
-        return proto
+        return welcome
 
 
 def _expire(fut: asyncio.Future[Any], address: str) -> None:

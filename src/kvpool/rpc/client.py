@@ -1,6 +1,6 @@
 """`RpcClient`: the synchronous, thread-safe control-plane client.
 
-One TCP connection, shared by every thread that calls. Each call gets a fresh request id, sends
+One connection, shared by every thread that calls. Each call gets a fresh request id, sends
 its frame (one ``sendall``) and waits for the reply with that id, so calls from several threads
 pipeline on the one connection and replies may come back in any order.
 
@@ -11,6 +11,18 @@ own reply arrives; then it passes the reading role to one waiting follower. With
 (the lock-step case) the path is one ``sendall`` and a blocking ``recv`` in the calling thread:
 no thread switch at all, which a dedicated reader thread would add to every call (measured in
 docs/parts/perf-rpc.md). Having no thread of its own also means the client leaks none.
+
+Transport: the client always dials the server's TCP address and handshakes there. When the
+`Welcome` names an abstract Unix socket (`RpcServer` listens on one by default) and the client's
+``unix`` option is on (the default; ``KVPOOL_RPC_UNIX=0`` turns it off for every client), it
+connects to that socket, handshakes again, checks that the second `Welcome` names the same
+socket and cluster, and drops the TCP connection: a same-host round trip is then cheaper
+(docs/parts/perf-rpc.md). The name resolves only on the server's host (in its network
+namespace), so a client elsewhere gets ECONNREFUSED at once and keeps its TCP connection, as it
+does on any other failure of that attempt (refusal, handshake error, half the time budget
+spent). Every reconnect, and the first call of a forked child, goes through the same steps.
+Calls, faults, timeouts and pipelining are the same on either transport; `transport` says which
+one is in use.
 
 Fork: a child process forked while a client exists drops the parent's connection (without
 disturbing it) and connects anew on its first call, so a client made before ``fork()`` (as
@@ -36,10 +48,11 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any, Final, TypeVar, Union
+from typing import Any, Final, Literal, TypeVar, Union
 
 import msgspec
 
+from kvpool.config import env
 from kvpool.errors import (
     ErrorCode,
     InvalidParams,
@@ -64,11 +77,13 @@ from kvpool.protocol.handshake import (
     PROTOCOL_VERSION,
     Hello,
     Welcome,
+    check_unix_welcome,
     check_welcome,
+    is_abstract_unix_address,
 )
 from kvpool.rpc.server import union_members
 
-__all__ = ["RpcClient", "parse_address"]
+__all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +94,15 @@ _RECV_BYTES: Final = 64 << 10
 #: so that a window never waits on socket buffers the peer cannot drain while we do not read.
 _WINDOW_BYTES: Final = 1 << 20
 _DEFAULT_WINDOW: Final = 128
+
+
+#: Which socket a connected client talks over.
+Transport = Literal["tcp", "unix"]
+
+
+def unix_enabled(unix: bool) -> bool:
+    """A client's ``unix`` option as it applies: off when ``KVPOOL_RPC_UNIX=0``."""
+    return bool(unix) and env("RPC_UNIX", "1") != "0"
 
 
 def _check_timeout(timeout: float) -> float:
@@ -125,9 +149,16 @@ class _Conn:
         "send_lock",
         "sleepers",
         "sock",
+        "transport",
     )
 
-    def __init__(self, sock: socket.socket, decoder: FrameDecoder, send_timeout: float) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        decoder: FrameDecoder,
+        send_timeout: float,
+        transport: Transport,
+    ) -> None:
         # A blocking socket with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO) rather than
         # Python's settimeout(): in timeout mode CPython polls before every recv and send,
         # which cost about 10 us of a 35-45 us lock-step round trip here.
@@ -135,6 +166,7 @@ class _Conn:
         _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
         self.sock = sock
         self.decoder = decoder
+        self.transport: Transport = transport
         self.send_lock = threading.Lock()
         # Only the leader touches this: the SO_RCVTIMEO now set on the socket.
         self.recv_timeout = 0.0
@@ -150,7 +182,9 @@ class RpcClient:
     """A thread-safe client of one `RpcServer`.
 
     ``response_type`` is the reply Struct type or ``Union`` of them. ``timeout`` (seconds) is
-    the default for connecting and for each call. Use as a context manager or call `close()`.
+    the default for connecting and for each call. ``unix`` lets the client move to the server's
+    Unix socket when it advertises one (see the module docstring). Use as a context manager or
+    call `close()`.
     """
 
     def __init__(
@@ -165,6 +199,7 @@ class RpcClient:
         auth: bytes = b"",
         protocol_version: int = PROTOCOL_VERSION,
         idle_check_after: float = 0.1,
+        unix: bool = True,
     ) -> None:
         self.address = address
         self._host, self._port = parse_address(address)
@@ -176,6 +211,8 @@ class RpcClient:
         #: server restart or a service-side close then costs no failed call; back-to-back calls
         #: skip the check, so the lock-step path keeps its two syscalls.
         self.idle_check_after = float(idle_check_after)
+        #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
+        self.unix = unix_enabled(unix)
         self.cluster_id = cluster_id
         self.client_name = client_name
         self.protocol_version = protocol_version
@@ -331,6 +368,12 @@ class RpcClient:
         conn = self._conn
         return conn is not None and conn.broken is None
 
+    @property
+    def transport(self) -> Transport | None:
+        """What the current connection runs over, "unix" or "tcp"; None when not connected."""
+        conn = self._conn
+        return conn.transport if conn is not None and conn.broken is None else None
+
     def close(self) -> None:
         """Close the connection; calls in flight fail with RpcError, later calls raise
         `StoreClosed`. Idempotent."""
@@ -393,6 +436,7 @@ class RpcClient:
             return conn
 
     def _open(self, deadline: float) -> _Conn:
+        """Dial TCP and handshake; move to the server's Unix socket when it names one."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise RpcError(f"timed out before connecting to {self.address}", ErrorCode.RPC_TIMEOUT)
@@ -406,8 +450,57 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            sock.close()
+            raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
+        welcome, decoder = self._handshake(sock, deadline, self.address)
+        self.server_name = welcome.server_name
+        if self.unix and welcome.unix_address:
+            unix = self._open_unix(welcome.unix_address, deadline)
+            if unix is not None:
+                sock.close()  # no request went over it: the server just sees it close
+                return _Conn(unix[0], unix[1], self.timeout, "unix")
+        return _Conn(sock, decoder, self.timeout, "tcp")
+
+    def _open_unix(self, name: str, deadline: float) -> tuple[socket.socket, FrameDecoder] | None:
+        """A handshaken connection to the server's Unix socket `name`, or None (keep TCP)."""
+        if not is_abstract_unix_address(name):
+            log.warning(
+                "%s advertises %r, not an abstract Unix socket: using TCP", self.address, name
+            )
+            return None
+        # At most half of what is left: when this attempt fails, the call still has time
+        # to run on the TCP connection.
+        budget = (deadline - time.monotonic()) / 2
+        if budget <= 0:
+            return None
+        where = f"{self.address} (unix {name[1:]!r})"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(budget)
+            sock.connect(name)
+        except OSError as exc:
+            sock.close()
+            # ECONNREFUSED: another host or network namespace (the expected case), or a server
+            # that closed its listener; either way TCP serves.
+            log.debug("%s unreachable (%s): using TCP", where, exc)
+            return None
+        try:
+            _, decoder = self._handshake(sock, time.monotonic() + budget, where, unix_address=name)
+        except KVPoolError as exc:
+            log.warning("handshake with %s failed (%s): using TCP", where, exc)
+            return None
+        return sock, decoder
+
+    def _handshake(
+        self, sock: socket.socket, deadline: float, where: str, *, unix_address: str = ""
+    ) -> tuple[Welcome, FrameDecoder]:
+        """Send the Hello on `sock` and check the Welcome (for the Unix socket `unix_address`
+        when given); `sock` is closed on any failure, which raises as a connect does."""
+        try:
             decoder = FrameDecoder(self.max_frame_bytes)
             payload = self._encode(self._hello)
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
             sock.sendall(
                 HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
             )
@@ -424,32 +517,37 @@ class RpcClient:
             request_id, payload = frames[0]
             if request_id & ERROR_FLAG:
                 refusal = self._decode_error(payload)
-                raise error_for_code(refusal.code, f"{self.address} refused: {refusal.message}")
+                raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
             welcome = msgspec.msgpack.decode(payload, type=Welcome)
-            problem = check_welcome(
-                welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
-            )
+            if unix_address:
+                problem = check_unix_welcome(
+                    welcome,
+                    cluster_id=self.cluster_id,
+                    unix_address=unix_address,
+                    protocol_version=self.protocol_version,
+                )
+            else:
+                problem = check_welcome(
+                    welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
+                )
             if problem is not None:
                 raise problem
         except FrameError as exc:
             sock.close()
-            raise RpcError(f"bad frame from {self.address} during the handshake: {exc}") from exc
+            raise RpcError(f"bad frame from {where} during the handshake: {exc}") from exc
         except KVPoolError:
             sock.close()
             raise
         except TimeoutError as exc:
             sock.close()
-            raise RpcError(
-                f"handshake with {self.address} timed out", ErrorCode.RPC_TIMEOUT
-            ) from exc
+            raise RpcError(f"handshake with {where} timed out", ErrorCode.RPC_TIMEOUT) from exc
         except (OSError, msgspec.DecodeError) as exc:
             sock.close()
-            raise RpcError(f"handshake with {self.address} failed: {exc}") from exc
+            raise RpcError(f"handshake with {where} failed: {exc}") from exc
         except BaseException:
             sock.close()
             raise
-        self.server_name = welcome.server_name
-        return _Conn(sock, decoder, self.timeout)
+        return welcome, decoder
 
     def _fail(self, conn: _Conn, exc: BaseException) -> None:
         """Mark `conn` broken: fail its calls, wake their threads, shut the socket."""

@@ -56,6 +56,34 @@ def test_master_answers_echo_on_its_ephemeral_loopback_port(master: str, rpc: Rp
     assert rpc.call(m.Echo(b"ping")) == m.EchoReply(b"ping")
 
 
+def test_a_client_on_the_masters_host_talks_over_its_unix_socket(rpc: RpcClient) -> None:
+    assert rpc.call(m.Echo(b"ping")) == m.EchoReply(b"ping")
+    assert rpc.transport == "unix"
+
+
+def test_kvpool_master_no_unix_socket_keeps_clients_on_tcp() -> None:
+    proc = kvpool_proc("master", "--port", "0", "--no-unix-socket", name="master-tcp-only")
+    with proc:
+        address = proc.wait_ready()
+        with client(address) as c:
+            assert c.call(m.Echo(b"tcp")) == m.EchoReply(b"tcp")
+            assert c.transport == "tcp"
+        proc.popen.send_signal(signal.SIGTERM)
+        assert proc.popen.wait(timeout=10) == 0, proc.output()
+
+
+@pytest.mark.parametrize(("unix_socket", "transport"), [(True, "unix"), (False, "tcp")])
+def test_master_config_unix_socket_reaches_the_rpc_server(
+    unix_socket: bool, transport: str
+) -> None:
+    server = MasterServer(MasterConfig(port=0, unix_socket=unix_socket), server_name="t")
+    with ServerThread(server, name="master-unix") as thread:  # type: ignore[arg-type]
+        assert bool(server.rpc.unix_address) is unix_socket
+        with client(thread.endpoint) as c:
+            assert c.call(m.Echo(b"x")) == m.EchoReply(b"x")
+            assert c.transport == transport
+
+
 def test_put_get_remove_lifecycle_over_rpc(rpc: RpcClient) -> None:
     node, writer = m.ClientId(_uid("node")), m.ClientId(_uid("writer"))
     name = _uid("seg")

@@ -44,6 +44,9 @@ class MasterConfig:
     """Address the RPC server binds (loopback unless told otherwise)."""
     port: int = 50051
     """RPC port; 0 picks a free one (tests)."""
+    unix_socket: bool = True
+    """Also listen on an abstract Unix socket (named in the handshake), which clients on this
+    host then use instead of TCP for a cheaper round trip; TCP stays for everyone else."""
     cluster_id: str = "kvpool"
     """Checked in the RPC handshake, so clients of another pool are refused."""
     default_kv_lease_ttl: float = 10.0

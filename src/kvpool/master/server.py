@@ -81,6 +81,7 @@ class MasterServer:
             port=self.config.port,
             cluster_id=self.config.cluster_id,
             server_name=server_name,
+            unix=self.config.unix_socket,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False

@@ -4,10 +4,11 @@
 
 Starts the test service (tests/rpc/rpc_testkit.py) in its own process on an ephemeral port,
 then measures `Say(text)` → `Said(text)` round trips with a 100-byte text through every case of
-`kvpool.rpc.bench`, plus the same lock-step and threaded cases through a *reader-thread* client
-(a dedicated thread reads the socket and wakes callers), the design our leader/follower client
-was chosen over. Prints a table of medians over ``--repeats`` runs; ``--json`` writes the rows.
-Never asserts speed; every reply is checked.
+`kvpool.rpc.bench` over TCP, plus the same lock-step and threaded cases through a *reader-thread*
+client (a dedicated thread reads the socket and wakes callers), the design our leader/follower
+client was chosen over, plus lock-step over TCP against lock-step over the server's Unix socket
+(`lockstep_by_transport`, interleaved). Prints a table of medians over ``--repeats`` runs and
+the same-run ratios; ``--json`` writes the rows. Never asserts speed; every reply is checked.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import msgspec  # noqa: E402
 from kvpool.errors import RpcError  # noqa: E402
 from kvpool.protocol.framing import ERROR_FLAG, HEADER, FrameDecoder, encode_frame  # noqa: E402
 from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello  # noqa: E402
-from kvpool.rpc.bench import BenchSpec, format_table, median_rows, run_cases  # noqa: E402
+from kvpool.rpc.bench import (  # noqa: E402
+    BenchSpec,
+    format_table,
+    lockstep_by_transport,
+    median_rows,
+    run_cases,
+)
 from kvpool.rpc.client import parse_address  # noqa: E402
 from kvtest.procs import Proc  # noqa: E402
 from rpc.rpc_testkit import CLUSTER, Response, Said, Say  # noqa: E402
@@ -147,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             n=n,
             window=args.window,
             threads=args.threads,
+            # The cases compare client designs over TCP, as the reader-thread client speaks
+            # only TCP; lockstep_by_transport compares the transports.
+            unix=False,
+            path="tcp",
         )
         rt_spec = BenchSpec(
             **{f: getattr(spec, f) for f in spec.__dataclass_fields__ if f != "client_factory"},
@@ -158,17 +169,25 @@ def main(argv: list[str] | None = None) -> int:
             alt = run_cases(rt_spec, ("sync-lockstep", "sync-threads"))
             for r in alt:
                 r["case"] = "readerthread-" + r["case"].removeprefix("sync-")
-            runs.append(rows + alt)
+            runs.append(rows + alt + lockstep_by_transport(spec))
         final = median_rows(runs)
     finally:
         server.stop()
     print(format_table(final))
     by_case = {r["case"]: r["ops_per_s"] for r in final}
+    p50 = {r["case"]: r["p50_us"] for r in final}
     print(
         "\nratios (same run): leader/follower vs reader thread: lock-step "
         f"{by_case['sync-lockstep'] / by_case['readerthread-lockstep']:.2f}x, "
         f"{args.threads} threads {by_case['sync-threads'] / by_case['readerthread-threads']:.2f}x; "
         f"pipelined vs lock-step {by_case['sync-pipelined'] / by_case['sync-lockstep']:.1f}x"
+    )
+    unix_path = next(r["path"] for r in final if r["case"] == "lockstep-unix")
+    print(
+        f"unix vs tcp lock-step (interleaved, unix row over {unix_path}): "
+        f"{by_case['lockstep-unix'] / by_case['lockstep-tcp']:.2f}x calls/s, "
+        f"p50 {p50['lockstep-unix']:.1f} vs {p50['lockstep-tcp']:.1f} us "
+        f"({p50['lockstep-tcp'] / p50['lockstep-unix']:.2f}x)"
     )
     if args.json:
         args.json.write_text(json.dumps(final, indent=1))

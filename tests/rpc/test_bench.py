@@ -9,10 +9,18 @@ from pathlib import Path
 import pytest
 
 from kvpool.errors import InvalidParams
-from kvpool.rpc.bench import CASES, BenchSpec, median_rows, percentile, run_cases
+from kvpool.rpc.bench import (
+    CASES,
+    TRANSPORT_CASES,
+    BenchSpec,
+    lockstep_by_transport,
+    median_rows,
+    percentile,
+    run_cases,
+)
 from kvpool.rpc.thread import ServerThread
 from kvtest.procs import Proc
-from rpc.rpc_testkit import CLUSTER, Add, Response, Sum
+from rpc.rpc_testkit import CLUSTER, Add, Response, Sum, make_server
 
 SCRIPT = Path(__file__).with_name("bench_rpc.py")
 ROW_FIELDS = {
@@ -34,7 +42,9 @@ def test_quick_benchmark_writes_rows(tmp_path: Path) -> None:
         assert p.popen.wait(timeout=120) == 0, p.output()
     rows = json.loads(out.read_text())
     cases = [r["case"] for r in rows]
-    assert cases == [*CASES, "readerthread-lockstep", "readerthread-threads"]
+    assert cases == [*CASES, "readerthread-lockstep", "readerthread-threads", *TRANSPORT_CASES]
+    assert [r["path"] for r in rows][-2:] == ["tcp", "unix"]
+    assert {r["path"] for r in rows[:-1]} == {"tcp"}
     for r in rows:
         assert set(r) >= ROW_FIELDS, r
         assert r["system"] == "kvpool" and r["op"] == "echo" and r["value_size"] == 100
@@ -57,6 +67,39 @@ def test_a_wrong_reply_fails_the_benchmark(server: ServerThread) -> None:
     for case in CASES:
         with pytest.raises(AssertionError):
             run_cases(spec, (case,))
+    with pytest.raises(AssertionError):
+        lockstep_by_transport(spec)
+
+
+def _add_spec(endpoint: str, n: int = 50) -> BenchSpec:
+    def check(i: int, reply: object) -> None:
+        if reply != Sum(i + 2):
+            raise AssertionError(f"{i}: {reply}")
+
+    return BenchSpec(
+        endpoint=endpoint,
+        response_type=Response,
+        make_request=lambda i: Add(i, 2),
+        check=check,
+        cluster_id=CLUSTER,
+        n=n,
+    )
+
+
+def test_lockstep_by_transport_measures_both_and_labels_what_it_used(
+    server: ServerThread,
+) -> None:
+    rows = lockstep_by_transport(_add_spec(server.endpoint), rounds=3)
+    assert [(r["case"], r["path"], r["calls"]) for r in rows] == [
+        ("lockstep-tcp", "tcp", 50),
+        ("lockstep-unix", "unix", 50),
+    ]
+    assert all(r["ops_per_s"] > 0 for r in rows)
+    with ServerThread(make_server(unix=False)) as tcp_only:
+        rows = lockstep_by_transport(_add_spec(tcp_only.endpoint), rounds=3)
+        assert [r["path"] for r in rows] == ["tcp", "tcp"]  # never labelled unix
+    with pytest.raises(InvalidParams):
+        lockstep_by_transport(_add_spec(server.endpoint), rounds=0)
 
 
 def test_bench_spec_and_helpers_validate() -> None:

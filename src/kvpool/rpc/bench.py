@@ -17,6 +17,9 @@ Cases (each a row of design.md's benchmark format, ``op`` and ``value_size`` fro
 * ``async-lockstep``, ``async-pipelined`` (`AsyncRpcClient.call_many`), ``async-gather``
   (`window` concurrent `call`s gathered).
 
+`lockstep_by_transport` measures sync lock-step over TCP and over the server's Unix socket in
+one run, interleaved (rows ``lockstep-tcp`` and ``lockstep-unix``, ``path`` the transport used).
+
 Latency percentiles are per call for lock-step and threads cases, and per window for pipelined
 ones. Every reply is passed to ``check`` so a benchmark that measures wrong answers fails.
 Numbers on a shared machine are noisy: compare rows of one run, never absolute values.
@@ -29,7 +32,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpool.errors import InvalidParams
@@ -39,8 +42,10 @@ from kvpool.rpc.loop import new_event_loop
 
 __all__ = [
     "CASES",
+    "TRANSPORT_CASES",
     "BenchSpec",
     "format_table",
+    "lockstep_by_transport",
     "median_rows",
     "percentile",
     "row",
@@ -56,6 +61,8 @@ CASES = (
     "async-pipelined",
     "async-gather",
 )
+#: The rows of `lockstep_by_transport`, in order.
+TRANSPORT_CASES = ("lockstep-tcp", "lockstep-unix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,9 @@ class BenchSpec:
     threads: int = 4
     system: str = "kvpool"
     path: str = "tcp"
+    #: Whether the clients of the cases may move to the server's Unix socket (same host);
+    #: False keeps them on TCP. Set `path` to match.
+    unix: bool = False
     #: Builds the sync client for the sync cases (default: an `RpcClient`); lets a variant
     #: client with the same ``connect/call/call_many/close`` be measured in the same run.
     client_factory: Callable[[BenchSpec], Any] | None = None
@@ -131,6 +141,7 @@ def _client(spec: BenchSpec) -> Any:
         cluster_id=spec.cluster_id,
         client_name="bench",
         timeout=60,
+        unix=spec.unix,
     )
 
 
@@ -241,6 +252,7 @@ async def _async_cases(spec: BenchSpec, cases: Sequence[str]) -> list[dict[str, 
         cluster_id=spec.cluster_id,
         client_name="bench-async",
         timeout=60,
+        unix=spec.unix,
     ) as c:
         await c.connect()
         if "async-lockstep" in cases:
@@ -302,6 +314,66 @@ async def _async_cases(spec: BenchSpec, cases: Sequence[str]) -> list[dict[str, 
     return out
 
 
+def lockstep_by_transport(spec: BenchSpec, *, rounds: int = 10) -> list[dict[str, Any]]:
+    """Sync lock-step over TCP and over the server's Unix socket, interleaved in one run.
+
+    Two `RpcClient`s stay connected, one with ``unix=False``; each makes ``spec.n`` calls, in
+    `rounds` alternating slices (which one goes first alternates too), so that the load of a
+    shared machine falls on both alike. Rows `TRANSPORT_CASES`, each with ``path`` the
+    transport its client actually used: a server without a Unix socket (or
+    ``KVPOOL_RPC_UNIX=0``) gives two TCP rows, never a mislabelled one.
+    """
+    if not isinstance(rounds, int) or rounds < 1:
+        raise InvalidParams(f"rounds: {rounds!r} must be a positive integer")
+    reqs = [spec.make_request(i) for i in range(spec.n)]
+    kinds = ("tcp", "unix")
+    clients = {
+        kind: RpcClient(
+            spec.endpoint,
+            response_type=spec.response_type,
+            cluster_id=spec.cluster_id,
+            client_name=f"bench-{kind}",
+            timeout=60,
+            unix=kind == "unix",
+        )
+        for kind in kinds
+    }
+    lat: dict[str, list[float]] = {kind: [] for kind in kinds}
+    elapsed = dict.fromkeys(kinds, 0.0)
+    paths: dict[str, str] = {}
+    clock = time.perf_counter
+    try:
+        for kind, c in clients.items():
+            c.connect()
+            paths[kind] = c.transport or "tcp"
+        per = -(-spec.n // rounds)
+        for k, start in enumerate(range(0, spec.n, per)):
+            for kind in kinds if k % 2 == 0 else kinds[::-1]:
+                call = clients[kind].call
+                out = lat[kind]
+                t0 = clock()
+                for i in range(start, min(spec.n, start + per)):
+                    t = clock()
+                    reply = call(reqs[i])
+                    out.append(clock() - t)
+                    spec.check(i, reply)
+                elapsed[kind] += clock() - t0
+    finally:
+        for c in clients.values():
+            c.close()
+    return [
+        row(
+            replace(spec, path=paths[kind]),
+            case,
+            calls=spec.n,
+            seconds=elapsed[kind],
+            latencies_s=lat[kind],
+            batch=1,
+        )
+        for kind, case in zip(kinds, TRANSPORT_CASES, strict=True)
+    ]
+
+
 def run_cases(spec: BenchSpec, cases: Sequence[str] = CASES) -> list[dict[str, Any]]:
     """Run `cases` (names from `CASES`) against the server at ``spec.endpoint``; rows in order.
 
@@ -331,13 +403,16 @@ def run_cases(spec: BenchSpec, cases: Sequence[str] = CASES) -> list[dict[str, A
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table of rows (case, batch, ops/s, p50, p99)."""
-    head = f"{'system':<10} {'op':<16} {'case':<22} {'batch':>5} {'ops/s':>10} {'p50 us':>9} {'p99 us':>9}"
+    """A fixed-width table of rows (case, path, batch, ops/s, p50, p99)."""
+    head = (
+        f"{'system':<10} {'op':<16} {'case':<22} {'path':<5} {'batch':>5} {'ops/s':>10} "
+        f"{'p50 us':>9} {'p99 us':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['system']:<10} {r['op']:<16} {r.get('case', ''):<22} {r['batch']:>5} "
-            f"{r['ops_per_s']:>10.0f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}"
+            f"{r['system']:<10} {r['op']:<16} {r.get('case', ''):<22} {r['path']:<5} "
+            f"{r['batch']:>5} {r['ops_per_s']:>10.0f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}"
         )
     return "\n".join(lines)
 

@@ -40,6 +40,9 @@ from rpc.rpc_testkit import (
 
 T = TypeVar("T")
 
+# Every test here runs on the Unix socket and again on TCP (the `transport` fixture).
+pytestmark = pytest.mark.usefixtures("transport")
+
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

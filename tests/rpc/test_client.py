@@ -46,6 +46,9 @@ from rpc.rpc_testkit import (
 
 TESTKIT = Path(__file__).with_name("rpc_testkit.py")
 
+# Every test here runs on the Unix socket and again on TCP (the `transport` fixture).
+pytestmark = pytest.mark.usefixtures("transport")
+
 
 def _client(server: ServerThread, **kw: object) -> RpcClient:
     kw.setdefault("cluster_id", CLUSTER)

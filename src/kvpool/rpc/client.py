@@ -456,7 +456,11 @@ class RpcClient:
         welcome, decoder = self._handshake(sock, deadline, self.address)
         self.server_name = welcome.server_name
         if self.unix and welcome.unix_address:
-            unix = self._open_unix(welcome.unix_address, deadline)
+            try:
+                unix = self._open_unix(welcome.unix_address, deadline)
+            except BaseException:  # KeyboardInterrupt and the like: leave nothing open
+                sock.close()
+                raise
             if unix is not None:
                 sock.close()  # no request went over it: the server just sees it close
                 return _Conn(unix[0], unix[1], self.timeout, "unix")
@@ -471,9 +475,11 @@ class RpcClient:
             return None
         # At most half of what is left: when this attempt fails, the call still has time
         # to run on the TCP connection.
-        budget = (deadline - time.monotonic()) / 2
+        now = time.monotonic()
+        budget = (deadline - now) / 2
         if budget <= 0:
             return None
+        unix_deadline = now + budget
         where = f"{self.address} (unix {name[1:]!r})"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -486,7 +492,7 @@ class RpcClient:
             log.debug("%s unreachable (%s): using TCP", where, exc)
             return None
         try:
-            _, decoder = self._handshake(sock, time.monotonic() + budget, where, unix_address=name)
+            _, decoder = self._handshake(sock, unix_deadline, where, unix_address=name)
         except KVPoolError as exc:
             log.warning("handshake with %s failed (%s): using TCP", where, exc)
             return None

@@ -112,18 +112,22 @@ def test_status_prints_segments_and_clients_as_tables_and_json() -> None:
             keys = [f"k{i}" for i in range(10)]
             rpc.call(m.BatchPutStart(m.ClientId("w"), keys, [1 << 20] * 10))
             rpc.call(m.BatchPutEnd(m.ClientId("w"), keys))
+            arena = rpc.call(m.ReserveArena(m.ClientId("w"), 4 << 20))
+            assert arena.code == 0
         out = kvpool("status", "--master", address)
         assert out.returncode == 0, out.stderr
         assert "10 objects" in out.stdout and "0 replica tasks running" in out.stdout
+        assert "1 arenas hold 4.0 MiB of it for puts" in out.stdout
         seg_line = next(line for line in out.stdout.splitlines() if line.startswith("seg-a"))
-        assert "node-a" in seg_line and "10.0 MiB" in seg_line and seg_line.split()[-1] == "10"
+        assert "node-a" in seg_line and "14.0 MiB" in seg_line and seg_line.split()[-1] == "10"
         assert any(line.startswith("node-a") for line in out.stdout.splitlines())
         out = kvpool("status", "--master", address, "--json")
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
         assert data["objects"] == 10 and data["tasks_active"] == 0
+        assert data["arenas"] == 1 and data["arena_bytes"] == 4 << 20
         assert data["segments"][0]["name"] == "seg-a"
-        assert data["segments"][0]["used"] == 10 << 20
+        assert data["segments"][0]["used"] == 14 << 20  # 10 objects + the arena
         assert data["clients"][0]["client_id"] == "node-a"
 
 

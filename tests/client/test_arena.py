@@ -21,10 +21,10 @@ import pytest
 
 from kvpool.client import Store
 from kvpool.errors import ErrorCode, NoSpace
-from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.protocol.messages import GetReplicaList, ReplicaListReply, Response, Stats, StatsReply
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool, PoolFactory, pool, pool_module  # noqa: F401
-from kvtest.procs import wait_until
+from kvtest.procs import kvpool_proc, wait_until
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -236,3 +236,141 @@ def test_a_killed_client_arena_is_held_until_release_timeout(pool: PoolFactory) 
     wait_until(lambda: used(p.address) == 1024, timeout=30, what="parked gaps released")
     with Store(p.address) as s:
         assert s.get("from-child") == b"c" * 1000
+
+
+# ---------------------------------------------------------------- leases (review findings)
+
+
+def _objects_intact(store: Store, values: dict[str, bytes]) -> None:
+    for key, value in values.items():
+        assert store.get(key) == value, key  # a clobbered value fails its checksum here
+
+
+def test_a_segment_owner_that_expires_and_remounts_keeps_the_old_arena_safe(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    p = pool(nodes=0, client_ttl="1s")
+    with (
+        Store(p.address, segment_size="4MiB", heartbeat_interval=0.1, arena_size=0) as owner,
+        Store(p.address, heartbeat_interval=0.1, arena_size=0) as third,
+        Store(p.address, heartbeat_interval=0.1) as writer,
+    ):
+        assert writer.put("w1", b"W" * 1000)
+        owner._node.heartbeat.stop()  # the owner misses its pings past client_ttl ...
+        wait_until(lambda: not stats(p.address).segments, timeout=30, what="owner expired")
+        owner._node.heartbeat.beat()  # ... then answers: NEED_REMOUNT, same name and memory
+        assert [s.name for s in stats(p.address).segments] == owner.segments
+        values = {f"t{i}": bytes([65 + i]) * 1000 for i in range(16)}
+        for k, v in values.items():
+            assert third.put(k, v)
+        assert writer.put("w2", b"Z" * 1000)
+        _objects_intact(third, values)
+        assert writer.get("w2") == b"Z" * 1000
+
+
+def test_a_writer_that_expired_and_comes_back_writes_nowhere_stale(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    p = pool(
+        nodes=0,
+        client_ttl="1s",
+        master_args=("--put-start-discard-timeout", "1s", "--put-start-release-timeout", "2s"),
+    )
+    with (
+        Store(p.address, segment_size="4MiB", heartbeat_interval=0.1, arena_size=0) as owner,
+        Store(p.address, heartbeat_interval=0.1) as writer,
+    ):
+        assert writer.put("w1", b"W" * 1000)
+        writer._node.heartbeat.stop()  # falls silent: expired after 1 s ...
+        wait_until(lambda: len(stats(p.address).clients) == 1, timeout=30, what="writer expired")
+        # ... and its parked arena is released once its lease and the release timeout pass.
+        wait_until(lambda: stats(p.address).arenas == 0 and used(p.address) == 1024, timeout=30)
+        values = {f"o{i}": bytes([65 + i]) * 1000 for i in range(8)}
+        for k, v in values.items():
+            assert owner.put(k, v)
+        assert writer.put("w2", b"Z" * 1000)  # its lease ran out long ago: a new arena
+        _objects_intact(owner, values)
+
+
+def test_after_a_master_restart_old_arenas_are_not_written(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=0)
+    port = int(p.address.rsplit(":", 1)[1])
+    with (
+        Store(p.address, segment_size="4MiB", heartbeat_interval=0.1, arena_size=0) as owner,
+        Store(p.address, heartbeat_interval=0.1) as writer,
+    ):
+        assert writer.put("w1", b"W" * 1000)
+        p.master.kill9()
+        p.master = kvpool_proc(
+            "master", "--host", "127.0.0.1", "--port", str(port), name="kvpool master 2"
+        )
+        p.master.wait_ready(timeout=30)
+        # Both notice at their next pings (NEED_REMOUNT) and register again.
+        wait_until(lambda: len(stats(p.address).clients) == 2, timeout=30, what="re-registered")
+        wait_until(lambda: writer._arenas is not None and writer._arenas._current is None)
+        values = {f"o{i}": bytes([65 + i]) * 1000 for i in range(8)}
+        for k, v in values.items():
+            assert owner.put(k, v)
+        assert writer.put("w2", b"Z" * 1000)
+        _objects_intact(owner, values)
+
+
+def test_close_leaves_an_arena_a_put_still_writes_into(one_node: Pool) -> None:
+    with Store(one_node.address, arena_size=0) as other:
+        writer = Store(one_node.address, arena_size="4MiB")
+        assert writer.put("w0", b"x" * 100)
+        arenas = writer._arenas
+        assert arenas is not None
+        got = arenas.take([4096])  # another thread's put, between take and done
+        assert got is not None
+        arena, (off,) = got
+        writer.close()
+        assert stats(one_node.address).arenas == 1  # not released under the writer's feet
+        for i in range(8):
+            assert other.put(f"victim{i}", b"v" * 4096)
+        with RpcClient(one_node.address, response_type=Response) as rpc:
+            placed = [
+                rpc.call_as(GetReplicaList(f"victim{i}"), ReplicaListReply).replicas[0]
+                for i in range(8)
+            ]
+        assert all(r.segment != arena.segment or r.offset != off for r in placed)
+        arenas.done(arena)
+        other.remove_all(force=True)
+
+
+def test_arenas_survive_a_reconnect_of_the_control_connection(store: Store) -> None:
+    assert store.put("a", b"1")
+    store._node.reconnect()  # what the heartbeat does after three failed pings
+    count = Counting(store)
+    assert store.put("b", b"2")
+    assert count.data_requests() in (["PutCommit"], ["ReserveArena", "PutCommit"])
+    assert store.get("b") == b"2"
+
+
+def test_a_value_above_the_granted_arena_takes_putstart_and_leaves_the_arena(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    p = pool(nodes=1, segment_size="16MiB")  # arenas of at most 2 MiB here
+    with Store(p.address) as s:
+        assert s.put("small", b"x" * 4096)
+        arenas = s._arenas
+        assert arenas is not None and arenas.max_value == 512 << 10
+        current = arenas._current
+        count = Counting(s)
+        assert s.put("big", b"y" * (3 << 20))
+        assert count.data_requests() == ["PutStart", "PutEnd"]
+        assert arenas._current is current and arenas._retry_at <= 0
+        assert s.put("small2", b"z" * 4096)
+        assert count.data_requests()[-1] == "PutCommit"
+
+
+def test_an_idle_store_gives_its_arena_back(one_node: Pool) -> None:
+    base = stats(one_node.address).arenas  # a closed Store's in-use arena may still be held
+    with Store(one_node.address, heartbeat_interval=0.1, arena_size="4MiB") as s:
+        assert s.put("k", b"v" * 100)
+        assert stats(one_node.address).arenas == base + 1
+        # Half a lease (1 s) after its last use, the next heartbeat releases it.
+        wait_until(lambda: stats(one_node.address).arenas == base, timeout=30, what="released")
+        assert s.put("k2", b"w" * 100)  # and a new one is taken on the next put
+        assert stats(one_node.address).arenas == base + 1
+        s.remove_all(force=True)

@@ -130,3 +130,19 @@ def test_many_small_allocations_fill_the_segment_exactly() -> None:
     for o in offs[1::2]:
         alloc.free(o, 64)  # type: ignore[arg-type]
     assert alloc.free_blocks() == [(0, 4096 * 64)]
+
+
+def test_alloc_at_takes_exactly_a_free_range_and_nothing_else() -> None:
+    alloc = OffsetAllocator(64 * 100, alignment=64)
+    assert alloc.alloc_at(640, 100)  # rounded out to [640, 768)
+    assert alloc.allocated == 128
+    assert alloc.free_blocks() == [(0, 640), (768, 64 * 100 - 768)]
+    assert not alloc.alloc_at(700, 64)  # overlaps the taken range
+    assert not alloc.alloc_at(64 * 99, 128)  # runs past the end
+    assert not alloc.alloc_at(-64, 64) and not alloc.alloc_at(0, 0)
+    got = [alloc.alloc(64) for _ in range(98)]
+    assert None not in got and 640 not in got and 704 not in got
+    alloc.free(640, 100)
+    for o in got:
+        alloc.free(o, 64)  # type: ignore[arg-type]
+    assert alloc.free_blocks() == [(0, 64 * 100)] and alloc.allocated == 0

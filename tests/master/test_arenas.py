@@ -246,3 +246,124 @@ def test_model_no_overlap_and_everything_comes_back(ops: list[tuple[str, int, in
     for seg in svc.segments.live:
         assert seg.objects == 0
         assert seg.allocator.free_blocks() == [(0, seg.allocator.capacity)]
+
+
+# ---------------------------------------------------------------- leases and limits
+
+
+def test_a_commit_renews_the_lease_and_an_idle_arena_is_released_after_it(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(put_start_release_timeout=60.0, put_start_discard_timeout=30.0)
+    svc.handle(m.Ping(NODE))
+    a = _reserve(svc)
+    assert a.lease_ms == 2000
+    clock.advance(1.5)
+    assert _commit(svc, a, "k", 64, a.offset) == OK  # renews: deadline = now + 2 s
+    clock.advance(60.0 + 1.0)  # 61 s after the commit: deadline + release timeout not reached
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert svc.arenas_of(WRITER) != []
+    clock.advance(1.5)
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert svc.arenas_of(WRITER) == []
+    assert _allocated(svc) == 64  # the object; the gap is back
+
+
+def test_an_unregistered_client_cannot_hold_an_arena_forever(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(put_start_release_timeout=60.0, put_start_discard_timeout=30.0)
+    ghost = m.ClientId("never-registered")
+    assert _reserve(svc, client=ghost).code == OK
+    clock.advance(63.0)
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert svc.arenas_of(ghost) == [] and _allocated(svc) == 0
+
+
+def test_a_client_holds_at_most_four_arenas(svc: MasterService) -> None:
+    got = [_reserve(svc, 256 << 10) for _ in range(4)]
+    assert all(g.code == OK for g in got)
+    assert _reserve(svc, 256 << 10).code == ErrorCode.NO_AVAILABLE_HANDLE
+    retired = svc.handle(m.ReserveArena(WRITER, 256 << 10, 0, [got[0].arena_id]))
+    assert isinstance(retired, m.ArenaReply) and retired.code == OK
+
+
+def test_arenas_take_at_most_a_quarter_of_a_segment(make_service: MakeService) -> None:
+    svc = make_service(segments=1, size=16 * MiB)
+    clients = [m.ClientId(f"c{i}") for i in range(4)]
+    granted = [_reserve(svc, 2 * MiB, client=c) for c in clients]
+    assert [g.code for g in granted] == [OK, OK, ErrorCode.NO_AVAILABLE_HANDLE] * 1 + [
+        ErrorCode.NO_AVAILABLE_HANDLE
+    ]
+    assert svc.stats(m.Stats()).arenas == 2
+    assert svc.stats(m.Stats()).arena_bytes == 4 * MiB
+
+
+def test_reserve_never_evicts_and_grants_the_largest_free_block(clock: Clock) -> None:
+    from kvpool.master.reclaim.adapter import MasterReclaimHooks
+
+    svc = MasterService(MasterConfig(seed=1), clock=clock, hooks=MasterReclaimHooks())
+    mount(svc, "s", 16 * MiB)
+    for n in range(256):  # fill the segment with 64 KiB objects, exactly
+        ps = svc.handle(m.PutStart(WRITER, f"o{n}", 64 << 10))
+        assert isinstance(ps, m.PutStartReply) and ps.code == OK
+        svc.handle(m.PutEnd(WRITER, f"o{n}", 1))
+    svc.handle(m.Remove("o3", force=True))  # one 64 KiB hole
+    objects = len(svc.index)
+    rep = svc.handle(m.ReserveArena(WRITER, 2 * MiB, 4096))
+    assert isinstance(rep, m.ArenaReply) and rep.code == OK and rep.size == 64 << 10
+    assert len(svc.index) == objects  # nothing was evicted for it
+    rep = svc.handle(m.ReserveArena(WRITER, 2 * MiB, 4096))
+    assert isinstance(rep, m.ArenaReply) and rep.code == ErrorCode.NO_AVAILABLE_HANDLE
+    assert len(svc.index) == objects
+
+
+def test_a_segment_mounted_again_keeps_old_arena_ranges_reserved(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(segments=1, put_start_release_timeout=60.0, put_start_discard_timeout=30.0)
+    a = _reserve(svc, MiB)
+    assert _commit(svc, a, "k", 4096, a.offset) == OK
+    seg = svc.segments.get(m.SegmentName(a.segment))
+    assert seg is not None
+    owner, info = seg.client_id, seg.info()
+    svc.handle(m.UnmountSegment(owner, seg.name))  # e.g. its owner expired ...
+    assert svc.handle(m.MountSegment(owner, seg.host_id, info)) == m.Reply(OK)  # ... and is back
+    new = svc.segments.get(m.SegmentName(a.segment))
+    assert new is not None and new is not seg
+    # The writer may still be writing anywhere in its arena past the committed 4 KiB.
+    lo, hi = a.offset + 4096, a.offset + a.size
+    placed = []
+    for i in range(40):
+        ps = svc.handle(m.PutStart(OTHER, f"x{i}", 64 << 10))
+        assert isinstance(ps, m.PutStartReply) and ps.code == OK
+        placed.append(ps.replicas[0].offset)
+    assert all(off + (64 << 10) <= lo or off >= hi for off in placed)
+    # Until the old lease plus the release timeout: then the range is free again.
+    clock.advance(2.0 + 60.0 + 0.1)
+    svc.handle(m.Ping(owner))
+    svc.release_stale()
+    assert new.allocator.alloc_at(lo, hi - lo)
+
+
+def test_an_expired_client_arena_stays_parked_past_its_lease(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = make_service(client_ttl=1.0, put_start_release_timeout=5.0, put_start_discard_timeout=1.0)
+    svc.handle(m.ReMountSegment(WRITER, m.HostId("h")))
+    a = _reserve(svc, MiB)  # lease: min(2 s, client_ttl) = 1 s
+    assert a.lease_ms == 1000
+    clock.advance(1.5)
+    svc.handle(m.Ping(NODE))
+    assert svc.expire_clients() == [WRITER]
+    clock.advance(4.0)  # 5.5 s after the grant: deadline (1 s) + 5 s not reached
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert _allocated(svc) == MiB
+    clock.advance(1.1)
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert _allocated(svc) == 0

@@ -56,7 +56,8 @@ def render_table(address: str, reply: StatsReply) -> str:
     lines = [
         f"master {address}: up {reply.uptime_s:.0f} s, {reply.objects} objects "
         f"({reply.processing} being written), {format_size(reply.used)} of "
-        f"{format_size(reply.capacity)} used ({_pct(reply.used, reply.capacity)}), "
+        f"{format_size(reply.capacity)} used ({_pct(reply.used, reply.capacity)}; "
+        f"{reply.arenas} arenas hold {format_size(reply.arena_bytes)} of it for puts), "
         f"{reply.tasks_active} replica tasks running",
         "",
     ]

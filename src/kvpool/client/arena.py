@@ -7,15 +7,23 @@ A put therefore costs the write plus one round trip instead of two; a `ReserveAr
 once per arena (every `size` bytes of puts), and it carries the ids of arenas this Store has
 finished with (`retire`), so releasing them costs nothing extra.
 
-Safety rule: an arena is released only when no put is between `take` and `done` on it (a
-released range may be handed to another writer at once, so a put still writing there would
-scribble over someone else's object). A replaced arena with puts in flight is parked in
-`_draining` and released by the next ReserveArena (or `close`) once they are done.
+Safety rules (a range the master has let go of may belong to another object at once):
 
-When the master refuses an arena (no room: the pool is full and its puts need PutStart's
-direct reclaim; NOT_SUPPORTED: arenas are off) the Store uses PutStart/PutEnd: for
+* **Lease.** An arena is only cut from for `lease_ms / 2` after the sending of the last request
+  the master answered for it (the ReserveArena, or a commit naming it: `confirm`). Past that the
+  Store asks for a new arena. The master keeps what it lets go of unasked reserved until a
+  write started within the lease must have ended, so no write lands on another's range.
+* **Heartbeat.** A failed Ping or a NEED_REMOUNT (the master restarted, or expired this
+  client) gives every arena up at once (`on_heartbeat(False)`); an OK Ping releases an idle,
+  expired arena and whatever waits in the retire list (`on_heartbeat(True)`).
+* **In flight.** An arena is released only when no put is between `take` and `done` on it; a
+  replaced arena with puts in flight is parked in `_draining` and released once they are done.
+
+When the master refuses an arena (no room: the pool is full and puts need PutStart's direct
+reclaim; too many arenas; NOT_SUPPORTED: arenas are off) the Store uses PutStart/PutEnd: for
 `_BACKOFF_S` after no room, for good after NOT_SUPPORTED. A commit answered INVALID_WRITE (the
-master no longer knows the arena: it restarted, the segment went away) `drop`s the arena.
+master no longer knows the arena) `drop`s it. Values that need more than half of the largest
+arena the master grants go straight to PutStart, without disturbing the current arena.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 from kvpool.errors import ErrorCode, KVPoolError
@@ -47,26 +56,31 @@ before asking again."""
 class Arena:
     """One arena lent by the master; `next` is where the next value's range starts."""
 
-    __slots__ = ("arena_id", "end", "endpoint", "next", "segment", "users")
+    __slots__ = ("arena_id", "end", "endpoint", "half_lease", "next", "segment", "users", "valid")
 
-    def __init__(self, reply: ArenaReply) -> None:
+    def __init__(self, reply: ArenaReply, sent: float) -> None:
         self.arena_id = reply.arena_id
         self.segment = SegmentName(reply.segment)
         self.endpoint = reply.endpoint
         self.next = reply.offset
         self.end = reply.offset + reply.size
+        self.half_lease = reply.lease_ms / 2000.0
+        #: No range is cut after this (monotonic): half the lease after the last confirmation.
+        self.valid = sent + self.half_lease
         self.users = 0  # puts between take and done
 
 
 class Arenas:
     """This Store's arenas (see the module docstring). Thread-safe."""
 
-    def __init__(self, rpc: RpcClient, client_id: ClientId, size: int) -> None:
-        self._rpc = rpc
+    def __init__(self, rpc: Callable[[], RpcClient], client_id: ClientId, size: int) -> None:
+        self._rpc = rpc  # the node's current client: a reconnect replaces it
         self._client_id = client_id
         self.size = size
         #: Values larger than this take PutStart/PutEnd (an arena holds at least four).
         self.max_value = size // 4
+        #: Bytes one take may cut; this and max_value follow the latest grant.
+        self._max_need = size // 2
         self._align = 64
         self._lock = threading.Lock()
         self._current: Arena | None = None
@@ -74,6 +88,7 @@ class Arenas:
         self._retire: list[int] = []
         self._retry_at = 0.0
         self._disabled = size <= 0
+        self._closed = False
 
     def take(self, sizes: list[int]) -> tuple[Arena, list[int]] | None:
         """Ranges for values of `sizes` (one arena, consecutive), or None: use PutStart.
@@ -81,16 +96,18 @@ class Arenas:
         if self._disabled:
             return None
         with self._lock:
+            if self._closed:
+                return None
             mask = self._align - 1
             offs: list[int] = []
             need = 0
             for s in sizes:
                 offs.append(need)
                 need += (s + mask) & ~mask
-            if need > self.size // 2:
+            if need > self._max_need:
                 return None
             arena = self._current
-            if arena is None or arena.next + need > arena.end:
+            if arena is None or arena.next + need > arena.end or time.monotonic() >= arena.valid:
                 arena = self._renew(need)
                 if arena is None:
                     return None
@@ -100,6 +117,12 @@ class Arenas:
             arena.next = base + need
             arena.users += 1
             return arena, [base + o for o in offs]
+
+    def confirm(self, arena: Arena, sent: float) -> None:
+        """The master answered a request naming `arena` that was sent at `sent` (monotonic):
+        it renewed the lease from then."""
+        until = sent + arena.half_lease
+        arena.valid = max(arena.valid, until)
 
     def done(self, arena: Arena) -> None:
         """A put that `take`-n ranges of `arena` has finished (committed or failed)."""
@@ -114,10 +137,7 @@ class Arenas:
         with self._lock:
             if self._current is arena:
                 self._current = None
-                if arena.users:
-                    self._draining[arena.arena_id] = arena
-                else:
-                    self._retire.append(arena.arena_id)
+                self._park(arena)
 
     def drop(self, arena: Arena) -> None:
         """The master does not know `arena` any more: stop using it (nothing to release)."""
@@ -126,23 +146,43 @@ class Arenas:
                 self._current = None
             self._draining.pop(arena.arena_id, None)
 
-    def close(self) -> None:
-        """Release every arena (best effort: if the master cannot be reached, it parks them
-        when this client expires)."""
+    def on_heartbeat(self, ok: bool) -> None:
+        """The node's heartbeat listener (see the module docstring)."""
         with self._lock:
-            self._disabled = True
-            ids = list(self._retire)
-            self._retire.clear()
-            for a in (self._current, *self._draining.values()):
-                if a is not None:
-                    ids.append(a.arena_id)
-            self._current = None
-            self._draining.clear()
+            arena = self._current
+            if arena is not None and (not ok or time.monotonic() >= arena.valid):
+                self._current = None
+                self._park(arena)
+            ids = self._retire if ok else []
+            if ids:
+                self._retire = []
         if ids:
-            try:
-                self._rpc.call(ReleaseArenas(self._client_id, ids))
-            except KVPoolError as exc:
-                log.debug("ReleaseArenas of %d arena(s) failed: %s", len(ids), exc)
+            self._release(ids)
+
+    def close(self) -> None:
+        """Release every arena no put is writing into (best effort). Arenas still in use are
+        left to the master, which releases them once their lease and the write bound pass."""
+        with self._lock:
+            self._disabled = self._closed = True
+            if self._current is not None:
+                self._park(self._current)
+                self._current = None
+            ids, self._retire = self._retire, []
+        if ids:
+            self._release(ids)
+
+    def _park(self, arena: Arena) -> None:
+        """Release `arena` once no put uses it (lock held)."""
+        if arena.users:
+            self._draining[arena.arena_id] = arena
+        else:
+            self._retire.append(arena.arena_id)
+
+    def _release(self, ids: list[int]) -> None:
+        try:
+            self._rpc().call(ReleaseArenas(self._client_id, ids))
+        except KVPoolError as exc:
+            log.debug("ReleaseArenas of %d arena(s) failed: %s", len(ids), exc)
 
     def _renew(self, need: int) -> Arena | None:
         """Replace the current arena by a new one of at least `need` bytes (lock held)."""
@@ -152,24 +192,27 @@ class Arenas:
         old = self._current
         self._current = None
         if old is not None:
-            if old.users:
-                self._draining[old.arena_id] = old
-            else:
-                self._retire.append(old.arena_id)
+            self._park(old)
         retire = self._retire
         self._retire = []
         try:
-            reply = self._rpc.call_as(
+            reply = self._rpc().call_as(
                 ReserveArena(self._client_id, self.size, need, retire), ArenaReply
             )
-        except KVPoolError as exc:
+        except BaseException as exc:
             self._retire = retire + self._retire  # not released: try again next time
             self._retry_at = now + _BACKOFF_S
+            if not isinstance(exc, KVPoolError):
+                raise
             log.debug("ReserveArena failed: %s", exc)
             return None
         if reply.code == ErrorCode.OK:
             self._align = reply.alignment
-            self._current = Arena(reply)
+            # The master may grant less than asked (its caps, a fragmented pool): values and
+            # batches that would not fit half of such an arena take PutStart meanwhile.
+            self.max_value = min(self.size, reply.size) // 4
+            self._max_need = min(self.size, reply.size) // 2
+            self._current = Arena(reply, now)
             return self._current
         if reply.code == ErrorCode.NOT_SUPPORTED:
             self._disabled = True

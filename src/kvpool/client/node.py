@@ -126,6 +126,9 @@ class Heartbeat:
         except KVPoolError as exc:
             st.failures += 1
             st.total_failures += 1
+            listener = self.node.on_heartbeat
+            if listener is not None:
+                listener(False)
             log.debug("ping %d failed: %s", st.failures, exc)
             if st.failures < self.max_failures:
                 return self.interval
@@ -137,6 +140,12 @@ class Heartbeat:
             over = st.failures - self.max_failures
             return float(min(self.interval * 2.0 ** min(over, 16), self.max_backoff))
         st.pings += 1
+        lost = st.failures > 0 or reply.client_status == ClientStatus.NEED_REMOUNT
+        listener = self.node.on_heartbeat
+        if listener is not None:
+            # Before a remount: whatever this client holds from the master (arenas) must be
+            # given up when the master forgot it or could not be reached.
+            listener(not lost)
         if st.failures:
             log.info("master %s answers again after %d failed pings", self.node.master, st.failures)
         st.failures = 0
@@ -198,6 +207,10 @@ class NodeRuntime:
         self.on_pending_tasks: Callable[[], None] | None = None
         """Called by the heartbeat when a Ping says replica tasks wait for this client (the
         `TaskExecutor` of `kvpool.client.tasks` sets it to its `wake`)."""
+        self.on_heartbeat: Callable[[bool], None] | None = None
+        """Called by the heartbeat after every Ping: True when the master answered and knows
+        this client, False when the Ping failed or answered NEED_REMOUNT (the master restarted
+        or expired this client). The Store's arenas (`kvpool.client.arena`) listen."""
 
     def _connect(self) -> RpcClient:
         return RpcClient(

@@ -268,7 +268,9 @@ class Store(TaskAPI):
         try:
             self._data = DataPath(self._node, self.protocol, self.transfer_timeout)
             self._node.start()
-            self._arenas = Arenas(self._node.rpc, self._node.client_id, arena_bytes)
+            node = self._node
+            self._arenas = Arenas(lambda: node.rpc, node.client_id, arena_bytes)
+            node.on_heartbeat = self._arenas.on_heartbeat
             if seg_bytes > 0:
                 self._mount(self._data, seg_bytes)
         except BaseException:
@@ -492,7 +494,10 @@ class Store(TaskAPI):
             commit = PutCommit(
                 self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
             )
+            sent = time.monotonic()
             answer = _reply(self._node.rpc.call(commit), Reply).code
+            if answer != _INVALID_WRITE:
+                arenas.confirm(arena, sent)
         finally:
             arenas.done(arena)
         if answer == _OK:
@@ -651,7 +656,10 @@ class Store(TaskAPI):
                     cfg,
                     self.tenant,
                 )
+                sent = time.monotonic()
                 got_codes = _reply(self._node.rpc.call(commit), BatchReply).codes
+                if _INVALID_WRITE not in got_codes:
+                    arenas.confirm(arena, sent)
                 if len(got_codes) != len(good):
                     raise KVPoolError(
                         f"BatchPutCommit answered {len(got_codes)} codes for {len(good)} keys",

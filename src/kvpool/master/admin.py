@@ -118,6 +118,7 @@ class AdminPath(ServiceState):
             used,
             now - self._started,
             len(self._task_of),
+            *self.arena_stats(),
         )
 
     def mount_segment(self, req: MountSegment) -> Reply:
@@ -145,7 +146,9 @@ class AdminPath(ServiceState):
             if seg.same_mount(info, rec.client_id, rec.host_id):
                 return _OK  # idempotent: the same segment mounted again
             return _SEG_EXISTS
-        self.segments.mount(info, rec.client_id, rec.host_id)
+        new = self.segments.mount(info, rec.client_id, rec.host_id)
+        if self._ghosts:
+            self._restore_ghosts(new)
         rec.segments[info.name] = None
         log.info("mounted segment %s (%d bytes) of client %s", info.name, info.size, rec.client_id)
         return _OK
@@ -243,6 +246,8 @@ class AdminPath(ServiceState):
             released += 1
         if self._task_of or self._tasks_ended:
             released += self._expire_tasks()
+        if self._arenas or self._ghosts:
+            released += self._expire_idle_arenas()
         return released
 
     def parked(self) -> list[tuple[Replica, int]]:

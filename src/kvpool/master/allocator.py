@@ -165,6 +165,26 @@ class OffsetAllocator:
             end += right_len
         self._insert(start, end - start)
 
+    def alloc_at(self, offset: int, size: int) -> bool:
+        """Take exactly [offset, offset + size) (rounded out to the alignment) if all of it is
+        free; False otherwise. O(free blocks): for rare uses (re-reserving the ranges a writer
+        may still use when a segment is mounted again), not for the put path."""
+        a = self.alignment
+        if size <= 0 or offset < 0:
+            return False
+        start = offset // a
+        end = (offset + size + a - 1) // a
+        for s, n in self._by_start.items():
+            if s <= start and end <= s + n:
+                self._remove(s, n)
+                if start > s:
+                    self._insert(s, start - s)
+                if s + n > end:
+                    self._insert(end, s + n - end)
+                self.allocated += (end - start) * a
+                return True
+        return False
+
     def free_blocks(self) -> list[tuple[int, int]]:
         """The free blocks as sorted `(offset, size)` in bytes (for tests and stats; O(n log n))."""
         a = self.alignment

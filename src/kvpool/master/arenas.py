@@ -14,12 +14,34 @@ share bytes. A committed range belongs to its object from then on: removing, evi
 the object frees it, exactly as a range from PutStart. Releasing an arena frees its gaps (what
 was never committed, e.g. the tail, or a range whose commit found the key already there).
 
-Failure rules, as for in-flight PutStarts: the arenas of an expired client are parked until
-`put_start_release_timeout` (a client that only fell silent may still be writing into them);
-an arena on an unmounted segment simply vanishes (its allocator went with the segment); a
-commit naming an arena the master does not know answers INVALID_WRITE, and the client falls
+An arena is a *lease*: the client writes into an arena only for half of `arena_lease` (2 s, or
+`client_ttl` when shorter) after the sending of the last request the master answered for it
+(the ReserveArena, or any commit naming it); each of those pushes the master's `deadline` to
+now + lease. So once the master forgets an arena, no write into it *starts* after its deadline,
+and a write that started before may run as long as a put may (`put_start_release_timeout`,
+the bound PutStart's parking uses). Hence, whenever the master lets go of an arena without the
+client asking, its uncommitted ranges stay reserved until deadline + release timeout:
+
+* the arenas of an expired client are parked (as its in-flight PutStarts are);
+* an arena unused past that time (an idle or vanished client, a ReserveArena whose answer was
+  lost) is released by `release_stale`;
+* an arena on an unmounted segment leaves a *ghost* (segment name, range, until): if a segment
+  of that name is mounted again before then (the same owner coming back after it expired), the
+  ranges are taken again in its fresh allocator and parked, so no other put lands where a
+  writer of the old mount may still write.
+
+A commit naming an arena the master does not know answers INVALID_WRITE, and the client falls
 back to PutStart/PutEnd. Arena ids are random 62-bit numbers, so an arena of a previous master
-process is never mistaken for one of this one.
+process is never mistaken for one of this one. (A restarted master knows no ghosts: a client
+notices the restart at its next ping, within a second, and stops using its arenas then; a write
+in that second could land on a range the new master handed out, which the readers' checksum
+turns into CHECKSUM_MISMATCH, never wrong bytes, as for a PutStart in flight at a restart.)
+
+Limits, so arenas never hoard a pool: an arena is at most `max_arena_size` and an eighth of the
+largest segment; a client holds at most `MAX_ARENAS_PER_CLIENT`; arenas take at most a quarter
+of a segment; ReserveArena never evicts (a full pool is PutStart's business, whose direct
+reclaim frees what one put needs) and grants the largest free block when the asked size does
+not fit, down to `min_size`.
 """
 
 from __future__ import annotations
@@ -46,8 +68,6 @@ from kvpool.master.state import (
 )
 from kvpool.master.writes import WritePath, _PutPlan
 from kvpool.protocol.messages import (
-    DEFAULT_REPLICATE_CONFIG,
-    DEFAULT_TENANT,
     ArenaReply,
     BatchPutCommit,
     BatchReply,
@@ -67,20 +87,43 @@ log = logging.getLogger(__name__)
 _ids = random.SystemRandom()
 _NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
 
+ARENA_LEASE_S = 2.0
+"""Seconds an arena stays the client's after the last request naming it (at most client_ttl)."""
+MAX_ARENAS_PER_CLIENT = 4
+"""Arenas one client may hold at once (one it cuts from, a few finishing their writes)."""
+
 
 class Arena:
     """A range of one segment lent to one client for its one-round-trip puts."""
 
-    __slots__ = ("arena_id", "client_id", "end", "ends", "segment", "start", "starts")
+    __slots__ = (
+        "arena_id",
+        "client_id",
+        "deadline",
+        "end",
+        "ends",
+        "segment",
+        "start",
+        "starts",
+    )
 
     def __init__(
-        self, arena_id: int, client_id: ClientId, segment: Segment, start: int, size: int
+        self,
+        arena_id: int,
+        client_id: ClientId,
+        segment: Segment,
+        start: int,
+        size: int,
+        *,
+        deadline: float,
     ) -> None:
         self.arena_id = arena_id
         self.client_id = client_id
         self.segment = segment
         self.start = start
         self.end = start + size
+        #: No write into the arena starts after this (master clock); renewed by each use.
+        self.deadline = deadline
         # Committed ranges, sorted by start (parallel lists; ends are aligned).
         self.starts: list[int] = []
         self.ends: list[int] = []
@@ -119,9 +162,9 @@ class Arena:
 class ArenaPath(WritePath, ServiceState):
     """ReserveArena / PutCommit / BatchPutCommit / ReleaseArenas, and arena cleanup."""
 
-    #: Every live arena by id, and each client's arenas (both kept in step).
-    _arenas: dict[int, Arena]
-    _arenas_of: dict[ClientId, dict[int, Arena]]
+    @property
+    def arena_lease(self) -> float:
+        return min(ARENA_LEASE_S, self._config.client_ttl)
 
     # ------------------------------------------------------------ reserve / release
 
@@ -133,33 +176,61 @@ class ArenaPath(WritePath, ServiceState):
             return ArenaReply(_INVALID_PARAMS)
         if req.retire:
             self._release_ids(cid, req.retire)
-        align = self._config.alignment
+        mine = self._arenas_of.get(cid)
+        if mine is not None and len(mine) >= MAX_ARENAS_PER_CLIENT:
+            return ArenaReply(_NO_SPACE)
         live = self.segments.live
         if not live:
             return ArenaReply(_NO_SPACE)
-        # Never more than max_arena_size, nor an eighth of the largest segment: arenas must
-        # not hoard a small pool.
+        # Never more than max_arena_size, nor an eighth of the largest segment.
         cap = min(self._config.max_arena_size, max(s.allocator.capacity for s in live) // 8)
-        size = self._aligned(min(req.size, cap))
+        a = self._config.alignment
+        size = min(req.size, cap) // a * a
         need = self._aligned(max(req.min_size, 1))
         if size < need:
             return ArenaReply(_NO_SPACE)
-        # Placed as a plain one-replica put of the whole arena (strategy, local host, direct
-        # reclaim when the pool is full), without touching any tenant's metadata.
-        plan = _PutPlan(_OK, cid, DEFAULT_TENANT, DEFAULT_REPLICATE_CONFIG, None)
-        plan.simple = self._placement.strategy is AllocationStrategy.RANDOM
-        got = self._allocate(size, plan)
-        if not got:
+        got = self._arena_range(cid, size, need)
+        if got is None:
             return ArenaReply(_NO_SPACE)
-        seg, off = got[0].segment, got[0].offset
-        seg.objects -= 1  # placement counted a replica; an arena is not one
+        seg, off, size = got
         arena_id = _ids.getrandbits(62) + 1
         while arena_id in self._arenas:
             arena_id = _ids.getrandbits(62) + 1
-        arena = Arena(arena_id, cid, seg, off, size)
+        lease = self.arena_lease
+        arena = Arena(arena_id, cid, seg, off, size, deadline=self._clock() + lease)
         self._arenas[arena_id] = arena
         self._arenas_of.setdefault(cid, {})[arena_id] = arena
-        return ArenaReply(_OK, arena_id, seg.name, off, size, align, seg.endpoint)
+        return ArenaReply(_OK, arena_id, seg.name, off, size, a, seg.endpoint, round(lease * 1000))
+
+    def _arena_range(
+        self, client_id: ClientId, size: int, need: int
+    ) -> tuple[Segment, int, int] | None:
+        """(segment, offset, size) for a new arena of `size` bytes, or of the largest free
+        block down to `need`; placed by the master's strategy, never by evicting anything,
+        and never past a quarter of a segment in arenas."""
+        host = None
+        if self._placement.strategy is AllocationStrategy.LOCAL_FIRST:
+            rec = self.clients.get(client_id)
+            host = rec.host_id if rec is not None else None
+        got = self._placement.allocate(self.segments, size, 1, local_host=host)
+        if got:
+            seg, off = got[0]
+            seg.objects -= 1  # placement counted a replica; an arena is not one
+        else:
+            seg = max(self.segments.live, key=lambda x: x.allocator.largest_free())
+            a = self._config.alignment
+            size = min(size, seg.allocator.largest_free() // a * a)
+            if size < need:
+                return None
+            found = seg.allocator.alloc(size)
+            if found is None:
+                return None
+            off = found
+        held = sum(x.end - x.start for x in self._arenas.values() if x.segment is seg)
+        if held + size > seg.allocator.capacity // 4:
+            seg.allocator.free(off, size)
+            return None
+        return seg, off, size
 
     def release_arenas(self, req: ReleaseArenas) -> Reply:
         if not req.client_id:
@@ -195,23 +266,65 @@ class ArenaPath(WritePath, ServiceState):
         mine = self._arenas_of.pop(client_id, None)
         if not mine:
             return
-        release_at = self._clock() + self._config.put_start_release_timeout
+        now = self._clock()
         for arena in mine.values():
             del self._arenas[arena.arena_id]
-            if arena.segment.alive:
-                for off, size in arena.gaps():
-                    self._park_until(release_at, size, (Replica(arena.segment, off, _COMPLETE),))
-                    arena.segment.objects += 1  # a parked range is freed as one replica
+            self._park_gaps(
+                arena, max(now, arena.deadline) + self._config.put_start_release_timeout
+            )
+
+    def _park_gaps(self, arena: Arena, until: float) -> None:
+        seg = arena.segment
+        if seg.alive:
+            for off, size in arena.gaps():
+                self._park_until(until, size, (Replica(seg, off, _COMPLETE),))
+                seg.objects += 1  # a parked range is freed as one replica
+
+    def _expire_idle_arenas(self) -> int:
+        """Release arenas unused for `put_start_release_timeout` past their lease (an idle or
+        vanished client, a lost ReserveArena answer) and forget ghosts whose time is up;
+        answers how many arenas were released."""
+        now = self._clock()
+        limit = now - self._config.put_start_release_timeout
+        idle = [x for x in self._arenas.values() if x.deadline <= limit]
+        for arena in idle:
+            self._release_ids(arena.client_id, [arena.arena_id])
+        for name in [n for n, g in self._ghosts.items() if all(u <= now for _, _, u in g)]:
+            del self._ghosts[name]
+        return len(idle)
 
     def _drop_arenas_on(self, seg: Segment) -> None:
-        """Forget the arenas on an unmounted segment (nothing to free: its allocator is gone)."""
+        """Forget the arenas on an unmounted segment (its allocator is gone), leaving ghosts of
+        their uncommitted ranges for a mount of the same name (module docstring)."""
+        grace = self._config.put_start_release_timeout
         for arena in [a for a in self._arenas.values() if a.segment is seg]:
+            until = arena.deadline + grace
+            self._ghosts.setdefault(seg.name, []).extend(
+                (off, size, until) for off, size in arena.gaps()
+            )
             del self._arenas[arena.arena_id]
             mine = self._arenas_of.get(arena.client_id)
             if mine is not None:
                 mine.pop(arena.arena_id, None)
                 if not mine:
                     del self._arenas_of[arena.client_id]
+
+    def _restore_ghosts(self, seg: Segment) -> None:
+        """A segment named like one that went away with arenas on it: take their uncommitted
+        ranges again and park them until a writer of the old mount can no longer write."""
+        ghosts = self._ghosts.pop(seg.name, None)
+        if not ghosts:
+            return
+        now = self._clock()
+        for off, size, until in ghosts:
+            if until > now and seg.allocator.alloc_at(off, size):
+                self._park_until(until, size, (Replica(seg, off, _COMPLETE),))
+                seg.objects += 1
+        log.info("segment %s mounted again: %d arena range(s) kept reserved", seg.name, len(ghosts))
+
+    def arena_stats(self) -> tuple[int, int]:
+        """(arenas, bytes they hold)."""
+        return len(self._arenas), sum(x.end - x.start for x in self._arenas.values())
 
     # ------------------------------------------------------------ commit
 
@@ -256,6 +369,7 @@ class ArenaPath(WritePath, ServiceState):
         arena = self._arenas.get(arena_id)
         if arena is None or arena.client_id != client_id or not arena.segment.alive:
             return None, None, _INVALID_WRITE
+        arena.deadline = self._clock() + self.arena_lease
         return plan, arena, _OK
 
     def _commit_many(  # noqa: PLR0917
@@ -325,7 +439,7 @@ class ArenaPath(WritePath, ServiceState):
             obj.complete = True
             obj.checksum = sums[i] if sums else None
             obj.lease_deadline = now
+            on_complete(obj, replica)  # before the pin deadline is set, as at PutEnd
             obj.soft_pin_deadline = pin_deadline
-            on_complete(obj, replica)
             out.append(_OK)
         return out

@@ -118,6 +118,7 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
         self._tasks_ended = deque()
         self._arenas = {}
         self._arenas_of = {}
+        self._ghosts = {}
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
             Echo: self.echo,
             Ping: self.ping,

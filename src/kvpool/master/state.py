@@ -38,9 +38,11 @@ from kvpool.protocol.messages import (
     ReplicaListReply,
     ReplicaStatus,
     Reply,
+    SegmentName,
 )
 
 if TYPE_CHECKING:
+    from kvpool.master.arenas import Arena
     from kvpool.master.tasks import Task
 
 __all__ = ["ServiceState"]
@@ -101,6 +103,11 @@ class ServiceState:
     _task_of: dict[ObjectMeta, Task]
     _task_queues: dict[ClientId, dict[str, Task]]
     _tasks_ended: deque[tuple[float, str]]
+    # Arenas (arenas.py): every live arena by id, each client's arenas, and the ghosts of
+    # arenas on unmounted segments: (offset, size, reserved until) by segment name.
+    _arenas: dict[int, Arena]
+    _arenas_of: dict[ClientId, dict[int, Arena]]
+    _ghosts: dict[SegmentName, list[tuple[int, int, float]]]
 
     def _park(self, obj: ObjectMeta) -> None:
         if obj.replicas:
@@ -131,6 +138,15 @@ class ServiceState:
         raise NotImplementedError
 
     def _drop_arenas_on(self, seg: Segment) -> None:
+        raise NotImplementedError
+
+    def _restore_ghosts(self, seg: Segment) -> None:
+        raise NotImplementedError
+
+    def _expire_idle_arenas(self) -> int:
+        raise NotImplementedError
+
+    def arena_stats(self) -> tuple[int, int]:
         raise NotImplementedError
 
     def _evict_one_replica(self, obj: ObjectMeta, replica: Replica) -> int:

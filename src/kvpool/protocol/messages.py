@@ -42,8 +42,11 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
   master restarted) answers INVALID_WRITE, and the client falls back to PutStart/PutEnd.
   `ReleaseArenas(client_id, ids)` (also the `retire` list of a ReserveArena) gives the parts
   never committed back; a committed range belongs to its object from then on and is freed with
-  it. The arenas of an expired client are parked until `put_start_release_timeout`, as its
-  in-flight PutStarts are. Only one-replica puts without preferred segments take this path.
+  it. An arena is a lease (`lease_ms`): the client writes into it only for half of it after
+  the last request naming it; ranges the master lets go of without being asked (client
+  expired, arena idle, segment unmounted and mounted again) stay reserved until a write that
+  started in time must have ended (`kvpool.master.arenas`). Only one-replica puts without
+  preferred segments take this path.
 
 * **Get.** `GetReplicaList(key)` answers the readable replicas (COMPLETE, on a live segment),
   the size, the checksum and `lease_ttl_ms`: the object holds a read lease until
@@ -534,7 +537,9 @@ class BatchPutStartReply(Message):
 
 class ArenaReply(Message):
     """A granted arena: `size` bytes at `offset` of `segment` (owned by `endpoint`'s node);
-    ranges cut from it must start on multiples of `alignment`."""
+    ranges cut from it must start on multiples of `alignment`. The client writes into it only
+    for `lease_ms / 2` after sending the last request the master answered for it (this one,
+    or a commit naming it)."""
 
     code: int
     arena_id: int = 0
@@ -543,6 +548,7 @@ class ArenaReply(Message):
     size: int = 0
     alignment: int = 64
     endpoint: str = ""
+    lease_ms: int = 0
 
 
 class ReplicaListReply(Message):
@@ -629,6 +635,9 @@ class StatsReply(Message):
     uptime_s: float = 0.0
     tasks_active: int = 0
     """Replica tasks PENDING or PROCESSING."""
+    arenas: int = 0
+    """Arenas lent to clients for one-round-trip puts, and the bytes they hold (in `used`)."""
+    arena_bytes: int = 0
 
 
 # ---------------------------------------------------------------- replica tasks

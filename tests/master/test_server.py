@@ -362,6 +362,31 @@ def test_a_batch_commit_larger_than_the_chunk_keeps_each_key_with_its_range() ->
         assert bad.codes == [E.INVALID_PARAMS] * 200
 
 
+def test_a_locations_batch_larger_than_the_chunk_renumbers_segments_across_parts() -> None:
+    server = MasterServer(MasterConfig(port=0, batch_chunk_keys=50, seed=3), server_name="t")
+    thread = ServerThread(server, name="master-locations-chunks")  # type: ignore[arg-type]
+    with thread, client(thread.start().endpoint) as rpc:
+        for name in ("s1", "s2", "s3"):
+            rpc.call(m.MountSegment(m.ClientId(f"node-{name}"), HOST, seg(name)))
+        w = m.ClientId("w")
+        n = 240
+        keys = [f"l{i}" for i in range(n)]
+        cfg = m.ReplicateConfigMsg(replica_num=2)
+        assert all(r.code == 0 for r in rpc.call(m.BatchPutStart(w, keys, [64] * n, cfg)).results)
+        assert rpc.call(m.BatchPutEnd(w, keys, list(range(n)))).codes == [0] * n
+        asked = [*keys, "missing"]
+        full = rpc.call(m.BatchGetReplicaList(asked))
+        loc = rpc.call(m.BatchGetLocations(asked))
+        assert isinstance(loc, m.LocationsReply)
+        assert loc.codes == [r.code for r in full.results]
+        assert loc.checksums[:n] == list(range(n)) and loc.sizes[n] == 0
+        assert len(set(loc.segments)) == len(loc.segments) <= 3
+        for i, r in enumerate(full.results[:n]):
+            p = loc.places[i]
+            got = [(loc.segments[p[k]], p[k + 1]) for k in range(0, len(p), 2)]
+            assert got == [(d.segment, d.offset) for d in r.replicas]
+
+
 def test_a_node_executes_a_move_task_over_rpc(rpc: RpcClient) -> None:
     """The node's side of replica tasks on the wire: the test is the node (it fetches its task,
     "copies" by recording the request, reports) and the master switches the metadata."""

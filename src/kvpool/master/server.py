@@ -36,6 +36,7 @@ from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
     BatchExistKey,
+    BatchGetLocations,
     BatchGetReplicaList,
     BatchPutCommit,
     BatchPutEnd,
@@ -44,10 +45,12 @@ from kvpool.protocol.messages import (
     BatchRemove,
     BatchReply,
     BatchUpsertStart,
+    LocationsReply,
     Message,
     RemoveAll,
     RemoveByRegex,
     Request,
+    SegmentName,
 )
 from kvpool.rpc.server import Connection, RpcServer
 
@@ -195,6 +198,7 @@ _BATCH_TYPES = (
     BatchPutEnd,
     BatchPutRevoke,
     BatchGetReplicaList,
+    BatchGetLocations,
     BatchExistKey,
     BatchRemove,
 )
@@ -252,7 +256,34 @@ async def _join(inner: Callable[[Any], Any], req: Any, chunk: int) -> Message:
     first = parts[0]
     if isinstance(first, BatchReply):
         return BatchReply([c for p in parts for c in p.codes])
+    if isinstance(first, LocationsReply):
+        return _join_locations(parts)
     return type(first)([r for p in parts for r in p.results])  # type: ignore[no-any-return]
+
+
+def _join_locations(parts: list[LocationsReply]) -> LocationsReply:
+    """One LocationsReply from those of sub-batches: each part names its segments by its own
+    indexes, so they are renumbered into one table."""
+    index: dict[SegmentName, int] = {}
+    endpoints: list[str] = []
+    out = LocationsReply([], [], [], [], [], [], parts[0].lease_ttl_ms)
+    for part in parts:
+        remap: list[int] = []
+        for name, endpoint in zip(part.segments, part.endpoints, strict=True):
+            i = index.get(name)
+            if i is None:
+                i = index[name] = len(endpoints)
+                endpoints.append(endpoint)
+            remap.append(i)
+        out.codes += part.codes
+        out.sizes += part.sizes
+        out.checksums += part.checksums
+        for p in part.places:
+            out.places.append([remap[v] if k % 2 == 0 else v for k, v in enumerate(p)])
+        out.lease_ttl_ms = max(out.lease_ttl_ms, part.lease_ttl_ms)
+    out.segments = list(index)
+    out.endpoints = endpoints
+    return out
 
 
 async def _chunked(steps: Iterator[Message | None]) -> Message:

@@ -144,6 +144,10 @@ def test_corrupted_bytes_fail_the_checksum_unless_checking_is_off(pool: PoolFact
         with Store(p.address, verify_checksum=False) as lax:
             got = lax.get("c")
             assert got != b"precious kv cache" * 100 and len(got) == 1700
+            assert lax.batch_get(["c", "fine", "absent"]) == [got, b"f" * 1000, None]
+        # The batch fast path (one segment, one replica each) falls back and still names the
+        # key: a missing key reads None, the corrupt one raises.
+        assert owner.batch_get(["fine", "absent"]) == [b"f" * 1000, None]
         # A large value is copied and hashed chunk by chunk: a flip in its last chunk counts.
         big = np.random.default_rng(9).integers(0, 256, 2 << 20, dtype=np.uint8).tobytes()
         owner.put("big", big)

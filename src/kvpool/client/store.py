@@ -114,7 +114,6 @@ from kvpool.protocol.messages import (
     TenantId,
     UpsertStart,
 )
-from kvpool.transfer.engine import RouteKind
 from kvpool.transfer.registration import buffer_address, byte_view
 from kvpool.transfer.request import TransferOp, TransferRequest
 
@@ -913,15 +912,10 @@ class Store(TaskAPI):
         each value is copied straight into its new bytearray (no zero-filling first) and
         hashed while it is still in the cache. None when anything is off the common case (the
         general path then does the whole batch, reads again included)."""
-        if len(loc.segments) != 1 or self.protocol == "tcp":
+        if len(loc.segments) != 1:
             return None
-        engine = self._open().engine
-        name = loc.segments[0]
-        try:
-            if engine.route_kind(name) is RouteKind.TCP:
-                return None
-            hold = engine.hold_segment(name)
-        except KVPoolError:
+        hold = self._open().hold_mapped(loc.segments[0])
+        if hold is None:
             return None
         digest = xxhash.xxh3_64_intdigest
         verify = self.verify_checksum

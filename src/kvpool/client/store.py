@@ -238,7 +238,7 @@ class Store(TaskAPI):
         heartbeat_interval: float = 1.0,
         cluster_id: str = "kvpool",
         task_poll_interval: float = DEFAULT_POLL_INTERVAL_S,
-        arena_size: int | str = "32MiB",
+        arena_size: int | str = "64MiB",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         self._arenas: Arenas | None = None

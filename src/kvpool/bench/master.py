@@ -10,7 +10,13 @@ run, interleaved over `repeats` rounds and reported as the median round:
   work adds to a round trip) and pipelined;
 * `put` = PutStart + PutEnd (two round trips per key), lock-step and pipelined;
 * `batch_get_replica_list` and `batch_put` (BatchPutStart + BatchPutEnd) of 64 keys per
-  request, lock-step and pipelined (4 requests in flight): keys/s.
+  request, lock-step and pipelined (4 requests in flight): keys/s;
+* `commit` and `batch_commit`: the one-round-trip put (PutCommit / BatchPutCommit into arenas
+  reserved before the clock starts), and `batch_get_locations`, the compact batch read the
+  Store uses.
+
+The client reaches the master as a Store on its host does: over the master's Unix socket
+(the rows' `path` says which transport was used).
 
 For every case the master's CPU time (user + system, read from /proc through psutil) is divided
 by the keys served: `master_cpu_us_per_key`, the cost that bounds throughput once the client
@@ -204,6 +210,65 @@ def _put_case(plan: Plan, pipelined: bool, batch: int) -> Case:
     return run
 
 
+def _commit_case(plan: Plan, pipelined: bool, batch: int) -> Case:
+    """PutCommit (one round trip per put, `kvpool.master.arenas`) of fresh keys, per key or per
+    batch, into arenas reserved before the clock starts (one ReserveArena per 64 MiB of values:
+    16,384 puts of 4 KiB) and released after it stops."""
+    arena_bytes = 64 << 20
+    per_arena = arena_bytes // OBJECT_SIZE
+
+    def run(rpc: RpcClient, rnd: int) -> tuple[int, float, list[float]]:
+        n = plan.batch_reqs * batch if batch > 1 else plan.single_ops
+        keys = _keys(f"xb{batch}r{rnd}c{int(pipelined)}", n)  # [-31:] keeps the "c" part
+        sums = [i * 2654435761 % (1 << 64) for i in range(n)]
+        arenas: list[m.ArenaReply] = []
+        for _ in range((n + per_arena - 1) // per_arena):
+            a = rpc.call(m.ReserveArena(WRITER, arena_bytes, arena_bytes))
+            _expect(isinstance(a, m.ArenaReply) and a.code == 0, f"ReserveArena: {a}")
+            arenas.append(a)
+        place = [
+            (
+                arenas[i // per_arena].arena_id,
+                arenas[i // per_arena].offset + (i % per_arena) * OBJECT_SIZE,
+            )
+            for i in range(n)
+        ]
+        reqs: list[Any]
+        if batch == 1:
+            reqs = [
+                m.PutCommit(WRITER, k, OBJECT_SIZE, place[i][0], place[i][1], sums[i])
+                for i, k in enumerate(keys)
+            ]
+        else:
+            reqs = [
+                m.BatchPutCommit(
+                    WRITER,
+                    place[i][0],
+                    keys[i : i + batch],
+                    [OBJECT_SIZE] * batch,
+                    [place[j][1] for j in range(i, i + batch)],
+                    sums[i : i + batch],
+                )
+                for i in range(0, n, batch)
+            ]
+        window = (BATCH_WINDOW if batch > 1 else WINDOW) if pipelined else 1
+        clock = time.perf_counter
+        lat: list[float] = []
+        t0 = clock()
+        for i in range(0, len(reqs), window):
+            t = clock()
+            got = [rpc.call(reqs[i])] if window == 1 else rpc.call_many(reqs[i : i + window])
+            lat.append(clock() - t)
+            for r in got:
+                ok = r.code == 0 if batch == 1 else r.codes == [0] * batch
+                _expect(ok, f"commit {r}")
+        elapsed = clock() - t0
+        rpc.call(m.ReleaseArenas(WRITER, [a.arena_id for a in arenas]))
+        return n, elapsed, lat
+
+    return run
+
+
 @dataclass(slots=True)
 class _Measured:
     op: str
@@ -214,6 +279,7 @@ class _Measured:
     latencies: list[float]
     master_cpu_s: float
     calls_per_key: float
+    transport: str = "tcp"
 
 
 def _row(x: _Measured, repeats: int) -> dict[str, Any]:
@@ -222,7 +288,7 @@ def _row(x: _Measured, repeats: int) -> dict[str, Any]:
     ops_per_s = keys_per_s / x.batch
     return {
         "system": "kvpool",
-        "path": "tcp",
+        "path": x.transport,
         "op": x.op,
         "case": x.case,
         "value_size": 0,
@@ -281,6 +347,14 @@ def run(
             m.BatchGetReplicaList(read_keys[(i * BATCH) % n_read : (i * BATCH) % n_read + BATCH])
             for i in range(plan.batch_reqs)
         ]
+        locate_reqs = [m.BatchGetLocations(r.keys) for r in batch_get_reqs]
+
+        def check_locate(i: int, reply: Any) -> None:
+            base = (i * BATCH) % n_read
+            for j, (code, p) in enumerate(zip(reply.codes, reply.places, strict=True)):
+                k = read_keys[base + j]
+                _expect(code == 0 and p[1] == offsets[k], f"batch locate {k}")
+
         cases: list[tuple[str, str, int, float, Case]] = [
             ("echo", "lockstep", 1, 1, _lockstep(echo_reqs, check_echo)),
             ("get_replica_list", "lockstep", 1, 1, _lockstep(get_reqs, check_get)),
@@ -304,6 +378,24 @@ def run(
             ),
             ("batch_put", "lockstep", BATCH, 2 / BATCH, _put_case(plan, False, BATCH)),
             ("batch_put", "pipelined", BATCH, 2 / BATCH, _put_case(plan, True, BATCH)),
+            ("commit", "lockstep", 1, 1, _commit_case(plan, False, 1)),
+            ("commit", "pipelined", 1, 1, _commit_case(plan, True, 1)),
+            ("batch_commit", "lockstep", BATCH, 1 / BATCH, _commit_case(plan, False, BATCH)),
+            ("batch_commit", "pipelined", BATCH, 1 / BATCH, _commit_case(plan, True, BATCH)),
+            (
+                "batch_get_locations",
+                "lockstep",
+                BATCH,
+                1 / BATCH,
+                _lockstep(locate_reqs, check_locate),
+            ),
+            (
+                "batch_get_locations",
+                "pipelined",
+                BATCH,
+                1 / BATCH,
+                _pipelined(locate_reqs, check_locate, BATCH_WINDOW),
+            ),
         ]
         # Warm both sides up (connections, code paths) before anything is timed.
         _lockstep(echo_reqs[:200], check_echo)(rpc, 0)
@@ -314,7 +406,8 @@ def run(
                 cpu0 = master.cpu_s()
                 keys_done, seconds, lat = fn(rpc, rnd)
                 # For batch cases the function counts requests for gets: scale to keys.
-                keys = keys_done * batch if op == "batch_get_replica_list" else keys_done
+                gets = ("batch_get_replica_list", "batch_get_locations")
+                keys = keys_done * batch if op in gets else keys_done
                 per_case[i].append(
                     _Measured(
                         op,
@@ -325,6 +418,7 @@ def run(
                         lat,
                         master.cpu_s() - cpu0,
                         calls_per_key,
+                        rpc.transport or "tcp",
                     )
                 )
                 log(f"round {rnd + 1}/{plan.repeats}: {op} {case} {keys / seconds:,.0f} keys/s")

@@ -55,6 +55,7 @@ _STATE_BITS: dict[ListState, int] = {s: i << 1 for i, s in enumerate(_STATES)}
 REF = 1
 STATE_MASK = 0b1110
 INACTIVE_BITS = _STATE_BITS[ListState.INACTIVE]
+_INACTIVE = ListState.INACTIVE
 ACTIVE_BITS = _STATE_BITS[ListState.ACTIVE]
 ISOLATED_BITS = _STATE_BITS[ListState.ISOLATED]
 UNEVICTABLE_BITS = _STATE_BITS[ListState.UNEVICTABLE]
@@ -93,7 +94,10 @@ class EvictInfo(Generic[K]):
         self.key = key
         self.replica_id = replica_id
         self.size = size
-        self.flags = (generation << 4) | _STATE_BITS[state] | (REF if referenced else 0)
+        # The common state without a dict lookup: hashing an Enum member runs Python code,
+        # and a record is made for every completed replica.
+        bits = INACTIVE_BITS if state is _INACTIVE else _STATE_BITS[state]
+        self.flags = (generation << 4) | bits | (REF if referenced else 0)
         self.epoch = epoch
         self.sibling = sibling
         """Next record of the same key and generation (other replicas of the object)."""

@@ -28,8 +28,9 @@ Get (`get`, `get_into`, the batch forms)
     replica on this host is read, else the first complete one; a replica whose read fails (or
     whose bytes fail the checksum) is skipped for the next → the xxh3_64 recorded at PutEnd is
     verified (CHECKSUM_MISMATCH; `verify_checksum=False` turns it off) → a read that finished
-    after its lease expired is refused (LEASE_EXPIRED). Batches use one BatchGetReplicaList and
-    one engine batch for all first choices.
+    after its lease expired is refused (LEASE_EXPIRED). Batches use one BatchGetLocations (the
+    compact form of BatchGetReplicaList) and one copy loop for all first choices; a batch whose
+    keys all sit on one segment mapped here is read in one loop under one hold.
 
 Values are copied once, straight between the caller's memory and segment memory: `put` writes
 from the value's own buffer, `get` allocates its result once and reads into it, `put_from` and

@@ -131,9 +131,10 @@ def check_unix_welcome(
     protocol_version: int = PROTOCOL_VERSION,
 ) -> KVPoolError | None:
     """The error for the `welcome` read over the Unix socket `unix_address` (which the TCP
-    `Welcome` named), or None when it is the same server: same cluster, same address."""
+    `Welcome` named), or None when it is the same server: same cluster, same address. With
+    `unix_address` empty (the Welcome came over TCP) this is `check_welcome`."""
     problem = check_welcome(welcome, cluster_id=cluster_id, protocol_version=protocol_version)
-    if problem is not None:
+    if problem is not None or not unix_address:
         return problem
     if welcome.unix_address != unix_address:
         return error_for_code(

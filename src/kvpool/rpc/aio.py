@@ -48,7 +48,6 @@ from kvpool.protocol.handshake import (
     Hello,
     Welcome,
     check_unix_welcome,
-    check_welcome,
     is_abstract_unix_address,
 )
 from kvpool.rpc.client import Transport, _check_timeout, parse_address, unix_enabled
@@ -459,17 +458,12 @@ class AsyncRpcClient:
                 refusal = self._decode_error(payload)
                 raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
             welcome = msgspec.msgpack.decode(payload, type=Welcome)
-            if unix_address:
-                problem = check_unix_welcome(
-                    welcome,
-                    cluster_id=self.cluster_id,
-                    unix_address=unix_address,
-                    protocol_version=self.protocol_version,
-                )
-            else:
-                problem = check_welcome(
-                    welcome, cluster_id=self.cluster_id, protocol_version=self.protocol_version
-                )
+            problem = check_unix_welcome(
+                welcome,
+                cluster_id=self.cluster_id,
+                unix_address=unix_address,  # "" over TCP: the plain checks only
+                protocol_version=self.protocol_version,
+            )
             if problem is not None:
                 raise problem
         except msgspec.DecodeError as exc:

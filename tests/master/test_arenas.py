@@ -367,3 +367,25 @@ def test_an_expired_client_arena_stays_parked_past_its_lease(
     svc.handle(m.Ping(NODE))
     svc.release_stale()
     assert _allocated(svc) == 0
+
+
+def test_a_commit_refused_for_its_config_still_renews_the_arena_lease(
+    make_service: MakeService, clock: Clock
+) -> None:
+    """The client wrote into its arena before the master saw the request: whatever the answer
+    (but INVALID_WRITE), the arena must stay the client's for a new lease, or the master could
+    hand out a range the client still believes is its own."""
+    svc = make_service()
+    a = _reserve(svc)
+    (arena,) = svc.arenas_of(WRITER)
+    clock.advance(1.5)
+    too_long = m.ReplicateConfigMsg(
+        soft_pin_action=m.SoftPinAction.ENABLE,
+        soft_pin_ttl_ms=int(svc.config.max_kv_soft_pin_ttl * 1000) + 1000,
+    )
+    assert _commit(svc, a, "k", 64, a.offset, config=too_long) == ErrorCode.INVALID_PARAMS
+    assert arena.deadline == clock() + svc.arena_lease
+    bad_group = m.ReplicateConfigMsg(group_ids=["a", "b"])
+    clock.advance(1.0)
+    assert _commit(svc, a, "k", 64, a.offset, config=bad_group) == ErrorCode.INVALID_PARAMS
+    assert arena.deadline == clock() + svc.arena_lease

@@ -500,7 +500,7 @@ class Store(TaskAPI):
             )
             sent = time.monotonic()
             answer = _reply(self._node.rpc.call(commit), Reply).code
-            if answer != _INVALID_WRITE:
+            if answer in (_OK, _EXISTS):  # the master renewed the lease (it may for others)
                 arenas.confirm(arena, sent)
         finally:
             arenas.done(arena)
@@ -662,7 +662,7 @@ class Store(TaskAPI):
                 )
                 sent = time.monotonic()
                 got_codes = _reply(self._node.rpc.call(commit), BatchReply).codes
-                if _INVALID_WRITE not in got_codes:
+                if any(c in (_OK, _EXISTS) for c in got_codes):
                     arenas.confirm(arena, sent)
                 if len(got_codes) != len(good):
                     raise KVPoolError(
@@ -936,8 +936,8 @@ class Store(TaskAPI):
                     return None
                 off = p[1]
                 end = off + sizes[i]
-                if end > cap:
-                    return None
+                if off < 0 or end > cap or end < off:
+                    return None  # a malformed answer: the general path reports it
                 buf = bytearray(mem[off:end])
                 want = sums[i]
                 if verify and want is not None and digest(buf) != want:
@@ -960,6 +960,10 @@ class Store(TaskAPI):
             raise KVPoolError(
                 "BatchGetLocations: segments and endpoints differ", ErrorCode.RPC_FAIL
             )
+        # What the loops index without checking: sizes (buffers are made from them) and the
+        # (segment, offset) pairs of places. Offsets and segment indexes are checked where used.
+        if (n and min(loc.sizes) < 0) or any(len(p) & 1 for p in loc.places):
+            raise KVPoolError("BatchGetLocations: malformed sizes or places", ErrorCode.RPC_FAIL)
         return loc
 
     def _read_batch(
@@ -1001,7 +1005,7 @@ class Store(TaskAPI):
                 continue
             j = first_of[i] if first_of else 0
             seg = p[j]
-            if not 0 <= seg < n_segs:
+            if not 0 <= seg < n_segs or p[j + 1] < 0:
                 bad_place = True
                 codes[i] = ErrorCode.RPC_FAIL
                 continue
@@ -1074,7 +1078,7 @@ class Store(TaskAPI):
                 loc.endpoints[p[k]],
             )
             for k in range(0, len(p), 2)
-            if k != skip and 0 <= p[k] < len(loc.segments)
+            if k != skip and 0 <= p[k] < len(loc.segments) and p[k + 1] >= 0
         ]
         return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)
 

@@ -361,15 +361,17 @@ class ArenaPath(WritePath, ServiceState):
         arena_id: int,
         n: int = 1,
     ) -> tuple[_PutPlan | None, Arena | None, int]:
+        # The arena first: any answer but INVALID_WRITE tells the client its arena is alive,
+        # so the lease is renewed whatever else the request gets wrong.
+        arena = self._arenas.get(arena_id)
+        if arena is None or arena.client_id != client_id or not arena.segment.alive:
+            return None, None, _INVALID_WRITE
+        arena.deadline = self._clock() + self.arena_lease
         plan = self._plan(client_id, tenant, cfg, n)
         if plan.code != _OK:
             return None, None, plan.code
         if cfg.replica_num != 1 or cfg.preferred_segments:
             return None, None, _INVALID_PARAMS  # arenas hold one replica, placed by the master
-        arena = self._arenas.get(arena_id)
-        if arena is None or arena.client_id != client_id or not arena.segment.alive:
-            return None, None, _INVALID_WRITE
-        arena.deadline = self._clock() + self.arena_lease
         return plan, arena, _OK
 
     def _commit_many(  # noqa: PLR0917

@@ -503,7 +503,7 @@ class DataPath:
                 view = views[i]
                 o = offsets[i]
                 e = o + view.nbytes
-                if e > size:
+                if o < 0 or e > size:
                     codes[i] = bad  # never copy outside the segment
                     continue
                 if read:

@@ -405,3 +405,44 @@ def test_unix_clients_and_listener_leave_no_socket_or_thread_behind() -> None:
     st.stop()
     assert set(threading.enumerate()) == threads_before
     wait_until(lambda: _sockets() == before, what="every tcp and unix socket closed")
+
+
+def test_call_many_of_large_requests_over_unix_does_not_stall(server: ServerThread) -> None:
+    """128 requests of 8 KB echoed back: more than a Unix socket's buffers hold in one burst.
+    The client must read replies between bursts, or it blocks in sendall while the server,
+    its replies unread, has stopped reading (review finding; TCP's larger buffers hid it)."""
+    with _sync(server.endpoint, timeout=5.0) as c:
+        c.connect()
+        assert c.transport == "unix"
+        replies = c.call_many([Say("x" * 8000) for _ in range(128)], window=128)
+        assert [r.text for r in replies] == ["x" * 8000] * 128
+
+
+def test_no_unix_socket_to_be_had_leaves_both_clients_on_tcp(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EMFILE when making the Unix socket (the process is out of descriptors; cannot be caused
+    safely in the test process, so socket() is made to fail for AF_UNIX only): the call is
+    served over the TCP connection already made, never failed with a raw OSError."""
+    import errno
+
+    real = socket.socket
+
+    class NoUnix(real):  # type: ignore[misc, valid-type]
+        def __init__(self, family: int = -1, *a: Any, **kw: Any) -> None:
+            # Only the RPC clients' own Unix sockets: event loops need theirs.
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if family == socket.AF_UNIX and caller.startswith("kvpool.rpc"):
+                raise OSError(errno.EMFILE, "Too many open files")
+            super().__init__(family, *a, **kw)
+
+    monkeypatch.setattr(socket, "socket", NoUnix)
+    with _sync(server.endpoint, timeout=5.0) as c:
+        assert c.call(Say("x")).text == "x" and c.transport == "tcp"
+
+    async def one() -> tuple[str, str | None]:
+        async with _async(server.endpoint, timeout=5.0) as a:
+            reply = await a.call(Say("y"))
+            return reply.text, a.transport
+
+    assert run(one()) == ("y", "tcp")

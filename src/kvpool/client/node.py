@@ -116,7 +116,11 @@ class Heartbeat:
     def _run(self) -> None:
         delay = self.interval
         while not self._stop.wait(delay):
-            delay = self.beat()
+            try:
+                delay = self.beat()
+            except Exception:  # the heartbeat must outlive any one beat's surprise
+                log.exception("heartbeat to %s failed unexpectedly", self.node.master)
+                delay = self.interval
 
     def beat(self) -> float:
         """One ping (and whatever recovery it calls for); returns the delay before the next."""

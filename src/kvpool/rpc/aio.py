@@ -415,7 +415,11 @@ class AsyncRpcClient:
             return None
         loop = asyncio.get_running_loop()
         where = f"{self.address} (unix {name[1:]!r})"
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:  # EMFILE and the like: the TCP connection still serves
+            log.warning("no Unix socket for %s (%s): using TCP", where, exc)
+            return None
         sock.setblocking(False)
         proto: _Protocol | None = None
         ok = False

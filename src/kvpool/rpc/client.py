@@ -89,9 +89,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RECV_BYTES: Final = 64 << 10
-#: call_many stops filling a window at this many request bytes (at least one request is sent),
-#: so that a window never waits on socket buffers the peer cannot drain while we do not read.
+#: call_many keeps the request bytes sent and not yet answered under this (at least one request
+#: is in flight), so that it never waits on socket buffers the peer cannot drain while we do
+#: not read.
 _WINDOW_BYTES: Final = 1 << 20
+#: The same bound on a Unix socket, whose buffers stay at the kernel's ~208 KiB (TCP's grow to
+#: MiBs): a burst larger than both ends can buffer would block in sendall while the server,
+#: its replies unread, has stopped reading, until the send timeout.
+_UNIX_WINDOW_BYTES: Final = 96 << 10
 _DEFAULT_WINDOW: Final = 128
 
 
@@ -305,10 +310,14 @@ class RpcClient:
         head = 0  # next index of `inflight` to collect
         sent = 0
         # Refill once half the window has come back: one sendall per half window rather than
-        # one per reply collected.
+        # one per reply collected. The request bytes sent and not yet answered stay under
+        # `cap` (at least one request goes out), so a burst never waits on socket buffers
+        # the server cannot drain while its replies go unread.
         refill_at = window // 2
+        cap = _UNIX_WINDOW_BYTES if conn is not None and conn.transport == "unix" else _WINDOW_BYTES
+        pending = 0  # request bytes sent and not yet answered
         while True:
-            if sent < len(payloads) and len(inflight) - head <= refill_at:
+            if sent < len(payloads) and len(inflight) - head <= refill_at and pending < cap:
                 assert conn is not None
                 frames: list[bytes] = []
                 nbytes = 0
@@ -318,7 +327,7 @@ class RpcClient:
                         broken is None
                         and sent < len(payloads)
                         and len(inflight) - head < window
-                        and (not frames or nbytes < _WINDOW_BYTES)
+                        and (len(inflight) == head or pending + nbytes < cap)
                     ):
                         request_id = next(self._ids)
                         call = _Call(request_id)
@@ -337,6 +346,7 @@ class RpcClient:
                         results[i] = err
                     first_error = first_error or err
                     sent = len(payloads)
+                pending += nbytes
                 if frames:
                     # On failure every call in flight has failed with the connection.
                     with contextlib.suppress(RpcError):
@@ -347,6 +357,7 @@ class RpcClient:
             assert conn is not None
             index, call = inflight[head]
             head += 1
+            pending -= len(payloads[index])
             self._wait(conn, call, deadline)
             if call.error is not None:
                 results[index] = call.error
@@ -480,7 +491,11 @@ class RpcClient:
             return None
         unix_deadline = now + budget
         where = f"{self.address} (unix {name[1:]!r})"
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:  # EMFILE and the like: the TCP connection still serves
+            log.warning("no Unix socket for %s (%s): using TCP", where, exc)
+            return None
         try:
             sock.settimeout(budget)
             sock.connect(name)
@@ -490,6 +505,9 @@ class RpcClient:
             # that closed its listener; either way TCP serves.
             log.debug("%s unreachable (%s): using TCP", where, exc)
             return None
+        except BaseException:  # an interrupt: leave nothing open
+            sock.close()
+            raise
         try:
             _, decoder = self._handshake(sock, unix_deadline, where, unix_address=name)
         except KVPoolError as exc:

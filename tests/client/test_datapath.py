@@ -152,6 +152,36 @@ def test_shared_copy_racing_a_real_helper_is_byte_exact(n: int, read: bool) -> N
     assert thread is None or not thread.is_alive()
 
 
+def test_no_helper_thread_to_be_had_means_the_caller_copies_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thread.start failing (no threads left) for the helper: the copy is the caller's, byte
+    exact, nothing waits in a queue nobody reads, and close() returns (review finding)."""
+    helper = _CopyHelper()
+    helper._closed = False  # as on a machine with two CPUs
+    start = threading.Thread.start
+
+    def refuse(self: threading.Thread) -> None:
+        if self.name == "kvpool-copy-helper":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    n = SHARED_MIN
+    user, other = _random(n, 16, 3), _aligned(n, 0)
+    share = _Share(other.ctypes.data, user.ctypes.data, n)
+    assert helper.offer(share) is False
+    hasher = xxhash.xxh3_64()
+    try:
+        share.copy_hashing(memoryview(user).cast("B"), hasher.update)
+    finally:
+        share.settle()
+    assert np.array_equal(user, other)
+    assert hasher.intdigest() == xxhash.xxh3_64_intdigest(user)
+    assert helper.offer(_Share(0, 0, 0)) is False and helper._shares.qsize() == 0
+    helper.close()
+
+
 @pytest.mark.parametrize("read", [False, True], ids=["write", "read"])
 def test_pieces_copied_past_the_helpers_unfinished_one_are_hashed_after_it(read: bool) -> None:
     n = 5 * SHARE_PIECE + 4097

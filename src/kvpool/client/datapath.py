@@ -232,7 +232,15 @@ class _Share:
                 return
             waiter = self.waiter = threading.Lock()
             waiter.acquire()
-        waiter.acquire()
+        interrupted: BaseException | None = None
+        while True:  # an interrupt must not let the caller leave while the helper writes
+            try:
+                waiter.acquire()
+                break
+            except BaseException as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
 
 class _CopyHelper:
@@ -243,6 +251,7 @@ class _CopyHelper:
         self._shares: queue.SimpleQueue[_Share | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()  # of the process the thread runs in
         # One CPU: a second thread could only take turns with the caller.
         self._closed = len(os.sched_getaffinity(0)) < 2
         # Recent seconds per byte of large copies by (read, shared): reads and writes differ.
@@ -282,11 +291,18 @@ class _CopyHelper:
         with self._lock:
             if self._closed:
                 return False
+            if self._thread is not None and self._pid != os.getpid():
+                # A forked child: the parent's thread is not here, nor its queue's consumer.
+                self._thread, self._shares = None, queue.SimpleQueue()
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="kvpool-copy-helper", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="kvpool-copy-helper", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the caller copies alone
+                    log.warning("no copy helper thread (%s): large copies run alone", exc)
+                    self._closed = True
+                    return False
+                self._thread, self._pid = thread, os.getpid()
             self._shares.put(share)
         return True
 
@@ -297,7 +313,7 @@ class _CopyHelper:
             thread, self._thread = self._thread, None
             if thread is not None:
                 self._shares.put(None)
-        if thread is not None:
+        if thread is not None and self._pid == os.getpid():  # a fork's child has no thread
             thread.join()
 
     def _run(self) -> None:
@@ -562,8 +578,9 @@ class DataPath:
         """Copy `share` with the helper thread's help, hashing `view` (see `_Share`)."""
         helper = self._helper
         started = time.perf_counter()
-        offered = helper.offer(share)  # without a helper the caller claims every piece
+        offered = False
         try:
+            offered = helper.offer(share)  # without a helper the caller claims every piece
             share.copy_hashing(view, hasher.update)
         finally:
             share.settle()

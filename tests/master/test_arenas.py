@@ -389,3 +389,30 @@ def test_a_commit_refused_for_its_config_still_renews_the_arena_lease(
     clock.advance(1.0)
     assert _commit(svc, a, "k", 64, a.offset, config=bad_group) == ErrorCode.INVALID_PARAMS
     assert arena.deadline == clock() + svc.arena_lease
+
+
+def test_parked_ranges_stay_reserved_across_an_unmount_and_a_mount_of_the_same_name(
+    make_service: MakeService, clock: Clock
+) -> None:
+    """A writer expired (its arena parked on segment S), then S's owner is unmounted and mounts
+    S again before the park ends: the parked ranges must be reserved in the new allocator too."""
+    svc = make_service(
+        segments=1, client_ttl=1.0, put_start_release_timeout=30.0, put_start_discard_timeout=1.0
+    )
+    svc.handle(m.ReMountSegment(WRITER, m.HostId("h")))
+    a = _reserve(svc, MiB)
+    clock.advance(1.5)
+    svc.handle(m.Ping(NODE))
+    assert svc.expire_clients() == [WRITER]  # arena parked for 30 s past its lease
+    seg = svc.segments.get(m.SegmentName(a.segment))
+    assert seg is not None
+    info = seg.info()
+    svc.handle(m.UnmountSegment(NODE, seg.name))
+    assert svc.handle(m.MountSegment(NODE, seg.host_id, info)) == m.Reply(OK)
+    new = svc.segments.get(m.SegmentName(a.segment))
+    assert new is not None and new.allocator.allocated == MiB
+    assert not new.allocator.alloc_at(a.offset, a.size)
+    clock.advance(31.0 + 2.0)
+    svc.handle(m.Ping(NODE))
+    svc.release_stale()
+    assert new.allocator.allocated == 0

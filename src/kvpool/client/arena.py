@@ -147,8 +147,12 @@ class Arenas:
             self._draining.pop(arena.arena_id, None)
 
     def on_heartbeat(self, ok: bool) -> None:
-        """The node's heartbeat listener (see the module docstring)."""
-        with self._lock:
+        """The node's heartbeat listener (see the module docstring). Never waits: while a put
+        holds the lock for a ReserveArena round trip, this beat is skipped (the next one acts;
+        a put's own lease check does not depend on it)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             arena = self._current
             if arena is not None and (not ok or time.monotonic() >= arena.valid):
                 self._current = None
@@ -156,6 +160,8 @@ class Arenas:
             ids = self._retire if ok else []
             if ids:
                 self._retire = []
+        finally:
+            self._lock.release()
         if ids:
             self._release(ids)
 

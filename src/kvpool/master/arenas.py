@@ -295,7 +295,19 @@ class ArenaPath(WritePath, ServiceState):
 
     def _drop_arenas_on(self, seg: Segment) -> None:
         """Forget the arenas on an unmounted segment (its allocator is gone), leaving ghosts of
-        their uncommitted ranges for a mount of the same name (module docstring)."""
+        their uncommitted ranges for a mount of the same name (module docstring); ranges parked
+        there for late writers (expired clients' arenas, preempted PutStarts) become ghosts
+        too, until their own release time."""
+        now = self._clock()
+        ghosts = [
+            (r.offset, size, until)
+            for until, _, size, reps in self._parked
+            if until > now
+            for r in reps
+            if r.segment is seg
+        ]
+        if ghosts:
+            self._ghosts.setdefault(seg.name, []).extend(ghosts)
         grace = self._config.put_start_release_timeout
         for arena in [a for a in self._arenas.values() if a.segment is seg]:
             until = arena.deadline + grace

@@ -408,7 +408,7 @@ class ArenaPath(WritePath, ServiceState):
         claim = arena.claim
         seg = arena.segment
         discard = self._discard_timeout
-        on_complete = self._hooks.on_replica_complete
+        done: list[tuple[ObjectMeta, Replica]] = []
         tenant, client_id = plan.tenant, plan.client_id
         soft_pin, hard_pin = plan.soft_pin, plan.hard_pin
         pin_deadline = now + soft_pin if soft_pin is not None else None
@@ -453,7 +453,12 @@ class ArenaPath(WritePath, ServiceState):
             obj.complete = True
             obj.checksum = sums[i] if sums else None
             obj.lease_deadline = now
-            on_complete(obj, replica)  # before the pin deadline is set, as at PutEnd
-            obj.soft_pin_deadline = pin_deadline
+            done.append((obj, replica))
             out.append(_OK)
+        if done:
+            # One hook call for the batch, before the pin deadlines are set (as at PutEnd).
+            self._hooks.on_replicas_complete(done)
+            if pin_deadline is not None:
+                for obj, _ in done:
+                    obj.soft_pin_deadline = pin_deadline
         return out

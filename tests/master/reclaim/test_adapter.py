@@ -227,3 +227,34 @@ def test_in_a_running_loop_kswapd_runs_as_separate_steps_between_requests() -> N
         assert hooks.engine.stats.direct_calls == 0
 
     asyncio.run(main())
+
+
+def test_a_batch_commit_lists_every_replica_as_puts_do_with_one_hook_call() -> None:
+    """BatchPutCommit hands the hooks its completed replicas in one call
+    (`on_replicas_complete`): each lands at the head of inactive like a PutEnd's, soft pins
+    and hard pins included, the usage counts them all, and kswapd wakes past the watermark."""
+    pool = Pool(n=64)
+    w = WRITER
+    arena = pool.svc.handle(m.ReserveArena(w, 16 * OBJ))
+    assert isinstance(arena, m.ArenaReply) and arena.code == OK
+    keys = [f"b{i}" for i in range(8)]
+    offs = [arena.offset + i * OBJ for i in range(8)]
+    pinned = m.ReplicateConfigMsg(
+        soft_pin_action=m.SoftPinAction.ENABLE, soft_pin_ttl_ms=60_000, with_hard_pin=False
+    )
+    rep = pool.svc.handle(m.BatchPutCommit(w, arena.arena_id, keys[:4], [OBJ] * 4, offs[:4]))
+    assert isinstance(rep, m.BatchReply) and rep.codes == [0] * 4
+    rep = pool.svc.handle(
+        m.BatchPutCommit(w, arena.arena_id, keys[4:], [OBJ] * 4, offs[4:], config=pinned)
+    )
+    assert isinstance(rep, m.BatchReply) and rep.codes == [0] * 4
+    assert [pool.state(k) for k in keys] == [ListState.INACTIVE] * 8
+    assert len(pool.hooks.soft_pins) == 4
+    for k in keys[4:]:
+        obj = pool.svc.index.get("default", k)
+        assert obj is not None and obj.soft_pin_deadline is not None
+        assert pool.hooks.soft_pins.deadline(obj) == obj.soft_pin_deadline  # type: ignore[arg-type]
+    stats = pool.hooks.stats()
+    assert stats["resident_records"] == 8 and stats["resident_bytes"] == 8 * OBJ
+    assert pool.put("single") == OK  # and a PutEnd after them lands the same way
+    assert pool.state("single") is ListState.INACTIVE

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from kvpool.master import hooks
 from kvpool.master.config import EvictionMode
@@ -198,6 +199,26 @@ class MasterReclaimHooks:
             # PutEnd sets the deadline to now + ttl right after this hook, on the same clock;
             # the index only orders expiry, the object's own field stays authoritative.
             self.soft_pins.pin(obj, engine.clock() + obj.soft_pin_ttl)
+
+    def on_replicas_complete(self, done: Sequence[tuple[ObjectMeta, Replica]]) -> None:
+        engine = self._engine
+        assert engine is not None, "MasterReclaimHooks is not attached to a service"
+        a = self._alignment
+        memory = ReplicaKind.MEMORY
+        items: list[tuple[ObjectMeta, Replica, int, bool]] = []
+        for obj, replica in done:
+            if replica.kind is memory:
+                size = obj.size
+                if size % a:
+                    size = (size + a - 1) // a * a
+                items.append((obj, replica, size, obj.hard_pin))
+        engine.on_complete_many(items)
+        now = None
+        for obj, _, _, _ in items:
+            if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
+                if now is None:
+                    now = engine.clock()
+                self.soft_pins.pin(obj, now + obj.soft_pin_ttl)
 
     def on_access(self, obj: ObjectMeta) -> None:
         rec = obj.reclaim

@@ -29,7 +29,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, Generic
@@ -214,8 +214,24 @@ class ReclaimEngine(Generic[K]):
         """PutEnd made a memory replica COMPLETE: it enters the head of inactive. Idempotent."""
         rec = EvictInfo(key, replica_id, generation, size)
         rec = self._shards[self._shard_of(key)].add(rec, hard_pinned)
+        self._completed(size)
+        return rec
+
+    def on_complete_many(self, done: Sequence[tuple[K, Any, int, bool]]) -> None:
+        """`on_complete` of each (key, replica_id, size, hard_pinned), generation 0, in order,
+        with the watermark check once for all of them (a batch commit)."""
+        shards, shard_of = self._shards, self._shard_of
+        total = 0
+        for key, replica_id, size, hard_pinned in done:
+            shards[shard_of(key)].add(EvictInfo(key, replica_id, 0, size), hard_pinned)
+            total += size
+        self._completed(total)
+
+    def _completed(self, size: int) -> None:
+        """`size` bytes of replicas completed: wake kswapd when they may have crossed the
+        high watermark."""
         if self._kswapd_wanted:
-            return rec
+            return
         # Ask the metadata for its usage only once the bytes completed since the last answer
         # could have used up the room below the high watermark (each completion stands for an
         # allocation of its size; frees only add room). Allocations that have not completed
@@ -228,7 +244,6 @@ class ReclaimEngine(Generic[K]):
                 self._kswapd_wanted = True
                 if self.wakeup is not None:
                     self.wakeup()
-        return rec
 
     def on_access(self, key: K) -> None:
         """A read hit: first touch marks referenced, a second one while inactive promotes."""

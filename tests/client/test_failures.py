@@ -183,25 +183,31 @@ def test_a_read_moves_on_to_the_next_replica_when_one_fails(pool: PoolFactory) -
         assert s.batch_get(list(values)) == list(values.values())
 
 
+@pytest.mark.parametrize("arena_size", ["0", "4MiB"], ids=["putstart", "arena"])
 def test_a_put_interrupted_by_an_unexpected_exception_is_revoked(
     pool: PoolFactory,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    arena_size: str,
 ) -> None:
     # Fault injection on the data path: anything other than a transfer error code (a concurrent
-    # close(), KeyboardInterrupt, a bug) escaping mid-write must still revoke the PutStart, or a
-    # retried put would answer "already exists" for put_start_discard_timeout.
+    # close(), KeyboardInterrupt, a bug) escaping mid-write must leave nothing behind: the
+    # PutStart revoked (or a retried put would answer "already exists" for
+    # put_start_discard_timeout), or, through an arena, nothing committed and the arena free.
     p = pool(nodes=1, segment_size="16MiB")
-    with Store(p.address) as s:
+    with Store(p.address, arena_size=arena_size) as s:
         data = s._open()
 
-        def broken_transfer(*args: object, **kwargs: object) -> list[ErrorCode]:
+        def broken(*args: object, **kwargs: object) -> list[ErrorCode]:
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(data, "transfer", broken_transfer)
+        monkeypatch.setattr(data, "transfer", broken)
+        monkeypatch.setattr(data, "move_many", broken)
         with pytest.raises(KeyboardInterrupt):
             s.put("k", b"v" * 1000)
         monkeypatch.undo()
         assert stats(p.address).processing == 0
         assert s.exists("k") is False
+        if s._arenas is not None and s._arenas._current is not None:
+            assert s._arenas._current.users == 0  # the interrupted put let go of it
         assert s.put("k", b"second try") is True
         assert s.get("k") == b"second try"

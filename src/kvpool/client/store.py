@@ -522,6 +522,15 @@ class Store(TaskAPI):
             return code, None
         csum: int | None = None
         codes: list[ErrorCode] = []
+        if len(replicas) == 1 and mv.nbytes < CHUNKED_MIN:
+            # The common small put: copied here when the segment is mapped (hashed while in
+            # the cache), by the engine otherwise.
+            r = replicas[0]
+            got, digests = self._open().move_many(
+                TransferOp.WRITE, [mv], [r.segment], [r.offset], True
+            )
+            digest = digests[0]
+            return got[0], digest if digest is not None else checksum(mv)
         if mv.nbytes >= CHUNKED_MIN:
             # Hash while writing the first replica, when it is mapped here.
             first = replicas[0]
@@ -812,9 +821,14 @@ class Store(TaskAPI):
         failure: KVPoolError | None = None
         verify = self.verify_checksum and rl.checksum is not None
         for r in order:
-            done = None
+            done: tuple[ErrorCode, int | None] | None = None
             if verify and dest.nbytes >= CHUNKED_MIN:
                 done = self._open().copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
+            elif dest.nbytes < CHUNKED_MIN:  # copied here when mapped, hashed while in cache
+                got, digests = self._open().move_many(
+                    TransferOp.READ, [dest], [r.segment], [r.offset], verify
+                )
+                done = got[0], digests[0]
             if done is not None:
                 code, digest = done
             else:

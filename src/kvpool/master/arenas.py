@@ -128,6 +128,10 @@ class Arena:
         self.starts: list[int] = []
         self.ends: list[int] = []
 
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
     def claim(self, offset: int, length: int) -> bool:
         """Record [offset, offset+length) as committed; False when it leaves the arena or
         overlaps a range committed before."""
@@ -226,7 +230,7 @@ class ArenaPath(WritePath, ServiceState):
             if found is None:
                 return None
             off = found
-        held = sum(x.end - x.start for x in self._arenas.values() if x.segment is seg)
+        held = sum(x.size for x in self._arenas.values() if x.segment is seg)
         if held + size > seg.allocator.capacity // 4:
             seg.allocator.free(off, size)
             return None
@@ -243,12 +247,18 @@ class ArenaPath(WritePath, ServiceState):
         if not mine:
             return
         for arena_id in ids:
-            arena = mine.pop(arena_id, None)
+            arena = mine.get(arena_id)
             if arena is not None:
-                del self._arenas[arena_id]
+                self._forget_arena(arena)
                 self._free_gaps(arena)
+
+    def _forget_arena(self, arena: Arena) -> None:
+        """Drop `arena` from both indexes (its ranges are the caller's business)."""
+        del self._arenas[arena.arena_id]
+        mine = self._arenas_of[arena.client_id]
+        del mine[arena.arena_id]
         if not mine:
-            del self._arenas_of[client_id]
+            del self._arenas_of[arena.client_id]
 
     def _free_gaps(self, arena: Arena) -> None:
         seg = arena.segment
@@ -263,22 +273,18 @@ class ArenaPath(WritePath, ServiceState):
     def _expire_arenas(self, client_id: ClientId) -> None:
         """Park the gaps of an expired client's arenas until `put_start_release_timeout` (it
         may only have fallen silent, and still be writing)."""
-        mine = self._arenas_of.pop(client_id, None)
-        if not mine:
-            return
         now = self._clock()
-        for arena in mine.values():
-            del self._arenas[arena.arena_id]
-            self._park_gaps(
-                arena, max(now, arena.deadline) + self._config.put_start_release_timeout
-            )
+        for arena in self.arenas_of(client_id):
+            self._forget_arena(arena)
+            if arena.segment.alive:
+                until = max(now, arena.deadline) + self._config.put_start_release_timeout
+                for off, size in arena.gaps():
+                    self._park_range(arena.segment, off, size, until)
 
-    def _park_gaps(self, arena: Arena, until: float) -> None:
-        seg = arena.segment
-        if seg.alive:
-            for off, size in arena.gaps():
-                self._park_until(until, size, (Replica(seg, off, _COMPLETE),))
-                seg.objects += 1  # a parked range is freed as one replica
+    def _park_range(self, seg: Segment, off: int, size: int, until: float) -> None:
+        """Keep [off, off + size) of `seg` allocated until `until` (a late writer may use it)."""
+        self._park_until(until, size, (Replica(seg, off, _COMPLETE),))
+        seg.objects += 1  # a parked range is freed as one replica
 
     def _expire_idle_arenas(self) -> int:
         """Release arenas unused for `put_start_release_timeout` past their lease (an idle or
@@ -314,12 +320,7 @@ class ArenaPath(WritePath, ServiceState):
             self._ghosts.setdefault(seg.name, []).extend(
                 (off, size, until) for off, size in arena.gaps()
             )
-            del self._arenas[arena.arena_id]
-            mine = self._arenas_of.get(arena.client_id)
-            if mine is not None:
-                mine.pop(arena.arena_id, None)
-                if not mine:
-                    del self._arenas_of[arena.client_id]
+            self._forget_arena(arena)
 
     def _restore_ghosts(self, seg: Segment) -> None:
         """A segment named like one that went away with arenas on it: take their uncommitted
@@ -330,13 +331,12 @@ class ArenaPath(WritePath, ServiceState):
         now = self._clock()
         for off, size, until in ghosts:
             if until > now and seg.allocator.alloc_at(off, size):
-                self._park_until(until, size, (Replica(seg, off, _COMPLETE),))
-                seg.objects += 1
-        log.info("segment %s mounted again: %d arena range(s) kept reserved", seg.name, len(ghosts))
+                self._park_range(seg, off, size, until)
+        log.info("segment %s mounted again: %d range(s) kept reserved", seg.name, len(ghosts))
 
     def arena_stats(self) -> tuple[int, int]:
         """(arenas, bytes they hold)."""
-        return len(self._arenas), sum(x.end - x.start for x in self._arenas.values())
+        return len(self._arenas), sum(x.size for x in self._arenas.values())
 
     # ------------------------------------------------------------ commit
 

@@ -77,10 +77,10 @@ class Arenas:
         self._rpc = rpc  # the node's current client: a reconnect replaces it
         self._client_id = client_id
         self.size = size
-        #: Values larger than this take PutStart/PutEnd (an arena holds at least four).
-        self.max_value = size // 4
-        #: Bytes one take may cut; this and max_value follow the latest grant.
-        self._max_need = size // 2
+        #: What an arena holds: `size`, or less once the master granted less (its caps, a
+        #: fragmented pool). Values above a quarter of it and takes above half of it use
+        #: PutStart/PutEnd.
+        self._limit = size
         self._align = 64
         self._lock = threading.Lock()
         self._current: Arena | None = None
@@ -88,15 +88,17 @@ class Arenas:
         self._retire: list[int] = []
         self._retry_at = 0.0
         self._disabled = size <= 0
-        self._closed = False
+
+    @property
+    def max_value(self) -> int:
+        """Values larger than this take PutStart/PutEnd (an arena holds at least four)."""
+        return self._limit // 4
 
     def take(self, sizes: list[int]) -> tuple[Arena, list[int]] | None:
         """Ranges for values of `sizes` (one arena, consecutive), or None: use PutStart.
         A non-None answer must be followed by exactly one `done(arena)`."""
-        if self._disabled:
-            return None
         with self._lock:
-            if self._closed:
+            if self._disabled:  # arenas off, refused for good, or closed
                 return None
             mask = self._align - 1
             offs: list[int] = []
@@ -104,7 +106,7 @@ class Arenas:
             for s in sizes:
                 offs.append(need)
                 need += (s + mask) & ~mask
-            if need > self._max_need:
+            if need > self._limit // 2:
                 return None
             arena = self._current
             if arena is None or arena.next + need > arena.end or time.monotonic() >= arena.valid:
@@ -169,7 +171,7 @@ class Arenas:
         """Release every arena no put is writing into (best effort). Arenas still in use are
         left to the master, which releases them once their lease and the write bound pass."""
         with self._lock:
-            self._disabled = self._closed = True
+            self._disabled = True
             if self._current is not None:
                 self._park(self._current)
                 self._current = None
@@ -214,10 +216,7 @@ class Arenas:
             return None
         if reply.code == ErrorCode.OK:
             self._align = reply.alignment
-            # The master may grant less than asked (its caps, a fragmented pool): values and
-            # batches that would not fit half of such an arena take PutStart meanwhile.
-            self.max_value = min(self.size, reply.size) // 4
-            self._max_need = min(self.size, reply.size) // 2
+            self._limit = min(self.size, reply.size)
             self._current = Arena(reply, now)
             return self._current
         if reply.code == ErrorCode.NOT_SUPPORTED:

@@ -150,6 +150,11 @@ _MEMORY: Final = ReplicaKind.MEMORY
 _PROCESSING: Final = ReplicaStatus.PROCESSING
 
 
+def _or_hash(digest: int | None, view: memoryview) -> int:
+    """`digest` when the copy took it, else the value's checksum now."""
+    return checksum(view) if digest is None else digest
+
+
 def _arena_config(cfg: ReplicateConfigMsg) -> bool:
     """Whether a put with `cfg` may take an arena: one replica, placed by the master."""
     return cfg.replica_num == 1 and not cfg.preferred_segments and not cfg.prefer_alloc_in_same_node
@@ -530,7 +535,7 @@ class Store(TaskAPI):
                 TransferOp.WRITE, [mv], [r.segment], [r.offset], True
             )
             digest = digests[0]
-            return got[0], digest if digest is not None else checksum(mv)
+            return got[0], _or_hash(digest, mv)
         if mv.nbytes >= CHUNKED_MIN:
             # Hash while writing the first replica, when it is mapped here.
             first = replicas[0]
@@ -655,10 +660,7 @@ class Store(TaskAPI):
                 arenas.abandon(arena)
             if good:
                 every = len(good) == n
-                sums = [
-                    d if d is not None else checksum(views[i])
-                    for i, d in ((i, digests[i]) for i in good)
-                ]
+                sums = [_or_hash(digests[i], views[i]) for i in good]
                 commit = BatchPutCommit(
                     self._node.client_id,
                     arena.arena_id,
@@ -682,8 +684,11 @@ class Store(TaskAPI):
                     out[i] = ErrorCode.of(c) if c else ok
         finally:
             arenas.done(arena)
-        again = [i for i in range(n) if out[i] != ok and out[i] != ErrorCode.OBJECT_ALREADY_EXISTS]
-        if any(out[i] == ErrorCode.INVALID_WRITE for i in again):
+        # Again through PutStart: what was never written, and what the master refused only
+        # because it forgot the arena. Any other answer is the key's own.
+        forgot = ErrorCode.INVALID_WRITE
+        again = [i for i in range(n) if codes[i] != ok or out[i] == forgot]
+        if any(out[i] == forgot for i in again):
             arenas.drop(arena)
         if again:
             redo = self._put_batch_started(
@@ -758,7 +763,7 @@ class Store(TaskAPI):
             sums: dict[int, int] = {}
             for i, first, taken in zip(owner, want, digests, strict=True):
                 if first:
-                    sums[i] = taken if taken is not None else checksum(views[i])
+                    sums[i] = _or_hash(taken, views[i])
         except BaseException:
             self._revoke([keys[i] for i in started])
             raise

@@ -33,7 +33,7 @@ import xxhash
 from kvpool.client.node import NodeRuntime
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
 from kvpool.protocol.messages import GetSegment, SegmentInfo, SegmentName, SegmentReply
-from kvpool.transfer.copy import BOUNCE_MAX
+from kvpool.transfer.copy import BOUNCE_MAX, slow_distance
 from kvpool.transfer.engine import RouteKind, SegmentHold, TransferEngine
 from kvpool.transfer.location import SegmentLocation
 from kvpool.transfer.registration import buffer_address
@@ -64,7 +64,6 @@ CHUNKED_MIN: Final = 4 * HASH_CHUNK
 LONG_CHUNK: Final = 1 << 20
 """The chunk used instead of HASH_CHUNK when the destination lies just past the source modulo
 a page (see `chunk_for`): copies this large take glibc's vector loop, not `rep movsb`."""
-_SHORT_DISTANCE: Final = 64
 SHARE_PIECE: Final = max(1 << 20, BOUNCE_MAX)
 """The piece each thread claims at a time in a shared copy (see `_Share`): at least the L2
 size, so glibc copies every piece with its vector loop whatever the distance (`chunk_for`).
@@ -92,7 +91,7 @@ def chunk_for(dst_addr: int, src_addr: int) -> int:
     page-aligned replica: 256 KiB chunks then copied 1 MiB in 357 us against 61 us. Chunks of
     at least LONG_CHUNK take the vector loop at full speed and are still hashed from L2/L3.
     """
-    if (dst_addr - src_addr) & 4095 < _SHORT_DISTANCE:
+    if slow_distance(dst_addr, src_addr):
         return LONG_CHUNK
     return HASH_CHUNK
 

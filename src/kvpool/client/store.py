@@ -962,8 +962,7 @@ class Store(TaskAPI):
                 if verify and want is not None and digest(buf) != want:
                     return None  # the general path tells which key and why
                 out.append(buf)
-        ttl = loc.lease_ttl_ms
-        if ttl > 0 and time.monotonic() > started + ttl / 1000.0:
+        if time.monotonic() > lease_deadline(started, loc.lease_ttl_ms):
             return None
         return out
 
@@ -1036,17 +1035,13 @@ class Store(TaskAPI):
             log.warning("BatchGetLocations named a segment index out of range")
         verify = self.verify_checksum
         done, digests = data.move_many(TransferOp.READ, places, segs, offs, verify)
-        now = time.monotonic()
+        deadline = lease_deadline(started, loc.lease_ttl_ms)
+        late = time.monotonic() > deadline  # one clock read for the whole batch
         sums = loc.checksums
         for i, code, taken, dest in zip(owner, done, digests, places, strict=True):
             want = sums[i]
-            if code == ok and (
-                not verify
-                or want is None
-                or (taken if taken is not None else checksum(dest)) == want
-            ):
-                ttl = loc.lease_ttl_ms
-                if ttl > 0 and now > started + ttl / 1000.0:
+            if code == ok and (not verify or want is None or _or_hash(taken, dest) == want):
+                if late:
                     codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
                 continue
             codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH
@@ -1054,7 +1049,6 @@ class Store(TaskAPI):
             others = self._replica_list(loc, i, skip=first_of[i] if first_of else 0)
             if others.replicas:
                 try:
-                    deadline = lease_deadline(started, loc.lease_ttl_ms)
                     self._read(keys[i], others, dest, deadline, others.replicas)
                     codes[i] = ok
                 except KVPoolError as exc:

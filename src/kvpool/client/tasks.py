@@ -30,10 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import xxhash
-
 from kvpool.client.datapath import DataPath
 from kvpool.client.node import NodeRuntime
+from kvpool.client.replica import checksum
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, raise_for_code
 from kvpool.protocol.messages import (
     BatchGetReplicaList,
@@ -286,7 +285,7 @@ class TaskExecutor:
                 if code != ErrorCode.OK:
                     return f"reading the source on {src.segment} failed: {code.name}"
             if self.verify_checksum and task.checksum is not None:
-                got = int(xxhash.xxh3_64_intdigest(view))
+                got = checksum(view)
                 if got != task.checksum:
                     return (
                         f"source bytes on {src.segment} hash to {got:#018x}, the object's "

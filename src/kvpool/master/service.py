@@ -216,12 +216,3 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
         if replica not in obj.replicas:
             return 0
         return self._evict_one_replica(obj, replica)
-
-    def swap_out(
-        self,
-        obj: ObjectMeta,
-        replica: Replica,
-        low_watermark: float,
-        on_done: Callable[[bool], None],
-    ) -> bool:
-        return self.start_swap_out(obj, replica, low_watermark, on_done)

@@ -287,7 +287,7 @@ class TaskPath(ServiceState):
 
     # ------------------------------------------------------------------ for the service
 
-    def start_swap_out(
+    def swap_out(
         self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
     ) -> bool:
         """Pool mode: move `replica` to another segment with room, through a MOVE task.
@@ -319,9 +319,6 @@ class TaskPath(ServiceState):
 
     def has_task(self, obj: ObjectMeta) -> bool:
         return obj in self._task_of
-
-    def active_tasks(self) -> list[Task]:
-        return list(self._task_of.values())
 
     def _expire_tasks(self) -> int:
         """Fail tasks older than `replica_task_timeout` or whose executor is gone, and forget

@@ -152,12 +152,17 @@ class WritePath(ServiceState):
         group = req.config.group_ids[0] if req.config.group_ids else ""
         return self._put_one(plan, req.key, req.size, group, self._clock())
 
+    def _batch_plan(self, req: BatchPutStart | BatchUpsertStart) -> _PutPlan:
+        """`_plan` of a batch start, with one size per key."""
+        plan = self._plan(req.client_id, req.tenant, req.config, len(req.keys))
+        if plan.code == _OK and len(req.sizes) != len(req.keys):
+            plan.code = _INVALID_PARAMS
+        return plan
+
     def batch_put_start(self, req: BatchPutStart) -> BatchPutStartReply:
         keys, sizes = req.keys, req.sizes
         n = len(keys)
-        plan = self._plan(req.client_id, req.tenant, req.config, n)
-        if plan.code == _OK and len(sizes) != n:
-            plan.code = _INVALID_PARAMS
+        plan = self._batch_plan(req)
         if plan.code != _OK:
             return BatchPutStartReply([PutStartReply(plan.code) for _ in keys])
         groups = req.config.group_ids
@@ -260,8 +265,7 @@ class WritePath(ServiceState):
         what the batch did not use goes back at its end (`_release_region`). When no segment
         has room for the rest of the batch, the batch falls back to one allocation per key.
         """
-        a = self._config.alignment
-        need = (size + a - 1) // a * a
+        need = self._aligned(size)
         seg = plan.region_seg
         if seg is None or plan.region_next + need > plan.region_end:
             self._release_region(plan)
@@ -295,9 +299,7 @@ class WritePath(ServiceState):
     def batch_upsert_start(self, req: BatchUpsertStart) -> BatchPutStartReply:
         keys, sizes = req.keys, req.sizes
         n = len(keys)
-        plan = self._plan(req.client_id, req.tenant, req.config, n)
-        if plan.code == _OK and len(sizes) != n:
-            plan.code = _INVALID_PARAMS
+        plan = self._batch_plan(req)
         if plan.code != _OK:
             return BatchPutStartReply([PutStartReply(plan.code) for _ in keys])
         groups = req.config.group_ids
@@ -321,7 +323,7 @@ class WritePath(ServiceState):
         if self._task_of and obj in self._task_of:
             return PutStartReply(_HAS_TASK)  # a copy or move of it is running (Mooncake)
         if not obj.complete:
-            if now - obj.put_start_time < self._config.put_start_discard_timeout:
+            if now - obj.put_start_time < self._discard_timeout:
                 return PutStartReply(_BUSY)  # another write of this key is in progress
             self._preempt(obj)
             return self._put_one(plan, key, size, obj.group_id, now)

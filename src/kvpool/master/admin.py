@@ -303,13 +303,11 @@ class AdminPath(ServiceState):
 
     def _remove_obj(self, obj: ObjectMeta) -> None:
         if obj.complete:
-            for r in obj.replicas:
-                self._free_replica(r, obj.size)
-            obj.replicas = ()
-        else:
-            # Forced removal of a write in progress: its writer may still be writing.
-            self._park(obj)
-            self.clients.drop_in_flight(obj)
+            self._free_and_drop(obj)
+            return
+        # Forced removal of a write in progress: its writer may still be writing.
+        self._park(obj)
+        self.clients.drop_in_flight(obj)
         self._drop(obj)
 
     def remove_all(self, req: RemoveAll) -> Message:

@@ -203,14 +203,7 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
         )
 
     def evict(self, obj: ObjectMeta) -> int:
-        freed = 0
-        aligned = self._aligned(obj.size)
-        for r in obj.replicas:
-            if self._free_replica(r, obj.size):
-                freed += aligned
-        obj.replicas = ()
-        self._drop(obj)
-        return freed
+        return self._free_and_drop(obj)
 
     def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         if replica not in obj.replicas:

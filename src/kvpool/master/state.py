@@ -160,11 +160,19 @@ class ServiceState:
 
     def _revoke(self, obj: ObjectMeta) -> None:
         """Free everything a PutStart (or in-place UpsertStart) took and forget the object."""
-        for r in obj.replicas:
-            self._free_replica(r, obj.size)
-        obj.replicas = ()
         self.clients.drop_in_flight(obj)
+        self._free_and_drop(obj)
+
+    def _free_and_drop(self, obj: ObjectMeta) -> int:
+        """Free every replica of `obj` now and forget it; answers the bytes freed."""
+        freed = 0
+        aligned = self._aligned(obj.size)
+        for r in obj.replicas:
+            if self._free_replica(r, obj.size):
+                freed += aligned
+        obj.replicas = ()
         self._drop(obj)
+        return freed
 
     def _preempt(self, old: ObjectMeta) -> None:
         """Take an unfinished PutStart's key away from it (stale, or its client expired); its

@@ -271,10 +271,7 @@ class TaskPath(ServiceState):
             ):
                 continue
             if not req.segment_name:
-                for r in obj.replicas:
-                    self._free_replica(r, obj.size)
-                obj.replicas = ()
-                self._drop(obj)
+                self._free_and_drop(obj)
                 cleared.append(key)
                 continue
             mine = [r for r in obj.replicas if r.segment.name == req.segment_name]

@@ -81,6 +81,11 @@ _STALLS: Final = 2
 _memmove: Final = ctypes.memmove  # releases the GIL, so that the other thread can claim
 
 
+def _location(info: SegmentInfo) -> SegmentLocation:
+    """Where a segment the master described lives, as the transfer engine needs it."""
+    return SegmentLocation(info.name, info.size, info.host_id, info.endpoint, info.shm_path)
+
+
 def chunk_for(dst_addr: int, src_addr: int) -> int:
     """The copy-and-hash chunk for a copy from `src_addr` to `dst_addr`.
 
@@ -360,7 +365,7 @@ class DataPath:
         info = reply.segment
         if info is None:
             raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
-        loc = SegmentLocation(info.name, info.size, info.host_id, info.endpoint, info.shm_path)
+        loc = _location(info)
         with self._loc_lock:
             self._locations[name] = loc
         return loc
@@ -371,9 +376,7 @@ class DataPath:
         with self._loc_lock:
             for info in infos:
                 if info.name not in self._locations:
-                    self._locations[info.name] = SegmentLocation(
-                        info.name, info.size, info.host_id, info.endpoint, info.shm_path
-                    )
+                    self._locations[info.name] = _location(info)
 
     def forget(self, name: str) -> None:
         """Drop what we know of a segment after a failed transfer (it may have been remounted

@@ -70,10 +70,14 @@ def verify_lease(key: str, deadline: float) -> None:
         raise LeaseExpired(f"{key!r}: the read finished after its lease expired")
 
 
-def verify_checksum(key: str, data: memoryview, expected: int | None) -> None:
-    """Raise CHECKSUM_MISMATCH unless `data` hashes to `expected` (None: nothing recorded)."""
+def verify_checksum(
+    key: str, data: memoryview, expected: int | None, got: int | None = None
+) -> None:
+    """Raise CHECKSUM_MISMATCH unless `data` hashes to `expected` (None: nothing recorded);
+    `got` is the hash when the copy already took it."""
     if expected is not None:
-        got = checksum(data)
+        if got is None:
+            got = checksum(data)
         if got != expected:
             raise ChecksumMismatch(
                 f"{key!r}: read bytes hash to {got:#018x}, PutEnd recorded {expected:#018x}"

@@ -844,13 +844,7 @@ class Store(TaskAPI):
                 continue
             if verify:
                 try:
-                    if digest is None:
-                        verify_checksum(key, dest, rl.checksum)
-                    elif digest != rl.checksum:
-                        raise ChecksumMismatch(
-                            f"{key!r}: read bytes hash to {digest:#018x}, "
-                            f"PutEnd recorded {rl.checksum:#018x}"
-                        )
+                    verify_checksum(key, dest, rl.checksum, digest)
                 except ChecksumMismatch as exc:
                     failure = exc
                     continue

@@ -20,7 +20,6 @@ the plain slice assignment (CPython's memcpy), so the common case pays one addre
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Final
 
@@ -61,7 +60,7 @@ def _bounce() -> tuple[memoryview, int]:
     if got is None:
         buf = bytearray(b"\x01" * (BOUNCE_MAX + _PAGE))  # written: every page touched
         view = memoryview(buf)
-        got = (view, ctypes.addressof(ctypes.c_char.from_buffer(view)))
+        got = (view, buffer_address(view))
         _local.bounce = got
     return got
 

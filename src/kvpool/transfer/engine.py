@@ -141,6 +141,24 @@ class SegmentHold:
         self.release()
 
 
+def _copy_held(op: TransferOp, view: memoryview, mapping: SharedMapping, offset: int) -> None:
+    """Copy `view` to or from `offset` of a mapping the caller has acquired, then release it.
+
+    The slice goes before the hold: if the mapping was closed meanwhile, the last release
+    unmaps it, which a live slice would make fail (quarantined)."""
+    seg: memoryview | None = None
+    try:
+        seg = mapping.view[offset : offset + view.nbytes]
+        if op is _READ:
+            copy_bytes(view, seg, 0, mapping.address + offset)
+        else:
+            copy_bytes(seg, view, mapping.address + offset, 0)
+    finally:
+        if seg is not None:
+            seg.release()
+        mapping.release()
+
+
 class TransferEngine:
     """The data plane of one process: see the module docstring."""
 
@@ -434,19 +452,7 @@ class TransferEngine:
                     f"request {i} ({op.name} {name}@{offset}+{n}) failed: segment is closing",
                     ErrorCode.SEGMENT_NOT_FOUND,
                 )
-            seg: memoryview | None = None
-            try:
-                seg = mapping.view[offset : offset + n]
-                if op is _READ:
-                    copy_bytes(view, seg, 0, mapping.address + offset)
-                else:
-                    copy_bytes(seg, view, mapping.address + offset, 0)
-            finally:
-                # The slice goes before the hold: if the mapping was closed meanwhile, the
-                # last release unmaps it, which a live slice would make fail (quarantined).
-                if seg is not None:
-                    seg.release()
-                mapping.release()
+            _copy_held(op, view, mapping, offset)
         return True
 
     def _submit(
@@ -505,19 +511,10 @@ class TransferEngine:
             self._tcp.run(endpoint, pieces, future, deadline, False)
         for i, op, view, mapping, offset in copies:
             code, why = ErrorCode.OK, ""
-            part: memoryview | None = None
             try:
-                part = mapping.view[offset : offset + view.nbytes]
-                if op is _READ:
-                    copy_bytes(view, part, 0, mapping.address + offset)
-                else:
-                    copy_bytes(part, view, mapping.address + offset, 0)
+                _copy_held(op, view, mapping, offset)
             except (ValueError, TypeError, KVPoolError) as exc:
                 code, why = ErrorCode.TRANSFER_FAIL, f"copy failed: {exc!r}"
-            finally:
-                if part is not None:  # before the hold (see _copy_all_inline)
-                    part.release()
-                mapping.release()
             future.complete(i, code, why)
         if groups:
             endpoint, pieces = groups[-1]

@@ -318,13 +318,15 @@ def test_after_a_master_restart_old_arenas_are_not_written(pool: PoolFactory) ->
 def test_close_leaves_an_arena_a_put_still_writes_into(one_node: Pool) -> None:
     with Store(one_node.address, arena_size=0) as other:
         writer = Store(one_node.address, arena_size="4MiB")
-        assert writer.put("w0", b"x" * 100)
-        arenas = writer._arenas
-        assert arenas is not None
-        got = arenas.take([4096])  # another thread's put, between take and done
-        assert got is not None
-        arena, (off,) = got
-        writer.close()
+        try:
+            assert writer.put("w0", b"x" * 100)
+            arenas = writer._arenas
+            assert arenas is not None
+            got = arenas.take([4096])  # another thread's put, between take and done
+            assert got is not None
+            arena, (off,) = got
+        finally:
+            writer.close()  # idempotent: the close under test, or the cleanup of a failure
         assert stats(one_node.address).arenas == 1  # not released under the writer's feet
         for i in range(8):
             assert other.put(f"victim{i}", b"v" * 4096)

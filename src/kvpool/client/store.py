@@ -142,6 +142,8 @@ Buffer = object
 """Anything with the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap, ...)."""
 
 
+_DEFAULT_MSG: Final = DEFAULT_CONFIG.to_msg()
+"""The wire form of the default config (frozen), made once rather than on every put."""
 _OK: Final = int(ErrorCode.OK)
 _NOT_FOUND: Final = int(ErrorCode.OBJECT_NOT_FOUND)
 _EXISTS: Final = int(ErrorCode.OBJECT_ALREADY_EXISTS)
@@ -454,7 +456,7 @@ class Store(TaskAPI):
         self, key: str, mv: memoryview, config: ReplicateConfig | None, *, upsert: bool
     ) -> bool:
         self._open()
-        cfg = (config or DEFAULT_CONFIG).to_msg()
+        cfg = _DEFAULT_MSG if config is None else config.to_msg()
         if not upsert and _arena_config(cfg):
             arenas = self._arenas
             if arenas is not None and mv.nbytes <= arenas.max_value:
@@ -617,9 +619,11 @@ class Store(TaskAPI):
         self._open()
         if not keys:
             return []
-        cfg_obj = config or DEFAULT_CONFIG
-        cfg_obj.check_batch(len(keys))
-        cfg = cfg_obj.to_msg()
+        if config is None:
+            cfg = _DEFAULT_MSG
+        else:
+            config.check_batch(len(keys))
+            cfg = config.to_msg()
         arenas = self._arenas
         if (
             not upsert

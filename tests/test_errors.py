@@ -78,3 +78,13 @@ def test_malformed_duration_is_refused() -> None:
 def test_format_size() -> None:
     assert format_size(4096) == "4.0 KiB"
     assert format_size(12) == "12 B"
+
+
+def test_codes_module_names_every_error_code_with_its_number() -> None:
+    import kvpool.codes as codes
+
+    assert set(codes.__all__) == {c.name for c in ErrorCode}
+    for c in ErrorCode:
+        value = getattr(codes, c.name)
+        assert type(value) is int
+        assert value == int(c)

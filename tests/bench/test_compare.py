@@ -20,9 +20,10 @@ import psutil
 import pytest
 
 from kvpool.bench.compare import CompareOptions, Progress, run_compare
-from kvpool.bench.peers.base import BenchError, Driver, Unavailable, override
+from kvpool.bench.peers.base import BenchError, Driver, Unavailable
 from kvpool.bench.peers.limits import MemcpyDriver, SocketDriver
 from kvpool.bench.peers.workload import RunPlan, plan_cases, run_cases
+from kvpool.override import override
 from kvtest.procs import Proc, kvpool_proc, require_binary, wait_until
 
 REQUIRED = {

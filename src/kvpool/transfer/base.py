@@ -16,20 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-__all__ = ["MemoryRegion", "Transport", "override"]
-
-# typing.override arrived in 3.12; on 3.11 the marker is only for the type checker.
-if TYPE_CHECKING:
-    from typing_extensions import override
-else:
-    try:
-        from typing import override
-    except ImportError:
-
-        def override(func):
-            return func
+__all__ = ["MemoryRegion", "Transport"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ the transport takes part in it like any other so the registry's rules hold for e
 
 from __future__ import annotations
 
-from kvpool.transfer.base import MemoryRegion, Transport, override
+from kvpool.override import override
+from kvpool.transfer.base import MemoryRegion, Transport
 
 __all__ = ["ShmTransport"]
 

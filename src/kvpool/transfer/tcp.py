@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from kvpool.errors import ErrorCode
-from kvpool.transfer.base import MemoryRegion, Transport, override
+from kvpool.override import override
+from kvpool.transfer.base import MemoryRegion, Transport
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.location import parse_endpoint
 from kvpool.transfer.request import TransferOp

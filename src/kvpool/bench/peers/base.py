@@ -20,25 +20,13 @@ loudly instead of reporting a number.
 
 from __future__ import annotations
 
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["BenchError", "Driver", "Read", "Unavailable", "override"]
+__all__ = ["BenchError", "Driver", "Read", "Unavailable"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-# `typing.override` is new in 3.12 and kvpool supports 3.11, where typing_extensions is not a
-# dependency; at run time the decorator only marks intent, so a no-op stands in for it there.
-if sys.version_info >= (3, 12):
-    from typing import override
-elif TYPE_CHECKING:
-    from typing_extensions import override
-else:
-
-    def override(func: _F) -> _F:
-        return func
 
 
 Read = memoryview | bytes | bytearray

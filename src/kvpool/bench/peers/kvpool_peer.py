@@ -27,8 +27,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kvpool.bench.peers.base import BenchError, Driver, Read, Unavailable, override
+from kvpool.bench.peers.base import BenchError, Driver, Read, Unavailable
 from kvpool.bench.peers.children import Child
+from kvpool.override import override
 
 __all__ = ["KvpoolDriver"]
 

@@ -26,8 +26,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvpool.bench.peers.base import BenchError, Driver, Unavailable, override
+from kvpool.bench.peers.base import BenchError, Driver, Unavailable
 from kvpool.bench.peers.children import Child, free_port
+from kvpool.override import override
 
 if TYPE_CHECKING:
     import redis

@@ -41,7 +41,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NewType, Self
+from typing import NewType, Self
 
 from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
@@ -55,19 +55,7 @@ __all__ = [
     "StoreResult",
     "check_task_args",
     "drain_event_fd",
-    "override",
 ]
-
-# typing.override arrived in 3.12; on 3.11 the marker is only for the type checker.
-if TYPE_CHECKING:
-    from typing_extensions import override
-else:
-    try:
-        from typing import override
-    except ImportError:
-
-        def override(func):
-            return func
 
 
 L2TaskId = NewType("L2TaskId", int)

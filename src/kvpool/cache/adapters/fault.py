@@ -38,13 +38,13 @@ from kvpool.cache.adapters.base import (
     StoreResult,
     check_task_args,
     drain_event_fd,
-    override,
 )
 from kvpool.cache.adapters.registry import AdapterConfig, create_adapter, register_adapter
 from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
 from kvpool.cache.memory import MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
+from kvpool.override import override
 
 __all__ = ["FaultAdapterConfig", "FaultInjectingAdapter"]
 

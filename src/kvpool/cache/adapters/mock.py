@@ -20,7 +20,6 @@ from kvpool.cache.adapters.base import (
     L2TaskId,
     StoreResult,
     check_task_args,
-    override,
 )
 from kvpool.cache.adapters.keylocks import KeyLocks
 from kvpool.cache.adapters.registry import AdapterConfig, register_adapter
@@ -29,6 +28,7 @@ from kvpool.cache.keys import ObjectKey
 from kvpool.cache.memory import MemoryObj
 from kvpool.config import parse_size
 from kvpool.errors import StoreClosed
+from kvpool.override import override
 
 __all__ = ["MockAdapter", "MockAdapterConfig"]
 

@@ -31,7 +31,6 @@ from kvpool.cache.adapters.base import (
     L2TaskId,
     StoreResult,
     check_task_args,
-    override,
 )
 from kvpool.cache.adapters.keylocks import KeyLocks
 from kvpool.cache.adapters.record import RecordError, decode_into, encode_parts
@@ -39,6 +38,7 @@ from kvpool.cache.bitmap import Bitmap
 from kvpool.cache.keys import ObjectKey
 from kvpool.cache.memory import MemoryObj
 from kvpool.errors import InvalidParams, StoreClosed
+from kvpool.override import override
 
 __all__ = ["Backend", "ThreadedAdapter"]
 

@@ -58,6 +58,7 @@ from kvpool.bench.peers.workload import (
     plan_cases,
     run_cases,
 )
+from kvpool.children import ChildError
 from kvpool.config import parse_size
 
 __all__ = ["SYSTEMS", "CompareOptions", "Progress", "command", "make_drivers", "run_compare"]
@@ -275,7 +276,7 @@ def command(
     load_before = os.getloadavg()[0]
     try:
         results, skipped = run_compare(opts)
-    except BenchError as exc:
+    except (BenchError, ChildError) as exc:
         raise click.ClickException(f"benchmark failed: {exc}") from exc
     heading = (
         f"kvpool bench compare on {_machine()}\n"

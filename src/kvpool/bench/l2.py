@@ -24,10 +24,8 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -38,6 +36,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvpool.bench.peers.redis_peer import find_redis_server
 from kvpool.cache.adapters.base import L2Adapter, L2TaskId
 from kvpool.cache.adapters.registry import create_adapter, parse_adapter_config
 from kvpool.cache.config import StorageManagerConfig, storage_manager_options
@@ -45,6 +44,7 @@ from kvpool.cache.keys import ObjectKey
 from kvpool.cache.l1 import L1Config, L1Status
 from kvpool.cache.manager import StorageManager
 from kvpool.cache.memory import MemoryLayout, MemoryObj
+from kvpool.children import Child, free_port
 from kvpool.config import format_size
 from kvpool.errors import ErrorCode, KVPoolError
 
@@ -379,60 +379,17 @@ def bench_memcpy(case: Case, reps: int) -> Row:
 # -- services -------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when this benchmark dies, even by SIGKILL."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def _redis_server() -> Iterator[str | None]:
-    binary = shutil.which("redis-server") or (
-        "/usr/sbin/redis-server" if os.path.exists("/usr/sbin/redis-server") else None
-    )
+    binary = find_redis_server()
     if binary is None:
         yield None
         return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - nothing but one prctl runs in the child
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 15
-        buf = b""
-        while b"Ready to accept connections" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                raise KVPoolError(f"redis-server did not start: {buf[-500:]!r}")
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if ready:
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                if not chunk:
-                    continue
-                buf += chunk
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with Child(args, name="redis-server") as proc:
+        proc.wait_line(r"Ready to accept connections", timeout=15)
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 @contextlib.contextmanager
@@ -442,11 +399,7 @@ def _moto_server() -> Iterator[str | None]:
     except ImportError:
         yield None
         return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from typing import Any
 import click
 import psutil
 
-from kvpool.client.embedded import ChildProcess
+from kvpool.children import Child
 from kvpool.errors import KVPoolError
 from kvpool.protocol import messages as m
 from kvpool.rpc.bench import percentile
@@ -93,7 +94,7 @@ class _Master:
         # A long client TTL: the benchmark's fake node does not ping while it measures.
         args = ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"]
         args.append("--reclaim" if reclaim else "--no-reclaim")
-        self.proc = ChildProcess(args, name="kvpool master (bench)")
+        self.proc = Child([sys.executable, "-m", "kvpool", *args], name="kvpool master (bench)")
         try:
             self.address = self.proc.wait_ready(60)
             self.rpc = RpcClient(
@@ -104,7 +105,7 @@ class _Master:
             reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
             _expect(reply.code == 0, f"mount failed: {reply}")
         except BaseException:
-            self.proc.stop()
+            self.proc.stop(grace=10.0)
             raise
 
     def cpu_s(self) -> float:
@@ -116,7 +117,7 @@ class _Master:
 
     def close(self) -> None:
         self.rpc.close()
-        self.proc.stop()
+        self.proc.stop(grace=10.0)
 
 
 def _expect(ok: bool, what: str) -> None:

@@ -21,7 +21,6 @@ import re
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import click
 import numpy as np
 import xxhash
 
+from kvpool.children import Child, ChildError
 from kvpool.config import format_size, parse_size
 from kvpool.transfer import (
     SegmentLocation,
@@ -66,28 +66,15 @@ class _Peer:
     """The child process that owns the segment; stopped by closing its stdin."""
 
     def __init__(self, size: int) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvpool.transfer.serve",
-                "--name",
-                "bench",
-                "--size",
-                str(size),
-                "--raw",
-                "--watch-stdin",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        m = _READY.search(line)
-        if m is None:
+        args = [sys.executable, "-m", "kvpool.transfer.serve", "--name", "bench"]
+        args += ["--size", str(size), "--raw", "--watch-stdin"]
+        self.proc = Child(args, name="transfer peer", stdin=True)
+        self.raw: socket.socket | None = None
+        try:
+            m = self.proc.wait_line(_READY, timeout=60)
+        except ChildError as exc:
             self.close()
-            raise click.ClickException(f"transfer peer did not start: {line!r}")
+            raise click.ClickException(f"transfer peer did not start: {exc}") from exc
         self.location = SegmentLocation(
             m["name"], int(m["size"]), m["host"], m["endpoint"], m["shm"]
         )
@@ -95,17 +82,9 @@ class _Peer:
         self.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:
-        if getattr(self, "raw", None) is not None:
+        if self.raw is not None:
             self.raw.close()
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.proc.stop(grace=10.0)
 
 
 def _raw_read(sock: socket.socket, view: memoryview) -> None:
@@ -260,6 +239,8 @@ def run(
     """Measure every case; returns the rows (see design.md, Benchmarks)."""
     peer = _Peer(max(sizes) + (1 << 20))
     loc = peer.location
+    raw_sock = peer.raw
+    assert raw_sock is not None
     shm = TransferEngine(lambda n: loc, "shm")
     tcp = TransferEngine(lambda n: loc, "tcp", tcp_streams=streams)
     try:
@@ -279,7 +260,7 @@ def run(
                 mcp = _Case("limit", "memcpy", op, size, _copier(user.data, other.data))
                 sys_shm = _Case("kvpool", "shm", op, size, _transferrer(shm, reqs))
                 raw_view = other.data if op == "read" else user.data
-                sock = _Case("limit", "socket", op, size, _raw(peer.raw, op, raw_view))
+                sock = _Case("limit", "socket", op, size, _raw(raw_sock, op, raw_view))
                 sys_tcp = _Case("kvpool", "tcp", op, size, _transferrer(tcp, reqs))
                 cases += [(mcp, None), (sys_shm, mcp), (sock, None), (sys_tcp, sock)]
         small = min(sizes)

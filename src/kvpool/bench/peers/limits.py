@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.bench.peers.base import BenchError, Driver
-from kvpool.bench.peers.children import Child
 from kvpool.bench.peers.workload import page_aligned
+from kvpool.children import Child
 from kvpool.override import override
 
 __all__ = ["MemcpyDriver", "SocketDriver", "serve"]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from kvpool.bench.peers.base import BenchError, Driver, Read, Unavailable
-from kvpool.bench.peers.children import Child, free_port, wait_port
+from kvpool.children import Child, free_port, wait_port
 from kvpool.override import override
 
 __all__ = ["MooncakeDriver", "find_mooncake_master"]

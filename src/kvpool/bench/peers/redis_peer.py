@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvpool.bench.peers.base import BenchError, Driver, Unavailable
-from kvpool.bench.peers.children import Child, free_port
+from kvpool.children import Child, free_port
 from kvpool.override import override
 
 if TYPE_CHECKING:

@@ -50,10 +50,10 @@ from typing import Any
 import click
 import psutil
 
+from kvpool.bench.rpc import percentile
 from kvpool.children import Child
 from kvpool.errors import KVPoolError
 from kvpool.protocol import messages as m
-from kvpool.rpc.bench import percentile
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["Plan", "command", "measure_lockstep_ratio", "measure_memory", "run"]

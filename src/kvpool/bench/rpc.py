@@ -1,7 +1,7 @@
 """Round-trip benchmarks of the RPC layer, generic over the service's messages.
 
 A service can measure its calls through the same cases, so its numbers compare directly with
-the bare RPC floor (an echo through this layer, tests/rpc/bench_rpc.py). The caller brings the
+the bare RPC floor (an echo through this layer, tests/bench/bench_rpc.py). The caller brings the
 messages and a check of every reply:
 
     spec = BenchSpec(endpoint, response_type=Response, make_request=lambda i: Echo(payload),

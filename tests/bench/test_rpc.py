@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kvpool.bench.rows import percentile
 from kvpool.bench.rpc import (
     CASES,
     TRANSPORT_CASES,
     BenchSpec,
     lockstep_by_transport,
     median_rows,
-    percentile,
     run_cases,
 )
 from kvpool.errors import InvalidParams

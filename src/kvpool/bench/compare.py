@@ -25,7 +25,6 @@ and verification come on top. `--quick` is a seconds-long smoke run for the test
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -58,6 +57,7 @@ from kvpool.bench.peers.workload import (
     plan_cases,
     run_cases,
 )
+from kvpool.bench.rows import write_json
 from kvpool.children import ChildError
 from kvpool.config import parse_size
 
@@ -293,9 +293,7 @@ def command(
         with open(markdown_file, "w", encoding="utf-8") as f:
             f.write(f"{heading}\n\n{render_markdown(results, skipped)}\n\n```\n{targets}\n```\n")
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(json_rows(results), f, indent=1)
-            f.write("\n")
+        write_json(json_file, json_rows(results))
     if plot_file:
         try:
             plot(results, plot_file, title=f"kvpool bench compare ({_machine()})")

@@ -38,7 +38,6 @@ the benchmark never asserts a speed.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
@@ -50,7 +49,7 @@ from typing import Any
 import click
 import psutil
 
-from kvpool.bench.rpc import percentile
+from kvpool.bench.rows import Row, median_row, percentile, write_json
 from kvpool.children import Child
 from kvpool.errors import KVPoolError
 from kvpool.protocol import messages as m
@@ -283,26 +282,28 @@ class _Measured:
     transport: str = "tcp"
 
 
-def _row(x: _Measured, repeats: int) -> dict[str, Any]:
-    lat = sorted(x.latencies)
+def _row(x: _Measured, repeats: int, reclaim: bool) -> dict[str, Any]:
     keys_per_s = x.keys / x.seconds if x.seconds > 0 else 0.0
-    ops_per_s = keys_per_s / x.batch
-    return {
-        "system": "kvpool",
-        "path": x.transport,
-        "op": x.op,
-        "case": x.case,
-        "value_size": 0,
-        "batch": x.batch,
-        "ops_per_s": ops_per_s,
-        "keys_per_s": keys_per_s,
-        "bytes_per_s": 0.0,
-        "p50_us": percentile(lat, 0.5) * 1e6,
-        "p99_us": percentile(lat, 0.99) * 1e6,
-        "master_cpu_us_per_key": x.master_cpu_s / x.keys * 1e6 if x.keys else 0.0,
-        "round_trips_per_op": x.calls_per_key * x.batch,
-        "repeats": repeats,
-    }
+    return Row(
+        system="kvpool",
+        path=x.transport,
+        op=x.op,
+        value_size=0,
+        batch=x.batch,
+        ops_per_s=keys_per_s / x.batch,
+        bytes_per_s=0.0,
+        p50_us=percentile(x.latencies, 0.5) * 1e6,
+        p99_us=percentile(x.latencies, 0.99) * 1e6,
+        calls=len(x.latencies),
+        extra={
+            "case": x.case,
+            "keys_per_s": keys_per_s,
+            "master_cpu_us_per_key": x.master_cpu_s / x.keys * 1e6 if x.keys else 0.0,
+            "round_trips_per_op": x.calls_per_key * x.batch,
+            "repeats": repeats,
+            "reclaim": reclaim,
+        },
+    ).to_json()
 
 
 def run(
@@ -425,10 +426,8 @@ def run(
                 log(f"round {rnd + 1}/{plan.repeats}: {op} {case} {keys / seconds:,.0f} keys/s")
         rows: list[dict[str, Any]] = []
         for i in range(len(cases)):
-            runs = per_case[i]
-            med = statistics.median_low([r.keys / r.seconds for r in runs])
-            chosen = next(r for r in runs if r.keys / r.seconds == med)
-            rows.append({**_row(chosen, plan.repeats), "reclaim": reclaim})
+            chosen = median_row(per_case[i], lambda r: r.keys / r.seconds)
+            rows.append(_row(chosen, plan.repeats, reclaim))
     finally:
         master.close()
     _add_ratios(rows)
@@ -570,7 +569,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         if "metric" in r:
             continue
-        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
         lines.append(
             f"{r['op']:<24}{r['case']:<11}{r['batch']:>6}{r['ops_per_s']:>10.0f}"
             f"{r['keys_per_s']:>10.0f}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
@@ -629,8 +628,7 @@ def command(
         )
         click.echo(format_table([row]))
         if json_path:
-            with open(json_path, "w", encoding="utf-8") as f:
-                json.dump([row], f, indent=2)
+            write_json(json_path, [row])
         return
     plan = Plan.of(quick)
     if repeats is not None or memory_objects is not None:
@@ -643,6 +641,4 @@ def command(
     rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True))
     click.echo(format_table(rows))
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
-        click.echo(f"wrote {len(rows)} rows to {json_path}")
+        click.echo(f"wrote {write_json(json_path, rows)} rows to {json_path}")

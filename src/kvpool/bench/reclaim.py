@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import json
 import math
 import statistics
 import time
@@ -51,6 +50,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvpool.bench.rows import percentile, write_json
 from kvpool.errors import ErrorCode
 from kvpool.master.reclaim import ReclaimConfig
 from kvpool.master.reclaim.simulated import ManualClock, SimulatedPool
@@ -278,7 +278,7 @@ def evict_cost(
 
 
 def _p99(ns: list[int]) -> float:
-    return float(np.percentile(np.asarray(ns, dtype=np.float64), 99)) / 1000
+    return percentile(ns, 0.99) / 1000
 
 
 def put_latency(scale: Scale) -> dict[str, float]:
@@ -484,6 +484,4 @@ def command(quick: bool, json_file: str | None, alpha: float) -> None:
         f"{lat['direct'] / lat['none']:.2f}x wall, {lat['direct_cpu'] / lat['none_cpu']:.2f}x cpu)"
     )
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-        click.echo(f"wrote {len(rows)} rows to {json_file}")
+        click.echo(f"wrote {write_json(json_file, rows)} rows to {json_file}")

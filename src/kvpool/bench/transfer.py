@@ -16,7 +16,6 @@ benchmark never judges speed.
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import statistics
@@ -31,6 +30,7 @@ import click
 import numpy as np
 import xxhash
 
+from kvpool.bench.rows import Row, percentile, write_json
 from kvpool.children import Child, ChildError
 from kvpool.config import format_size, parse_size
 from kvpool.transfer import (
@@ -143,29 +143,31 @@ def _measure(cases: list[_Case], rounds: int, quick: bool) -> None:
 
 def _row(case: _Case, baseline: _Case | None) -> dict[str, Any]:
     rate = statistics.median(case.rates)
-    lat = sorted(case.lat_ns)
-    row: dict[str, Any] = {
-        "system": case.system,
-        "path": case.path,
-        "op": case.op,
-        "value_size": case.size,
-        "batch": case.batch,
-        "ops_per_s": rate / case.size,  # values (keys) per second
-        "bytes_per_s": rate,
-        "p50_us": lat[len(lat) // 2] / 1e3,
-        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1e3,
+    p50_us = percentile(case.lat_ns, 0.5) / 1e3
+    extra: dict[str, Any] = {
         "rounds": len(case.rates),
+        "bytes_per_s_at_p50": case.size * case.batch / (p50_us / 1e6),
     }
-    row["bytes_per_s_at_p50"] = case.size * case.batch / (row["p50_us"] / 1e6)
     if baseline is not None:
         # Two ratios: of the median per-op times (robust to a neighbour stealing the CPU for a
         # few ms, which on a 2-core shared machine happens every run), and of the median
         # throughputs over rounds (what a long stream of such ops gets, stalls included).
-        base_lat = sorted(baseline.lat_ns)
-        row["baseline"] = baseline.path
-        row["ratio_to_baseline"] = (base_lat[len(base_lat) // 2] / 1e3) / row["p50_us"]
-        row["throughput_ratio_to_baseline"] = rate / statistics.median(baseline.rates)
-    return row
+        extra["ratio_to_baseline"] = (percentile(baseline.lat_ns, 0.5) / 1e3) / p50_us
+        extra["throughput_ratio_to_baseline"] = rate / statistics.median(baseline.rates)
+    return Row(
+        system=case.system,
+        path=case.path,
+        op=case.op,
+        value_size=case.size,
+        batch=case.batch,
+        ops_per_s=rate / case.size,  # values (keys) per second
+        bytes_per_s=rate,
+        p50_us=p50_us,
+        p99_us=percentile(case.lat_ns, 0.99) / 1e3,
+        calls=len(case.lat_ns),
+        baseline=baseline.path if baseline is not None else "",
+        extra=extra,
+    ).to_json()
 
 
 def _verify(shm: TransferEngine, tcp: TransferEngine, size: int) -> None:
@@ -236,7 +238,7 @@ def _batch_cases(
 def run(
     sizes: list[int], rounds: int, quick: bool, streams: int | None = None
 ) -> list[dict[str, Any]]:
-    """Measure every case; returns the rows (see design.md, Benchmarks)."""
+    """Measure every case; returns the rows (`kvpool.bench.rows`, in their JSON form)."""
     peer = _Peer(max(sizes) + (1 << 20))
     loc = peer.location
     raw_sock = peer.raw
@@ -322,6 +324,4 @@ def command(
     rows = run(size_list, n_rounds, quick, streams)
     click.echo(_table(rows))
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-        click.echo(f"wrote {len(rows)} rows to {json_file}")
+        click.echo(f"wrote {write_json(json_file, rows)} rows to {json_file}")

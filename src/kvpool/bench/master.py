@@ -49,7 +49,7 @@ from typing import Any
 import click
 import psutil
 
-from kvpool.bench.rows import Row, median_row, percentile, write_json
+from kvpool.bench.rows import Column, Row, median_row, percentile, render_table, write_json
 from kvpool.children import Child
 from kvpool.errors import KVPoolError
 from kvpool.protocol import messages as m
@@ -560,22 +560,22 @@ def measure_lockstep_ratio(
     }
 
 
+_COLUMNS = (
+    Column("op", "<24", lambda r: r["op"]),
+    Column("case", "<11", lambda r: r["case"]),
+    Column("batch", ">6", lambda r: str(r["batch"])),
+    Column("ops/s", ">10", lambda r: f"{r['ops_per_s']:.0f}"),
+    Column("keys/s", ">10", lambda r: f"{r['keys_per_s']:.0f}"),
+    Column("p50 us", ">9", lambda r: f"{r['p50_us']:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r['p99_us']:.1f}"),
+    Column("master us/key", ">15", lambda r: f"{r['master_cpu_us_per_key']:.2f}"),
+    Column("vs echo", ">9", lambda r: f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"),
+)
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = (
-        f"{'op':<24}{'case':<11}{'batch':>6}{'ops/s':>10}{'keys/s':>10}{'p50 us':>9}"
-        f"{'p99 us':>9}{'master us/key':>15}{'vs echo':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if "metric" in r:
-            continue
-        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
-        lines.append(
-            f"{r['op']:<24}{r['case']:<11}{r['batch']:>6}{r['ops_per_s']:>10.0f}"
-            f"{r['keys_per_s']:>10.0f}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
-            f"{r['master_cpu_us_per_key']:>15.2f}{ratio:>9}"
-        )
-    lines.append("")
+    speed = [r for r in rows if "metric" not in r]
+    lines = [render_table(_COLUMNS, speed, sep=""), ""]
     for r in rows:
         if r.get("metric") == "lockstep_get_vs_echo":
             lines.append(

@@ -30,7 +30,7 @@ import click
 import numpy as np
 import xxhash
 
-from kvpool.bench.rows import Row, percentile, write_json
+from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
 from kvpool.children import Child, ChildError
 from kvpool.config import format_size, parse_size
 from kvpool.transfer import (
@@ -279,22 +279,27 @@ def run(
     return rows + _cutover_rows(quick, rounds)
 
 
+def _percent(r: dict[str, Any], key: str) -> str:
+    return f"{r[key] * 100:.0f}%" if key in r else ""
+
+
+_COLUMNS = (
+    Column("system", "<7", lambda r: r["system"]),
+    Column("path", "<13", lambda r: r["path"]),
+    Column("op", "<6", lambda r: r["op"]),
+    Column("size", ">10", lambda r: format_size(r["value_size"])),
+    Column("batch", ">5", lambda r: str(r["batch"])),
+    Column("GB/s", ">7", lambda r: f"{r['bytes_per_s'] / 1e9:.2f}"),
+    Column("values/s", ">9", lambda r: f"{r['ops_per_s']:.0f}"),
+    Column("p50 us", ">8", lambda r: f"{r['p50_us']:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r['p99_us']:.1f}"),
+    Column("vs limit", ">9", lambda r: _percent(r, "ratio_to_baseline")),
+    Column("(thru)", ">7", lambda r: _percent(r, "throughput_ratio_to_baseline")),
+)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'system':<7} {'path':<13} {'op':<6} {'size':>10} {'batch':>5} {'GB/s':>7} "
-    head += f"{'values/s':>9} "
-    head += f"{'p50 us':>8} {'p99 us':>9} {'vs limit':>9} {'(thru)':>7}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = f"{r['ratio_to_baseline'] * 100:.0f}%" if "ratio_to_baseline" in r else ""
-        thru = r.get("throughput_ratio_to_baseline")
-        thru_s = f"{thru * 100:.0f}%" if thru is not None else ""
-        lines.append(
-            f"{r['system']:<7} {r['path']:<13} {r['op']:<6} {format_size(r['value_size']):>10} "
-            f"{r['batch']:>5} "
-            f"{r['bytes_per_s'] / 1e9:>7.2f} {r['ops_per_s']:>9.0f} {r['p50_us']:>8.1f} "
-            f"{r['p99_us']:>9.1f} {ratio:>9} {thru_s:>7}"
-        )
-    return "\n".join(lines)
+    return render_table(_COLUMNS, rows)
 
 
 @click.command("transfer")

@@ -27,12 +27,12 @@ from kvpool.children import Child
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.errors import InvalidParams, KVPoolError
 
-__all__ = ["EmbeddedPool", "PoolSpec", "kvpool_child"]
+__all__ = ["EmbeddedPool", "PoolSpec"]
 
 log = logging.getLogger(__name__)
 
 
-def kvpool_child(
+def _kvpool_child(
     args: Sequence[str], name: str, on_line: Callable[[str], None] | None = None
 ) -> Child:
     """`python -m kvpool ARGS...` as a `Child` (death signal, own session, output drained)."""
@@ -98,7 +98,7 @@ class EmbeddedPool:
             args += ["--client-ttl", f"{spec.client_ttl}s"]
         args += list(spec.master_args)
         try:
-            self.master = kvpool_child(args, name="kvpool master")
+            self.master = _kvpool_child(args, name="kvpool master")
             self._address = self.master.wait_ready(self.ready_timeout)
             for i in range(spec.nodes if spec.segment_size > 0 else 0):
                 self.add_node(spec.segment_size, name=f"kvpool node {i}", on_line=on_node_line)
@@ -117,7 +117,7 @@ class EmbeddedPool:
         self, segment_size: int, name: str = "", on_line: Callable[[str], None] | None = None
     ) -> Child:
         """Start one more `kvpool node` of `segment_size` bytes and wait until it has mounted."""
-        node = kvpool_child(
+        node = _kvpool_child(
             [
                 "node",
                 "--master",

@@ -25,7 +25,6 @@ and verification come on top. `--quick` is a seconds-long smoke run for the test
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -58,6 +57,8 @@ from kvpool.bench.peers.workload import (
     plan_cases,
     run_cases,
 )
+from kvpool.bench.rows import write_json
+from kvpool.children import ChildError
 from kvpool.config import parse_size
 
 __all__ = ["SYSTEMS", "CompareOptions", "Progress", "command", "make_drivers", "run_compare"]
@@ -275,7 +276,7 @@ def command(
     load_before = os.getloadavg()[0]
     try:
         results, skipped = run_compare(opts)
-    except BenchError as exc:
+    except (BenchError, ChildError) as exc:
         raise click.ClickException(f"benchmark failed: {exc}") from exc
     heading = (
         f"kvpool bench compare on {_machine()}\n"
@@ -292,9 +293,7 @@ def command(
         with open(markdown_file, "w", encoding="utf-8") as f:
             f.write(f"{heading}\n\n{render_markdown(results, skipped)}\n\n```\n{targets}\n```\n")
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(json_rows(results), f, indent=1)
-            f.write("\n")
+        write_json(json_file, json_rows(results))
     if plot_file:
         try:
             plot(results, plot_file, title=f"kvpool bench compare ({_machine()})")

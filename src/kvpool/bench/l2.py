@@ -24,20 +24,19 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
-import statistics
-import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 import numpy as np
 
+from kvpool.bench.peers.redis_peer import find_redis_server
+from kvpool.bench.rows import Column, Row, median_row, percentile, render_table, write_json
 from kvpool.cache.adapters.base import L2Adapter, L2TaskId
 from kvpool.cache.adapters.registry import create_adapter, parse_adapter_config
 from kvpool.cache.config import StorageManagerConfig, storage_manager_options
@@ -45,34 +44,15 @@ from kvpool.cache.keys import ObjectKey
 from kvpool.cache.l1 import L1Config, L1Status
 from kvpool.cache.manager import StorageManager
 from kvpool.cache.memory import MemoryLayout, MemoryObj
+from kvpool.children import Child, free_port
 from kvpool.config import format_size
 from kvpool.errors import ErrorCode, KVPoolError
 
-__all__ = ["Case", "Row", "command", "run"]
+__all__ = ["Case", "command", "median_rows", "run"]
 
 KiB = 1 << 10
 MiB = 1 << 20
 TASK_TIMEOUT_S = 120.0
-
-
-@dataclass(slots=True)
-class Row:
-    """One measured case (design.md's benchmark row)."""
-
-    system: str
-    path: str
-    op: str
-    value_size: int
-    batch: int
-    ops_per_s: float
-    bytes_per_s: float
-    p50_us: float
-    p99_us: float
-    calls: int
-    keys: int
-    verified: bool
-    ratio: float | None = None
-    baseline: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +76,6 @@ def pattern(i: int, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return words.view(np.uint8)[:size]
 
 
-def _percentile_us(samples: Sequence[float], q: float) -> float:
-    if not samples:
-        return 0.0
-    return float(np.percentile(np.asarray(samples), q)) * 1e6
-
-
 def _row(
     system: str,
     path: str,
@@ -123,11 +97,10 @@ def _row(
         ops_per_s=n / elapsed if elapsed > 0 else 0.0,
         # A lookup moves no value bytes: its row reports keys/s only.
         bytes_per_s=n * case.value_size / elapsed if elapsed > 0 and op != "lookup" else 0.0,
-        p50_us=_percentile_us(lat, 50),
-        p99_us=_percentile_us(lat, 99),
+        p50_us=percentile(lat, 0.50) * 1e6,
+        p99_us=percentile(lat, 0.99) * 1e6,
         calls=len(lat),
-        keys=n,
-        verified=verified,
+        extra={"keys": n, "verified": verified},
     )
 
 
@@ -379,60 +352,17 @@ def bench_memcpy(case: Case, reps: int) -> Row:
 # -- services -------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when this benchmark dies, even by SIGKILL."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 @contextlib.contextmanager
 def _redis_server() -> Iterator[str | None]:
-    binary = shutil.which("redis-server") or (
-        "/usr/sbin/redis-server" if os.path.exists("/usr/sbin/redis-server") else None
-    )
+    binary = find_redis_server()
     if binary is None:
         yield None
         return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - nothing but one prctl runs in the child
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 15
-        buf = b""
-        while b"Ready to accept connections" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                raise KVPoolError(f"redis-server did not start: {buf[-500:]!r}")
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if ready:
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                if not chunk:
-                    continue
-                buf += chunk
+    port = free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    with Child(args, name="redis-server") as proc:
+        proc.wait_line(r"Ready to accept connections", timeout=15)
         yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 @contextlib.contextmanager
@@ -442,11 +372,7 @@ def _moto_server() -> Iterator[str | None]:
     except ImportError:
         yield None
         return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
@@ -510,17 +436,22 @@ def run(
     return rows, errors
 
 
+_COLUMNS = (
+    Column("path", "<8", lambda r: r.path),
+    Column("op", "<12", lambda r: r.op),
+    Column("size", ">9", lambda r: format_size(r.value_size)),
+    Column("batch", ">5", lambda r: str(r.batch)),
+    Column("keys/s", ">10", lambda r: f"{r.ops_per_s:.0f}"),
+    Column("MB/s", ">9", lambda r: f"{r.bytes_per_s / 1e6:.1f}"),
+    Column("p50 ms", ">8", lambda r: f"{r.p50_us / 1e3:.2f}"),
+    Column("p99 ms", ">8", lambda r: f"{r.p99_us / 1e3:.2f}"),
+    Column("vs memcpy", ">9", lambda r: f"{r.ratio:.4f}" if r.ratio is not None else "-"),
+    Column("ok", "", lambda r: "yes" if r.extra["verified"] else "NO"),
+)
+
+
 def _table(rows: Sequence[Row]) -> str:
-    head = f"{'path':<8} {'op':<12} {'size':>9} {'batch':>5} {'keys/s':>10} {'MB/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'vs memcpy':>9} ok"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = f"{r.ratio:.4f}" if r.ratio is not None else "-"
-        lines.append(
-            f"{r.path:<8} {r.op:<12} {format_size(r.value_size):>9} {r.batch:>5} {r.ops_per_s:>10.0f} "
-            f"{r.bytes_per_s / 1e6:>9.1f} {r.p50_us / 1e3:>8.2f} {r.p99_us / 1e3:>8.2f} {ratio:>9} "
-            f"{'yes' if r.verified else 'NO'}"
-        )
-    return "\n".join(lines)
+    return render_table(_COLUMNS, rows)
 
 
 def _measure(
@@ -606,8 +537,7 @@ def command(  # noqa: PLR0917 - click passes options positionally by name
         signal.signal(signal.SIGTERM, previous)
     click.echo(_table(rows))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        write_json(json_path, rows)
     if errors:
         for e in errors:
             click.echo(f"VERIFY FAILED: {e}", err=True)
@@ -624,8 +554,4 @@ def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
     for rows in runs:
         for r in rows:
             by_case.setdefault((r.path, r.op, r.value_size), []).append(r)
-    out = []
-    for group in by_case.values():
-        med = statistics.median_low([r.bytes_per_s for r in group])
-        out.append(next(r for r in group if r.bytes_per_s == med))
-    return out
+    return [median_row(group, lambda r: r.bytes_per_s) for group in by_case.values()]

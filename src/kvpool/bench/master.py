@@ -38,9 +38,9 @@ the benchmark never asserts a speed.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,10 +49,10 @@ from typing import Any
 import click
 import psutil
 
-from kvpool.client.embedded import ChildProcess
+from kvpool.bench.rows import Column, Row, median_row, percentile, render_table, write_json
+from kvpool.children import Child
 from kvpool.errors import KVPoolError
 from kvpool.protocol import messages as m
-from kvpool.rpc.bench import percentile
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["Plan", "command", "measure_lockstep_ratio", "measure_memory", "run"]
@@ -93,7 +93,7 @@ class _Master:
         # A long client TTL: the benchmark's fake node does not ping while it measures.
         args = ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"]
         args.append("--reclaim" if reclaim else "--no-reclaim")
-        self.proc = ChildProcess(args, name="kvpool master (bench)")
+        self.proc = Child([sys.executable, "-m", "kvpool", *args], name="kvpool master (bench)")
         try:
             self.address = self.proc.wait_ready(60)
             self.rpc = RpcClient(
@@ -104,7 +104,7 @@ class _Master:
             reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
             _expect(reply.code == 0, f"mount failed: {reply}")
         except BaseException:
-            self.proc.stop()
+            self.proc.stop(grace=10.0)
             raise
 
     def cpu_s(self) -> float:
@@ -116,7 +116,7 @@ class _Master:
 
     def close(self) -> None:
         self.rpc.close()
-        self.proc.stop()
+        self.proc.stop(grace=10.0)
 
 
 def _expect(ok: bool, what: str) -> None:
@@ -282,26 +282,28 @@ class _Measured:
     transport: str = "tcp"
 
 
-def _row(x: _Measured, repeats: int) -> dict[str, Any]:
-    lat = sorted(x.latencies)
+def _row(x: _Measured, repeats: int, reclaim: bool) -> dict[str, Any]:
     keys_per_s = x.keys / x.seconds if x.seconds > 0 else 0.0
-    ops_per_s = keys_per_s / x.batch
-    return {
-        "system": "kvpool",
-        "path": x.transport,
-        "op": x.op,
-        "case": x.case,
-        "value_size": 0,
-        "batch": x.batch,
-        "ops_per_s": ops_per_s,
-        "keys_per_s": keys_per_s,
-        "bytes_per_s": 0.0,
-        "p50_us": percentile(lat, 0.5) * 1e6,
-        "p99_us": percentile(lat, 0.99) * 1e6,
-        "master_cpu_us_per_key": x.master_cpu_s / x.keys * 1e6 if x.keys else 0.0,
-        "round_trips_per_op": x.calls_per_key * x.batch,
-        "repeats": repeats,
-    }
+    return Row(
+        system="kvpool",
+        path=x.transport,
+        op=x.op,
+        value_size=0,
+        batch=x.batch,
+        ops_per_s=keys_per_s / x.batch,
+        bytes_per_s=0.0,
+        p50_us=percentile(x.latencies, 0.5) * 1e6,
+        p99_us=percentile(x.latencies, 0.99) * 1e6,
+        calls=len(x.latencies),
+        extra={
+            "case": x.case,
+            "keys_per_s": keys_per_s,
+            "master_cpu_us_per_key": x.master_cpu_s / x.keys * 1e6 if x.keys else 0.0,
+            "round_trips_per_op": x.calls_per_key * x.batch,
+            "repeats": repeats,
+            "reclaim": reclaim,
+        },
+    ).to_json()
 
 
 def run(
@@ -424,10 +426,8 @@ def run(
                 log(f"round {rnd + 1}/{plan.repeats}: {op} {case} {keys / seconds:,.0f} keys/s")
         rows: list[dict[str, Any]] = []
         for i in range(len(cases)):
-            runs = per_case[i]
-            med = statistics.median_low([r.keys / r.seconds for r in runs])
-            chosen = next(r for r in runs if r.keys / r.seconds == med)
-            rows.append({**_row(chosen, plan.repeats), "reclaim": reclaim})
+            chosen = median_row(per_case[i], lambda r: r.keys / r.seconds)
+            rows.append(_row(chosen, plan.repeats, reclaim))
     finally:
         master.close()
     _add_ratios(rows)
@@ -560,22 +560,22 @@ def measure_lockstep_ratio(
     }
 
 
+_COLUMNS = (
+    Column("op", "<24", lambda r: r["op"]),
+    Column("case", "<11", lambda r: r["case"]),
+    Column("batch", ">6", lambda r: str(r["batch"])),
+    Column("ops/s", ">10", lambda r: f"{r['ops_per_s']:.0f}"),
+    Column("keys/s", ">10", lambda r: f"{r['keys_per_s']:.0f}"),
+    Column("p50 us", ">9", lambda r: f"{r['p50_us']:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r['p99_us']:.1f}"),
+    Column("master us/key", ">15", lambda r: f"{r['master_cpu_us_per_key']:.2f}"),
+    Column("vs echo", ">9", lambda r: f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"),
+)
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = (
-        f"{'op':<24}{'case':<11}{'batch':>6}{'ops/s':>10}{'keys/s':>10}{'p50 us':>9}"
-        f"{'p99 us':>9}{'master us/key':>15}{'vs echo':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        if "metric" in r:
-            continue
-        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        lines.append(
-            f"{r['op']:<24}{r['case']:<11}{r['batch']:>6}{r['ops_per_s']:>10.0f}"
-            f"{r['keys_per_s']:>10.0f}{r['p50_us']:>9.1f}{r['p99_us']:>9.1f}"
-            f"{r['master_cpu_us_per_key']:>15.2f}{ratio:>9}"
-        )
-    lines.append("")
+    speed = [r for r in rows if "metric" not in r]
+    lines = [render_table(_COLUMNS, speed, sep=""), ""]
     for r in rows:
         if r.get("metric") == "lockstep_get_vs_echo":
             lines.append(
@@ -628,8 +628,7 @@ def command(
         )
         click.echo(format_table([row]))
         if json_path:
-            with open(json_path, "w", encoding="utf-8") as f:
-                json.dump([row], f, indent=2)
+            write_json(json_path, [row])
         return
     plan = Plan.of(quick)
     if repeats is not None or memory_objects is not None:
@@ -642,6 +641,4 @@ def command(
     rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True))
     click.echo(format_table(rows))
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
-        click.echo(f"wrote {len(rows)} rows to {json_path}")
+        click.echo(f"wrote {write_json(json_path, rows)} rows to {json_path}")

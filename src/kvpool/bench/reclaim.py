@@ -11,8 +11,8 @@ same run on the same trace:
   one per nine scan keys, and one hot-set-size of hot reads after each scan. A read that misses
   puts the object (a cache fill). Measured: hit ratio of the hot reads after the warm-up.
   Systems: `kvpool` (the engine, kswapd run whenever it wants, direct reclaim on a failed put),
-  `lru` (an exact LRU of the same capacity), `lease_lru` (Mooncake's BatchEvict, reference
-  §3.3: every 10 ms evict ceil(5 % of objects) with the smallest lease deadline among those
+  `lru` (an exact LRU of the same capacity), `lease_lru` (Mooncake's BatchEvict:
+  every 10 ms evict ceil(5 % of objects) with the smallest lease deadline among those
   whose lease expired, when above the 90 % watermark or after a failed put; a failed put is
   not retried; reads extend the lease to now + 10 s, PutEnd sets it to now; the trace clock
   moves 1 ms per operation).
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import json
 import math
 import statistics
 import time
@@ -51,6 +50,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvpool.bench.rows import percentile, write_json
 from kvpool.errors import ErrorCode
 from kvpool.master.reclaim import ReclaimConfig
 from kvpool.master.reclaim.simulated import ManualClock, SimulatedPool
@@ -179,7 +179,7 @@ def run_lru(trace: Trace, capacity: int) -> float:
 
 
 def run_lease_lru(trace: Trace, capacity: int, lease_ops: int = 10_000) -> float:
-    """Mooncake's approximate LRU over lease deadlines (reference §3.2-3.3), 1 ms per op."""
+    """Mooncake's approximate LRU over lease deadlines (its BatchEvict), 1 ms per op."""
     lease: dict[str, int] = {}
     heap: list[tuple[int, str]] = []
     state = {"now": 0, "need": False}
@@ -278,7 +278,7 @@ def evict_cost(
 
 
 def _p99(ns: list[int]) -> float:
-    return float(np.percentile(np.asarray(ns, dtype=np.float64), 99)) / 1000
+    return percentile(ns, 0.99) / 1000
 
 
 def put_latency(scale: Scale) -> dict[str, float]:
@@ -484,6 +484,4 @@ def command(quick: bool, json_file: str | None, alpha: float) -> None:
         f"{lat['direct'] / lat['none']:.2f}x wall, {lat['direct_cpu'] / lat['none_cpu']:.2f}x cpu)"
     )
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-        click.echo(f"wrote {len(rows)} rows to {json_file}")
+        click.echo(f"wrote {write_json(json_file, rows)} rows to {json_file}")

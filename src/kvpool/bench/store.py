@@ -19,49 +19,28 @@ Every value read is compared with what was written; the benchmark never asserts 
 
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import click
 import numpy as np
 
+from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.client.store import Store
 from kvpool.config import format_size, parse_size
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.messages import Echo
 
-__all__ = ["Row", "command", "run"]
+__all__ = ["command", "median_of_runs", "run"]
 
 KiB = 1 << 10
 MiB = 1 << 20
-
-
-@dataclass(slots=True)
-class Row:
-    """One measured case (the JSON row of design.md's Benchmarks section)."""
-
-    system: str
-    path: str
-    op: str
-    value_size: int
-    batch: int
-    ops_per_s: float
-    bytes_per_s: float
-    p50_us: float
-    p99_us: float
-    calls: int
-    mean_ops_per_s: float = 0.0
-    """Calls x batch / total time (the median-based ops_per_s is the headline)."""
-    ratio: float | None = None
-    """bytes/s (or ops/s) as a fraction of this path's baseline, measured in the same run."""
-    baseline: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +58,6 @@ class Plan:
         if quick:
             return Plan(small_ops=200, batches=10, mib_ops=10, big_ops=4, baseline_reps=5)
         return Plan(small_ops=3000, batches=150, mib_ops=300, big_ops=40, baseline_reps=30)
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def _row(
@@ -104,9 +78,10 @@ def _row(
         ops_per_s=ops,
         bytes_per_s=ops * size,
         p50_us=p50 * 1e6,
-        p99_us=_percentile(samples_s, 0.99) * 1e6,
+        p99_us=percentile(samples_s, 0.99) * 1e6,
         calls=calls,
-        mean_ops_per_s=calls * batch / total if total > 0 else 0.0,
+        # Calls x batch / total time (the median-based ops_per_s is the headline).
+        extra={"mean_ops_per_s": calls * batch / total if total > 0 else 0.0},
     )
 
 
@@ -383,32 +358,35 @@ def median_of_runs(runs: list[list[Row]]) -> list[Row]:
                 p50_us=med(lambda r: r.p50_us),
                 p99_us=med(lambda r: r.p99_us),
                 calls=sum(r.calls for r in same),
-                mean_ops_per_s=med(lambda r: r.mean_ops_per_s),
                 ratio=statistics.median(ratios) if ratios else None,
                 baseline=(
                     f"{first.baseline.split(' ')[0]} row, same-run ratios, median of {len(same)}"
                     if first.baseline
                     else ""
                 ),
+                extra={"mean_ops_per_s": med(lambda r: r.extra["mean_ops_per_s"])},
             )
         )
     return out
 
 
+_COLUMNS = (
+    Column("system", "<7", lambda r: r.system),
+    Column("path", "<7", lambda r: r.path),
+    Column("op", "<5", lambda r: r.op),
+    Column("size", ">9", lambda r: format_size(r.value_size)),
+    Column("batch", ">5", lambda r: str(r.batch)),
+    Column("ops/s", ">10", lambda r: f"{r.ops_per_s:.0f}"),
+    Column("GB/s", ">7", lambda r: f"{r.bytes_per_s / 1e9:.2f}"),
+    Column("p50 us", ">9", lambda r: f"{r.p50_us:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r.p99_us:.1f}"),
+    Column("ratio", ">6", lambda r: f"{r.ratio:.2f}" if r.ratio is not None else ""),
+    Column(" baseline", "", lambda r: f" {r.baseline}"),
+)
+
+
 def format_table(rows: list[Row]) -> str:
-    head = (
-        f"{'system':<7} {'path':<7} {'op':<5} {'size':>9} {'batch':>5} {'ops/s':>10} "
-        f"{'GB/s':>7} {'p50 us':>9} {'p99 us':>9} {'ratio':>6}  baseline"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
-        lines.append(
-            f"{r.system:<7} {r.path:<7} {r.op:<5} {format_size(r.value_size):>9} {r.batch:>5} "
-            f"{r.ops_per_s:>10.0f} {r.bytes_per_s / 1e9:>7.2f} {r.p50_us:>9.1f} {r.p99_us:>9.1f} "
-            f"{ratio:>6}  {r.baseline}"
-        )
-    return "\n".join(lines)
+    return render_table(_COLUMNS, rows)
 
 
 @click.command()
@@ -442,5 +420,4 @@ def command(
     rows = median_of_runs(runs)
     click.echo(format_table(rows))
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump([asdict(r) for r in rows], fh, indent=1)
+        write_json(json_path, rows)

@@ -16,12 +16,10 @@ benchmark never judges speed.
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +30,8 @@ import click
 import numpy as np
 import xxhash
 
+from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
+from kvpool.children import Child, ChildError
 from kvpool.config import format_size, parse_size
 from kvpool.transfer import (
     SegmentLocation,
@@ -66,28 +66,15 @@ class _Peer:
     """The child process that owns the segment; stopped by closing its stdin."""
 
     def __init__(self, size: int) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvpool.transfer.serve",
-                "--name",
-                "bench",
-                "--size",
-                str(size),
-                "--raw",
-                "--watch-stdin",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        m = _READY.search(line)
-        if m is None:
+        args = [sys.executable, "-m", "kvpool.transfer.serve", "--name", "bench"]
+        args += ["--size", str(size), "--raw", "--watch-stdin"]
+        self.proc = Child(args, name="transfer peer", stdin=True)
+        self.raw: socket.socket | None = None
+        try:
+            m = self.proc.wait_line(_READY, timeout=60)
+        except ChildError as exc:
             self.close()
-            raise click.ClickException(f"transfer peer did not start: {line!r}")
+            raise click.ClickException(f"transfer peer did not start: {exc}") from exc
         self.location = SegmentLocation(
             m["name"], int(m["size"]), m["host"], m["endpoint"], m["shm"]
         )
@@ -95,17 +82,9 @@ class _Peer:
         self.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:
-        if getattr(self, "raw", None) is not None:
+        if self.raw is not None:
             self.raw.close()
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.proc.stop(grace=10.0)
 
 
 def _raw_read(sock: socket.socket, view: memoryview) -> None:
@@ -164,29 +143,31 @@ def _measure(cases: list[_Case], rounds: int, quick: bool) -> None:
 
 def _row(case: _Case, baseline: _Case | None) -> dict[str, Any]:
     rate = statistics.median(case.rates)
-    lat = sorted(case.lat_ns)
-    row: dict[str, Any] = {
-        "system": case.system,
-        "path": case.path,
-        "op": case.op,
-        "value_size": case.size,
-        "batch": case.batch,
-        "ops_per_s": rate / case.size,  # values (keys) per second
-        "bytes_per_s": rate,
-        "p50_us": lat[len(lat) // 2] / 1e3,
-        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1e3,
+    p50_us = percentile(case.lat_ns, 0.5) / 1e3
+    extra: dict[str, Any] = {
         "rounds": len(case.rates),
+        "bytes_per_s_at_p50": case.size * case.batch / (p50_us / 1e6),
     }
-    row["bytes_per_s_at_p50"] = case.size * case.batch / (row["p50_us"] / 1e6)
     if baseline is not None:
         # Two ratios: of the median per-op times (robust to a neighbour stealing the CPU for a
         # few ms, which on a 2-core shared machine happens every run), and of the median
         # throughputs over rounds (what a long stream of such ops gets, stalls included).
-        base_lat = sorted(baseline.lat_ns)
-        row["baseline"] = baseline.path
-        row["ratio_to_baseline"] = (base_lat[len(base_lat) // 2] / 1e3) / row["p50_us"]
-        row["throughput_ratio_to_baseline"] = rate / statistics.median(baseline.rates)
-    return row
+        extra["ratio_to_baseline"] = (percentile(baseline.lat_ns, 0.5) / 1e3) / p50_us
+        extra["throughput_ratio_to_baseline"] = rate / statistics.median(baseline.rates)
+    return Row(
+        system=case.system,
+        path=case.path,
+        op=case.op,
+        value_size=case.size,
+        batch=case.batch,
+        ops_per_s=rate / case.size,  # values (keys) per second
+        bytes_per_s=rate,
+        p50_us=p50_us,
+        p99_us=percentile(case.lat_ns, 0.99) / 1e3,
+        calls=len(case.lat_ns),
+        baseline=baseline.path if baseline is not None else "",
+        extra=extra,
+    ).to_json()
 
 
 def _verify(shm: TransferEngine, tcp: TransferEngine, size: int) -> None:
@@ -257,9 +238,11 @@ def _batch_cases(
 def run(
     sizes: list[int], rounds: int, quick: bool, streams: int | None = None
 ) -> list[dict[str, Any]]:
-    """Measure every case; returns the rows (see design.md, Benchmarks)."""
+    """Measure every case; returns the rows (`kvpool.bench.rows`, in their JSON form)."""
     peer = _Peer(max(sizes) + (1 << 20))
     loc = peer.location
+    raw_sock = peer.raw
+    assert raw_sock is not None
     shm = TransferEngine(lambda n: loc, "shm")
     tcp = TransferEngine(lambda n: loc, "tcp", tcp_streams=streams)
     try:
@@ -279,7 +262,7 @@ def run(
                 mcp = _Case("limit", "memcpy", op, size, _copier(user.data, other.data))
                 sys_shm = _Case("kvpool", "shm", op, size, _transferrer(shm, reqs))
                 raw_view = other.data if op == "read" else user.data
-                sock = _Case("limit", "socket", op, size, _raw(peer.raw, op, raw_view))
+                sock = _Case("limit", "socket", op, size, _raw(raw_sock, op, raw_view))
                 sys_tcp = _Case("kvpool", "tcp", op, size, _transferrer(tcp, reqs))
                 cases += [(mcp, None), (sys_shm, mcp), (sock, None), (sys_tcp, sock)]
         small = min(sizes)
@@ -296,22 +279,27 @@ def run(
     return rows + _cutover_rows(quick, rounds)
 
 
+def _percent(r: dict[str, Any], key: str) -> str:
+    return f"{r[key] * 100:.0f}%" if key in r else ""
+
+
+_COLUMNS = (
+    Column("system", "<7", lambda r: r["system"]),
+    Column("path", "<13", lambda r: r["path"]),
+    Column("op", "<6", lambda r: r["op"]),
+    Column("size", ">10", lambda r: format_size(r["value_size"])),
+    Column("batch", ">5", lambda r: str(r["batch"])),
+    Column("GB/s", ">7", lambda r: f"{r['bytes_per_s'] / 1e9:.2f}"),
+    Column("values/s", ">9", lambda r: f"{r['ops_per_s']:.0f}"),
+    Column("p50 us", ">8", lambda r: f"{r['p50_us']:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r['p99_us']:.1f}"),
+    Column("vs limit", ">9", lambda r: _percent(r, "ratio_to_baseline")),
+    Column("(thru)", ">7", lambda r: _percent(r, "throughput_ratio_to_baseline")),
+)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'system':<7} {'path':<13} {'op':<6} {'size':>10} {'batch':>5} {'GB/s':>7} "
-    head += f"{'values/s':>9} "
-    head += f"{'p50 us':>8} {'p99 us':>9} {'vs limit':>9} {'(thru)':>7}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = f"{r['ratio_to_baseline'] * 100:.0f}%" if "ratio_to_baseline" in r else ""
-        thru = r.get("throughput_ratio_to_baseline")
-        thru_s = f"{thru * 100:.0f}%" if thru is not None else ""
-        lines.append(
-            f"{r['system']:<7} {r['path']:<13} {r['op']:<6} {format_size(r['value_size']):>10} "
-            f"{r['batch']:>5} "
-            f"{r['bytes_per_s'] / 1e9:>7.2f} {r['ops_per_s']:>9.0f} {r['p50_us']:>8.1f} "
-            f"{r['p99_us']:>9.1f} {ratio:>9} {thru_s:>7}"
-        )
-    return "\n".join(lines)
+    return render_table(_COLUMNS, rows)
 
 
 @click.command("transfer")
@@ -341,6 +329,4 @@ def command(
     rows = run(size_list, n_rounds, quick, streams)
     click.echo(_table(rows))
     if json_file:
-        with open(json_file, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-        click.echo(f"wrote {len(rows)} rows to {json_file}")
+        click.echo(f"wrote {write_json(json_file, rows)} rows to {json_file}")

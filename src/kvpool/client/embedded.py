@@ -6,133 +6,37 @@ runs (`kvpool master`, `kvpool node`) as children, learns their ports from the `
 HOST:PORT` line each prints, and stops them in the right order: the node first (so it unmounts
 cleanly and removes its segment), then the master.
 
-Nothing outlives the owner: `close()` is idempotent and runs from `__exit__`; each child is in its
-own session (a Ctrl-C at the terminal reaches only the owner, which then stops the children in
-order) and gets SIGTERM from the kernel if the owner dies without closing (PR_SET_PDEATHSIG).
-The kernel ties that signal to the *thread* that started the child, so start the pool from a
-thread that outlives it (the main thread, as the commands and tests do).
+Nothing outlives the owner: `close()` is idempotent and runs from `__exit__`; each child is a
+`kvpool.children.Child`, in its own session (a Ctrl-C at the terminal reaches only the owner,
+which then stops the children in order) and sent SIGTERM by the kernel if the owner dies without
+closing (PR_SET_PDEATHSIG, set without `preexec_fn`: see `kvpool.children`). The kernel ties that
+signal to the *thread* that started the child, so start the pool from a thread that outlives it
+(the main thread, as the commands and tests do).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
-import os
-import re
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvpool.children import Child
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.errors import InvalidParams, KVPoolError
 
-__all__ = ["ChildProcess", "EmbeddedPool", "PoolSpec"]
+__all__ = ["EmbeddedPool", "PoolSpec"]
 
 log = logging.getLogger(__name__)
 
-_READY = re.compile(r"listening on (\S+):(\d+)")
-_PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the parent thread exits (Linux only)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class ChildProcess:
-    """One `python -m kvpool ...` child whose output lines are collected by a reader thread.
-
-    `on_line`, if given, sees every line (the reader thread calls it; keep it short).
-    """
-
-    def __init__(
-        self,
-        args: Sequence[str],
-        name: str,
-        on_line: Callable[[str], None] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.lines: deque[str] = deque(maxlen=500)
-        self._on_line = on_line
-        self._ready = threading.Event()
-        self._address: str | None = None
-        full_env = dict(os.environ)
-        full_env["PYTHONUNBUFFERED"] = "1"
-        if env:
-            full_env.update(env)
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "kvpool", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=full_env,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
-        )
-        self._reader = threading.Thread(target=self._read, name=f"child-{name}", daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for raw in self.popen.stdout:
-            line = raw.rstrip("\n")
-            self.lines.append(line)
-            if self._address is None:
-                m = _READY.search(line)
-                if m:
-                    self._address = f"{m.group(1)}:{m.group(2)}"
-                    self._ready.set()
-            if self._on_line is not None:
-                self._on_line(line)
-        self._ready.set()  # exited: wake a waiter, which sees no address
-
-    def wait_ready(self, timeout: float) -> str:
-        """The HOST:PORT of the child's `listening on` line; raises if it exits or times out."""
-        if not self._ready.wait(timeout) or self._address is None:
-            code = self.popen.poll()
-            why = f"exited with {code}" if code is not None else f"not ready after {timeout} s"
-            raise KVPoolError(f"{self.name} {why}; its output:\n" + self.output())
-        return self._address
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after `grace` s. Idempotent; returns the exit code."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "%s (pid %d) ignored SIGTERM for %.0f s; killing", self.name, self.pid, grace
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(timeout=10)
-        self._reader.join(timeout=5)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-        return self.popen.returncode
+def _kvpool_child(
+    args: Sequence[str], name: str, on_line: Callable[[str], None] | None = None
+) -> Child:
+    """`python -m kvpool ARGS...` as a `Child` (death signal, own session, output drained)."""
+    return Child([sys.executable, "-m", "kvpool", *args], name=name, on_line=on_line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +77,8 @@ class EmbeddedPool:
     def __init__(self, spec: PoolSpec | None = None, *, ready_timeout: float = 120.0) -> None:
         self.spec = spec or PoolSpec()
         self.ready_timeout = ready_timeout
-        self.master: ChildProcess | None = None
-        self.nodes: list[ChildProcess] = []
+        self.master: Child | None = None
+        self.nodes: list[Child] = []
         self.node_endpoints: list[str] = []
         self._address: str | None = None
         self._lock = threading.Lock()
@@ -194,7 +98,7 @@ class EmbeddedPool:
             args += ["--client-ttl", f"{spec.client_ttl}s"]
         args += list(spec.master_args)
         try:
-            self.master = ChildProcess(args, name="kvpool master")
+            self.master = _kvpool_child(args, name="kvpool master")
             self._address = self.master.wait_ready(self.ready_timeout)
             for i in range(spec.nodes if spec.segment_size > 0 else 0):
                 self.add_node(spec.segment_size, name=f"kvpool node {i}", on_line=on_node_line)
@@ -211,9 +115,9 @@ class EmbeddedPool:
 
     def add_node(
         self, segment_size: int, name: str = "", on_line: Callable[[str], None] | None = None
-    ) -> ChildProcess:
+    ) -> Child:
         """Start one more `kvpool node` of `segment_size` bytes and wait until it has mounted."""
-        node = ChildProcess(
+        node = _kvpool_child(
             [
                 "node",
                 "--master",
@@ -247,7 +151,7 @@ class EmbeddedPool:
         for node in nodes:
             node.stop(grace=max(1.0, deadline - time.monotonic()))
         if self.master is not None:
-            self.master.stop()
+            self.master.stop(grace=10.0)
 
     def __enter__(self) -> EmbeddedPool:
         if self._address is None:

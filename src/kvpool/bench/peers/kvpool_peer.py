@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kvpool.bench.peers.base import BenchError, Driver, Read, Unavailable
-from kvpool.bench.peers.children import Child
+from kvpool.children import Child
 from kvpool.override import override
 
 __all__ = ["KvpoolDriver"]
@@ -72,8 +72,7 @@ class KvpoolDriver(Driver):
         store_cls = _store_class()
         deadline = time.monotonic() + _STARTUP_S
         master = self._start(["master", "--host", "127.0.0.1", "--port", "0"], "kvpool master")
-        m = master.wait_line(r"listening on (\S+):(\d+)", timeout=_STARTUP_S)
-        address = f"{m.group(1)}:{m.group(2)}"
+        address = master.wait_ready(timeout=_STARTUP_S)
         # Twice what is held at once, so the allocator never runs out in the middle of a fill.
         node = self._start(
             [
@@ -88,7 +87,7 @@ class KvpoolDriver(Driver):
             ],
             "kvpool node",
         )
-        node.wait_line(r"listening on", timeout=max(1.0, deadline - time.monotonic()))
+        node.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
         protocol = "auto" if self.path == "shm" else "tcp"
         with _faults("setup"):
             self._store = store_cls(master=address, segment_size=0, protocol=protocol)

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.bench.peers.base import BenchError, Driver
-from kvpool.bench.peers.children import Child
 from kvpool.bench.peers.workload import page_aligned
+from kvpool.children import Child
 from kvpool.override import override
 
 __all__ = ["MemcpyDriver", "SocketDriver", "serve"]
@@ -76,7 +76,7 @@ def _recv_all(sock: socket.socket, buffers: Sequence[memoryview]) -> None:
 
 
 def _prefaulted(capacity: int) -> npt.NDArray[np.uint8]:
-    # First-touch page faults run below 1 GB/s on these machines (baselines.md); touching the
+    # First-touch page faults are far slower than a copy into touched memory; touching the
     # arena once up front keeps them out of every timed copy.
     # Page-aligned, as the values and get buffers are (see workload.page_aligned).
     arena = page_aligned(capacity)

@@ -1,6 +1,6 @@
 """The real Mooncake Store as a peer (PyPI `mooncake-transfer-engine-non-cuda`, extra `bench`).
 
-Set up as reference/mooncake-store.md §7 describes, on loopback only:
+Set up as Mooncake documents a single-host deployment, on loopback only:
 
 * `mooncake_master --rpc_address=127.0.0.1 --rpc_port=P --metrics_host=127.0.0.1
   --metrics_port=Q`. Never with `--enable_http_metadata_server`: that embedded server ignores
@@ -14,9 +14,8 @@ Set up as reference/mooncake-store.md §7 describes, on loopback only:
 Mooncake has two ways to do each operation: the copying `put` / `get` / `put_batch` /
 `get_batch` (staged through the client's local buffer) and the zero-copy `put_from` /
 `get_into` / `batch_put_from` / `batch_get_into` on memory registered with `register_buffer`.
-Which is faster depends on the size and the machine (reference §7.4 found the copying API
-faster between processes; here the zero-copy one was faster at 16 MiB), so the harness times
-both during warm-up and measures the faster; the results say which one ran.
+Which is faster depends on the size and the machine, so the harness times both during warm-up
+and measures the faster; the results say which one ran.
 
 Mooncake's client-side TCP listener binds all interfaces (no flag restricts it), which is why
 the test suite starts this driver only when KVPOOL_TEST_REAL_MOONCAKE=1.
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from kvpool.bench.peers.base import BenchError, Driver, Read, Unavailable
-from kvpool.bench.peers.children import Child, free_port, wait_port
+from kvpool.children import Child, free_port, wait_port
 from kvpool.override import override
 
 __all__ = ["MooncakeDriver", "find_mooncake_master"]

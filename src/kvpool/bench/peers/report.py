@@ -241,7 +241,8 @@ def render_targets(results: Sequence[Measurement], targets: Sequence[Target] = T
 
 
 def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
-    """The rows of design.md "Benchmarks", then one ratio row per (kvpool path, peer, case).
+    """The benchmark rows (`kvpool.bench.rows`' common fields, plus `rounds`, `calls`, `api`),
+    then one ratio row per (kvpool path, peer, case).
 
     Ratio rows carry `"metric": "ratio"`, `"value"` (kvpool ÷ peer throughput), `"value_p50"`
     (peer p50 ÷ kvpool p50) and `"peer"`.

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.bench.peers.base import BenchError, Driver, Read
+from kvpool.bench.rows import percentile
 
 __all__ = [
     "Case",
@@ -288,15 +289,8 @@ def _get_phase(
         turns.rates.append(keys_done / max(timed_ns, 1) * 1e9)
 
 
-def _percentile(sorted_ns: list[int], q: float) -> float:
-    if not sorted_ns:
-        return 0.0
-    k = min(len(sorted_ns) - 1, max(0, round(q * (len(sorted_ns) - 1))))
-    return sorted_ns[k] / 1e3
-
-
 def _measurement(driver: Driver, case: Case, op: str, turns: _Turns) -> Measurement:
-    lat = sorted(turns.latencies_ns)
+    lat = turns.latencies_ns
     rate = statistics.median(turns.rates) if turns.rates else 0.0
     return Measurement(
         system=driver.system,
@@ -306,8 +300,8 @@ def _measurement(driver: Driver, case: Case, op: str, turns: _Turns) -> Measurem
         batch=case.batch,
         ops_per_s=rate,
         bytes_per_s=rate * case.value_size,
-        p50_us=_percentile(lat, 0.50),
-        p99_us=_percentile(lat, 0.99),
+        p50_us=percentile(lat, 0.50) / 1e3,
+        p99_us=percentile(lat, 0.99) / 1e3,
         rounds=len(turns.rates),
         calls=len(lat),
         api=driver.api(op, case.batch > 1),

@@ -1,26 +1,28 @@
-"""The echo benchmark runs in --quick mode, checks every reply and writes design.md rows."""
+"""The RPC echo benchmark (`kvpool.bench.rpc`, tests/bench/bench_rpc.py) runs in --quick mode,
+checks every reply and writes the benchmark rows of docs/performance.md."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kvpool.errors import InvalidParams
-from kvpool.rpc.bench import (
+from kvpool.bench.rows import percentile
+from kvpool.bench.rpc import (
     CASES,
     TRANSPORT_CASES,
     BenchSpec,
     lockstep_by_transport,
     median_rows,
-    percentile,
     run_cases,
 )
+from kvpool.errors import InvalidParams
 from kvpool.rpc.thread import ServerThread
 from kvtest.procs import Proc
-from rpc.rpc_testkit import CLUSTER, Add, Response, Sum, make_server
+from rpc.rpc_testkit import CLUSTER, Add, Response, Sum, make_server, server_thread
 
 SCRIPT = Path(__file__).with_name("bench_rpc.py")
 ROW_FIELDS = {
@@ -34,6 +36,16 @@ ROW_FIELDS = {
     "p50_us",
     "p99_us",
 }
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    """The RPC tests' service (tests/rpc/rpc_testkit.py) in a background thread."""
+    st = server_thread()
+    try:
+        yield st
+    finally:
+        st.stop()
 
 
 def test_quick_benchmark_writes_rows(tmp_path: Path) -> None:

@@ -1,14 +1,14 @@
 """Round-trip benchmarks of the RPC layer, generic over the service's messages.
 
 A service can measure its calls through the same cases, so its numbers compare directly with
-the bare RPC floor (an echo through this layer, tests/rpc/bench_rpc.py). The caller brings the
+the bare RPC floor (an echo through this layer, tests/bench/bench_rpc.py). The caller brings the
 messages and a check of every reply:
 
     spec = BenchSpec(endpoint, response_type=Response, make_request=lambda i: Echo(payload),
                      check=lambda i, reply: ..., cluster_id=...)
     rows = run_cases(spec)
 
-Cases (each a row of design.md's benchmark format, ``op`` and ``value_size`` from the caller):
+Cases (each a `kvpool.bench.rows` row, ``op`` and ``value_size`` from the caller):
 
 * ``sync-lockstep``: one thread, one `RpcClient.call` after the other (batch 1);
 * ``sync-pipelined``: one thread, `RpcClient.call_many` of one window at a time (batch = window);
@@ -28,13 +28,13 @@ Numbers on a shared machine are noisy: compare rows of one run, never absolute v
 from __future__ import annotations
 
 import asyncio
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvpool.bench.rows import Column, Row, median_row, percentile, render_table
 from kvpool.errors import InvalidParams
 from kvpool.rpc.aio import AsyncRpcClient
 from kvpool.rpc.client import RpcClient
@@ -47,7 +47,6 @@ __all__ = [
     "format_table",
     "lockstep_by_transport",
     "median_rows",
-    "percentile",
     "row",
     "run_cases",
 ]
@@ -97,14 +96,6 @@ class BenchSpec:
                 raise InvalidParams(f"{name}: {value!r} must be a positive integer")
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-quantile (0..1) of already sorted values, nearest rank."""
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[k]
-
-
 def row(
     spec: BenchSpec,
     case: str,
@@ -114,22 +105,21 @@ def row(
     latencies_s: list[float],
     batch: int,
 ) -> dict[str, Any]:
-    """One result row in design.md's format (plus ``case`` and ``calls``)."""
-    lat = sorted(latencies_s)
+    """One result row (`kvpool.bench.rows`, plus ``case``) in its JSON form."""
     ops = calls / seconds if seconds > 0 else 0.0
-    return {
-        "system": spec.system,
-        "path": spec.path,
-        "op": spec.op,
-        "case": case,
-        "value_size": spec.value_size,
-        "batch": batch,
-        "calls": calls,
-        "ops_per_s": ops,
-        "bytes_per_s": ops * spec.value_size,
-        "p50_us": percentile(lat, 0.5) * 1e6,
-        "p99_us": percentile(lat, 0.99) * 1e6,
-    }
+    return Row(
+        system=spec.system,
+        path=spec.path,
+        op=spec.op,
+        value_size=spec.value_size,
+        batch=batch,
+        ops_per_s=ops,
+        bytes_per_s=ops * spec.value_size,
+        p50_us=percentile(latencies_s, 0.5) * 1e6,
+        p99_us=percentile(latencies_s, 0.99) * 1e6,
+        calls=calls,
+        extra={"case": case},
+    ).to_json()
 
 
 def _client(spec: BenchSpec) -> Any:
@@ -402,26 +392,26 @@ def run_cases(spec: BenchSpec, cases: Sequence[str] = CASES) -> list[dict[str, A
     return rows
 
 
+_COLUMNS = (
+    Column("system", "<10", lambda r: r["system"]),
+    Column("op", "<16", lambda r: r["op"]),
+    Column("case", "<22", lambda r: r.get("case", "")),
+    Column("path", "<5", lambda r: r["path"]),
+    Column("batch", ">5", lambda r: str(r["batch"])),
+    Column("ops/s", ">10", lambda r: f"{r['ops_per_s']:.0f}"),
+    Column("p50 us", ">9", lambda r: f"{r['p50_us']:.1f}"),
+    Column("p99 us", ">9", lambda r: f"{r['p99_us']:.1f}"),
+)
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A fixed-width table of rows (case, path, batch, ops/s, p50, p99)."""
-    head = (
-        f"{'system':<10} {'op':<16} {'case':<22} {'path':<5} {'batch':>5} {'ops/s':>10} "
-        f"{'p50 us':>9} {'p99 us':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r['system']:<10} {r['op']:<16} {r.get('case', ''):<22} {r['path']:<5} "
-            f"{r['batch']:>5} {r['ops_per_s']:>10.0f} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}"
-        )
-    return "\n".join(lines)
+    return render_table(_COLUMNS, rows)
 
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per case, the row whose ops_per_s is the median over repeated runs (same case order)."""
-    out: list[dict[str, Any]] = []
-    for group in zip(*runs, strict=True):
-        med = statistics.median_low([r["ops_per_s"] for r in group])
-        chosen = next(r for r in group if r["ops_per_s"] == med)
-        out.append({**chosen, "repeats": len(group)})
-    return out
+    return [
+        {**median_row(group, lambda r: r["ops_per_s"]), "repeats": len(group)}
+        for group in zip(*runs, strict=True)
+    ]

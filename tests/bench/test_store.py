@@ -1,4 +1,4 @@
-"""`kvpool bench store --quick` runs end to end, verifies its data and writes design.md's rows."""
+"""`kvpool bench store --quick` runs end to end, verifies its data and writes its rows."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Echo benchmark of the RPC layer: the floor under every control-plane call.
 
-    .venv/bin/python tests/rpc/bench_rpc.py [--quick] [--json FILE] [--n N] [--repeats R]
+    .venv/bin/python tests/bench/bench_rpc.py [--quick] [--json FILE] [--n N] [--repeats R]
 
 Starts the test service (tests/rpc/rpc_testkit.py) in its own process on an ephemeral port,
 then measures `Say(text)` → `Said(text)` round trips with a 100-byte text through every case of
-`kvpool.rpc.bench` over TCP, plus the same lock-step and threaded cases through a *reader-thread*
+`kvpool.bench.rpc` over TCP, plus the same lock-step and threaded cases through a *reader-thread*
 client (a dedicated thread reads the socket and wakes callers), the design our leader/follower
 client was chosen over, plus lock-step over TCP against lock-step over the server's Unix socket
 (`lockstep_by_transport`, interleaved). Prints a table of medians over ``--repeats`` runs and
@@ -28,16 +28,16 @@ if str(HERE.parent) not in sys.path:
 
 import msgspec  # noqa: E402
 
-from kvpool.errors import RpcError  # noqa: E402
-from kvpool.protocol.framing import ERROR_FLAG, HEADER, FrameDecoder, encode_frame  # noqa: E402
-from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello  # noqa: E402
-from kvpool.rpc.bench import (  # noqa: E402
+from kvpool.bench.rpc import (  # noqa: E402
     BenchSpec,
     format_table,
     lockstep_by_transport,
     median_rows,
     run_cases,
 )
+from kvpool.errors import RpcError  # noqa: E402
+from kvpool.protocol.framing import ERROR_FLAG, HEADER, FrameDecoder, encode_frame  # noqa: E402
+from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello  # noqa: E402
 from kvpool.rpc.client import parse_address  # noqa: E402
 from kvtest.procs import Proc  # noqa: E402
 from rpc.rpc_testkit import CLUSTER, Response, Said, Say  # noqa: E402
@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(reply, Said) or reply.text[:10] != f"{i:010d}":
             raise AssertionError(f"request {i}: wrong reply {reply!r}")
 
-    server = Proc([sys.executable, str(HERE / "rpc_testkit.py"), "serve"], name="rpc-bench-server")
+    server = Proc(
+        [sys.executable, str(HERE.parent / "rpc" / "rpc_testkit.py"), "serve"],
+        name="rpc-bench-server",
+    )
     try:
         endpoint = server.wait_ready()
         spec = BenchSpec(

@@ -1,5 +1,5 @@
-"""`kvpool bench master --quick` runs end to end, checks every reply, and writes the rows that
-design.md's Benchmarks section describes (it never asserts a speed)."""
+"""`kvpool bench master --quick` runs end to end, checks every reply, and writes its rows and the
+memory metric (it never asserts a speed)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,11 @@ client asking, its uncommitted ranges stay reserved until deadline + release tim
   ranges are taken again in its fresh allocator and parked, so no other put lands where a
   writer of the old mount may still write.
 
+Decide, claim, then apply: a commit first asks the put planner whether the key may be taken
+(`planner.py`), then claims its range in the arena, and only then forgets a dead holder or
+preempts a stale write, so a refused commit (the key exists, the range leaves the arena or
+overlaps) changes nothing.
+
 A commit naming an arena the master does not know answers INVALID_WRITE, and the client falls
 back to PutStart/PutEnd. Arena ids are random 62-bit numbers, so an arena of a previous master
 process is never mistaken for one of this one. (A restarted master knows no ghosts: a client
@@ -179,7 +184,10 @@ class ArenaPath:
         groups: list[str] | None,
     ) -> list[int]:
         """Create the objects of a (batch) commit; one code per key. A tight loop with the
-        per-request lookups hoisted, as the other batch handlers: it runs once per key."""
+        per-request lookups hoisted, as the other batch handlers: it runs once per key.
+
+        Per key: decide (the planner's claim rule), claim the range in the arena, and only
+        then let go of the key's old holder, so a refused key changes nothing."""
         t = plan.shards
         assert t is not None
         core = self._core
@@ -207,15 +215,18 @@ class ArenaPath:
             shard = h(key.encode(), seed) % nshards
             d = shards[shard]
             old = d.get(key)
+            verdict = None
             if old is not None:
                 verdict = may_claim(old, now)
                 if verdict is _EXISTS:
                     out.append(OBJECT_ALREADY_EXISTS)
                     continue
-                clear_holder(old, verdict)
             if not claim(offset, (size + mask) & ~mask):
                 out.append(INVALID_PARAMS)
                 continue
+            if verdict is not None:
+                assert old is not None
+                clear_holder(old, verdict)
             replica = Replica(seg, offset, _COMPLETE)
             obj = ObjectMeta(
                 key,

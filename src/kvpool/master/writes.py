@@ -70,7 +70,11 @@ class WritePath:
         self._config = core.config
         self._clock = core.clock
         self._index = core.index
-        self._discard_timeout = self._config.put_start_discard_timeout
+        # The core's operations of the per-key paths, bound once.
+        self._allocate = core.allocate
+        self._create = core.create_object
+        self._complete = core.complete_object
+        self._may_claim = planner.claim
 
     def put_start(self, req: PutStart) -> PutStartReply:
         plan = self._planner.plan(req.client_id, req.tenant, req.config, 1)
@@ -115,13 +119,12 @@ class WritePath:
         shard = t.shard_of(key)
         d = t.shards[shard]
         old = d.get(key)
-        core = self._core
         if old is not None:
-            verdict = self._planner.claim(old, now)
+            verdict = self._may_claim(old, now)
             if verdict is _EXISTS:
                 return PutStartReply(OBJECT_ALREADY_EXISTS)
-            core.clear_holder(old, verdict)
-        replicas = core.allocate(size, plan)
+            self._core.clear_holder(old, verdict)
+        replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(NO_AVAILABLE_HANDLE)
         obj = ObjectMeta(
@@ -136,7 +139,7 @@ class WritePath:
             plan.hard_pin,
             group,
         )
-        core.create_object(d, obj, plan.in_flight)
+        self._create(d, obj, plan.in_flight)
         return PutStartReply(OK, [r.desc(size) for r in replicas])
 
     def upsert_start(self, req: UpsertStart) -> PutStartReply:
@@ -225,7 +228,7 @@ class WritePath:
         if obj.complete:
             # A repeated PutEnd of a finished write is a no-op; anything else is a misuse.
             return OK if all(r.status is _COMPLETE for r in obj.replicas) else INVALID_WRITE
-        self._core.complete_object(obj, checksum, now)
+        self._complete(obj, checksum, now)
         return OK
 
     def put_revoke(self, req: PutRevoke) -> Reply:

@@ -7,13 +7,13 @@ unless forced; RemoveAll and RemoveByRegex run over a snapshot of the index, in 
 (`remove_matching` yields between them so the server can give the loop a turn).
 
 RemoveByRegex patterns come from clients, so they are matched with the `regex` package and a
-time limit (`re` cannot be interrupted: `^(a|aa)+$` against a 40-character key runs for
-minutes): each chunk of keys may spend `regex_match_budget` in matching, and every search gets
-what is left of it as its timeout. A request that runs out stops there and answers
+time limit (`re` cannot be interrupted, and `^(a|aa)+$` backtracks for a time exponential in
+the key's length): each chunk of keys may spend `regex_match_budget` in matching, and every
+search gets what is left of it as its timeout. A request that runs out stops there and answers
 INVALID_PARAMS with the count of the objects it had removed already (they stay removed). The
-limit is per chunk, not per request, because a per-request budget would refuse benign patterns
-on large tenants: a search with a timeout costs about 2.5 us per key (0.3 without), so 100 ms
-runs out after some 40,000 keys.
+limit is per chunk, not per request, because a search with a timeout costs several times one
+without: a per-request budget would refuse benign patterns on large tenants (the master's
+section of docs/architecture.md has the measured costs).
 """
 
 from __future__ import annotations

@@ -2,19 +2,24 @@
 
 The core owns the object index, the mounted segments (and their allocators), the client table,
 placement, the parked ranges and the clock. Everything else in the master reads the metadata
-and asks the core to change it through the named operations below. Each operation is fully
-described by plain values (ids, names, offsets, sizes, times; the records it takes are the
-ones the caller already looked up by such values), changes nothing but what its name says,
-and tells the reclaim hooks and the observers what left, so that a later operation log can
-record every call and a standby replay it.
+and asks the core to change it through the named operations below. Each operation is described
+by plain values (ids, names, offsets, sizes, times; the records it takes are the ones the
+caller looked up by such values, or a new record whose fields are such values), changes
+nothing but what its name says, and tells the reclaim hooks and the observers what left, so
+that a later operation log can record every call and a standby replay it:
 
-    objects   create_object, create_committed, complete_object, commit_objects, rewrite_object, add_replicas,
-              move_replica, release_moved_source, drop_replica, free_object, remove_object, revoke, preempt,
-              forget_dead, clear_holder, sweep_dead
+    objects   create_object, create_committed, complete_object, commit_objects,
+              rewrite_object, add_replicas, move_replica, release_moved_source,
+              drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
+              clear_holder, sweep_dead
     ranges    allocate, carve, release_region, allocate_on, reserve_range, free_range,
               free_replicas, park, park_range, take_range, release_parked
     segments  mount_segment, unmount_segment
     clients   register_client, ping_client, postpone_clients, expire_client, prune_clients
+
+Allocation (`allocate`, `carve`, `allocate_on`, `reserve_range`) is a decision as well as a
+change (placement draws random numbers, and a batch's region lives in its `PutPlan`): a log
+would record its result, the ranges, with the operation that uses them.
 
 Two things change outside the core on purpose: a read's lease (`ObjectMeta.lease_deadline`
 pushed forward by the read path, `reads.py`, with `hooks.on_access`), a promise to one reader

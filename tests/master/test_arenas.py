@@ -2,7 +2,8 @@
 
 The rules checked here: a commit creates a readable object at exactly the committed range;
 ranges outside the client's arena, overlapping an earlier commit, misaligned, or of another
-client's arena are refused and create nothing; an existing key answers OBJECT_ALREADY_EXISTS;
+client's arena are refused and create nothing (nor let go of a stale or dead holder of the
+key); an existing key answers OBJECT_ALREADY_EXISTS;
 releasing an arena frees exactly what was never committed, and removing the objects then
 gives the segment back whole; an expired client's arena stays parked until the release
 timeout; an arena on an unmounted segment is forgotten.
@@ -416,3 +417,50 @@ def test_parked_ranges_stay_reserved_across_an_unmount_and_a_mount_of_the_same_n
     svc.handle(m.Ping(NODE))
     svc.release_stale()
     assert new.allocator.allocated == 0
+
+
+def _held(svc: MasterService) -> tuple[object, ...]:
+    """Everything a refused commit must leave as it was: objects, in-flight writes, parked
+    ranges, allocated bytes, arena ranges."""
+    objs = [(o.key, id(o), o.replicas, o.complete) for o in svc.index.snapshot()]
+    in_flight = {c: list(b) for c, b in svc.clients.in_flight.items() if b}
+    parked = [(r.segment.name, r.offset, size) for r, size in svc.parked()]
+    arenas = [(x.arena_id, list(x.starts), list(x.ends)) for x in svc.arenas_of(WRITER)]
+    return objs, in_flight, parked, _allocated(svc), arenas
+
+
+def test_a_commit_refused_for_its_range_leaves_a_stale_write_of_the_key_alone(
+    svc: MasterService, clock: Clock
+) -> None:
+    start = svc.handle(m.PutStart(OTHER, "k", 4096))
+    assert isinstance(start, m.PutStartReply) and start.code == OK
+    clock.advance(svc.config.put_start_discard_timeout + 1)  # stale: a put may preempt it
+    a = _reserve(svc)
+    before = _held(svc)
+    assert _commit(svc, a, "k", 4096, a.offset - 64) == ErrorCode.INVALID_PARAMS  # outside
+    rep = svc.handle(
+        m.BatchPutCommit(WRITER, a.arena_id, ["k"], [4096], [a.offset + a.size - 64], [1])
+    )
+    assert isinstance(rep, m.BatchReply) and rep.codes == [ErrorCode.INVALID_PARAMS]
+    assert _held(svc) == before
+    # The stale writer still owns its write and may finish it.
+    end = svc.handle(m.PutEnd(OTHER, "k"))
+    assert isinstance(end, m.Reply) and end.code == OK
+
+
+def test_a_commit_refused_for_its_range_leaves_a_dead_object_of_the_key_alone(
+    svc: MasterService,
+) -> None:
+    cfg = m.ReplicateConfigMsg(preferred_segments=[m.SegmentName("seg-1")])
+    start = svc.handle(m.PutStart(OTHER, "k", 4096, cfg))
+    assert isinstance(start, m.PutStartReply) and start.replicas[0].segment == "seg-1"
+    svc.handle(m.UnmountSegment(NODE, m.SegmentName("seg-1")))
+    a = _reserve(svc)
+    assert a.segment == "seg-0"
+    before = _held(svc)
+    assert _commit(svc, a, "k", 4096, a.offset - 4096) == ErrorCode.INVALID_PARAMS  # outside
+    assert _held(svc) == before
+    # A commit that is accepted takes the key from the dead object.
+    assert _commit(svc, a, "k", 4096, a.offset) == OK
+    (obj,) = svc.index.snapshot()
+    assert obj.replicas[0].segment.name == "seg-0"

@@ -1,25 +1,30 @@
 """kvpool.master: the metadata master of a pool (`kvpool master`).
 
 It owns every piece of metadata (objects, replicas, segments, clients, leases) on one asyncio
-event loop, so nothing locks; it never touches object bytes. Layers, lowest first (a module
-imports only those above it in this list):
+event loop, so nothing locks; it never touches object bytes. Layers, highest first: a module
+imports only modules of the layers below its own (an import-linter `layers` contract in
+pyproject.toml holds that; modules on one line do not import each other):
 
-    config.py      MasterConfig: every setting, Mooncake's flag names and defaults
-    allocator.py   OffsetAllocator: aligned ranges of one segment (TLSF-like, O(1) coalescing)
-    segments.py    Segment / SegmentTable: mounted segments, owner, endpoint, allocator
-    metadata.py    ObjectMeta / Replica (slotted records) and ObjectIndex (xxh3 shards)
-    lease.py       read leases and soft-pin resolution
-    liveness.py    ClientTable: registered clients, ping deadlines, in-flight PutStarts
-    placement.py   Placement: which segments get an object's replicas
-    hooks.py       ReclaimHooks / ReclaimTarget: the seam to reclaim/ (eviction)
-    state.py       ServiceState: the state the service's parts share, and their helpers
-    writes.py      WritePath: PutStart / UpsertStart / PutEnd / PutRevoke (+ batch forms)
-    reads.py       ReadPath: GetReplicaList / ExistKey / GetSize, read leases
-    admin.py       AdminPath: segments, liveness, removal, stats
-    service.py     MasterService = WritePath + ReadPath + AdminPath: request in, reply out
-    server.py      MasterServer: RpcServer + service + background tasks on one loop
-    reclaim/       seed 001's active/inactive lists (plugs in through hooks.py)
+    server.py        MasterServer: RpcServer + service + background tasks on one loop
+    service.py       MasterService: builds the parts below, dispatches requests, ReclaimTarget
+    reclaim/         seed 001's active/inactive lists (plugs in through hooks.py)
+    writes.py  reads.py  admin.py  tasks.py  arenas.py
+                     the request handlers: WritePath, ReadPath, AdminPath, TaskPath, ArenaPath
+    task_table.py    TaskTable: replica tasks by id, object and executor, and their lifecycle
+    arena_table.py   ArenaTable: live arenas by id and client, ghosts of unmounted ones
+    core.py          MetadataCore: the metadata and the only code that changes it (named
+                     operations); MetadataObserver: how the tables hear of removals
+    planner.py       PutPlanner / PutPlan: put validation, and the one rule for claiming a key
+    parking.py       ParkedRanges: ranges kept allocated until a late writer is surely done
+    placement.py     Placement: which segments get an object's replicas
+    liveness.py      ClientTable: registered clients, ping deadlines, in-flight PutStarts
+    lease.py         read leases and soft-pin resolution
+    hooks.py         ReclaimHooks / ReclaimTarget: the seam to reclaim/ (eviction)
+    metadata.py      ObjectMeta / Replica (slotted records) and ObjectIndex (xxh3 shards)
+    segments.py      Segment / SegmentTable: mounted segments, owner, endpoint, allocator
+    allocator.py     OffsetAllocator: aligned ranges of one segment (TLSF-like, O(1) coalescing)
+    config.py        MasterConfig: every setting, Mooncake's flag names and defaults
 
-May import `kvpool.protocol`, `kvpool.rpc`, `kvpool.errors`, `kvpool.config`; never the data
-plane or the client (an import-linter contract holds that).
+May import `kvpool.protocol`, `kvpool.rpc`, `kvpool.errors`, `kvpool.codes`, `kvpool.override`,
+`kvpool.config`; never the data plane or the client (an import-linter contract holds that).
 """

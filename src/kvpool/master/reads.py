@@ -5,26 +5,20 @@ lease = max(lease, now + `default_kv_lease_ttl`), with one deadline float per re
 by every key of a batch). REPLICA_IS_NOT_READY while only PROCESSING replicas exist,
 OBJECT_NOT_FOUND otherwise. Each read that finds the object readable calls
 `hooks.on_access(obj)`. The batch loop does one xxh3 and one dict lookup per key.
+
+A read changes no metadata but the lease it grants (`core.py` says why that one is set here);
+an object found with no live replica is forgotten through the core.
 """
 
 from __future__ import annotations
 
-import logging
-
 import xxhash
 
+from kvpool.codes import OBJECT_NOT_FOUND, OK, REPLICA_IS_NOT_READY
+from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import (
     REPLICA_ID_SHIFT,
     ObjectMeta,
-)
-from kvpool.master.state import (
-    _COMPLETE,
-    _NOT_FOUND,
-    _NOT_FOUND_LIST,
-    _NOT_READY,
-    _NOT_READY_LIST,
-    _OK,
-    ServiceState,
 )
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -40,20 +34,31 @@ from kvpool.protocol.messages import (
     ReplicaDesc,
     ReplicaKind,
     ReplicaListReply,
+    ReplicaStatus,
     SegmentName,
     SizeReply,
     TenantId,
 )
 
-_MEMORY = ReplicaKind.MEMORY
-
 __all__ = ["ReadPath"]
 
-log = logging.getLogger(__name__)
+_MEMORY = ReplicaKind.MEMORY
+_COMPLETE = ReplicaStatus.COMPLETE
+# Replies that carry nothing but a code are shared: the server only encodes them.
+_NOT_FOUND_LIST = ReplicaListReply(OBJECT_NOT_FOUND)
+_NOT_READY_LIST = ReplicaListReply(REPLICA_IS_NOT_READY)
 
 
-class ReadPath(ServiceState):
+class ReadPath:
     """GetReplicaList / ExistKey / GetSize and their batch forms."""
+
+    def __init__(self, core: MetadataCore) -> None:
+        self._core = core
+        self._index = core.index
+        self._clock = core.clock
+        self._hooks = core.hooks
+        self._lease_ttl = core.config.default_kv_lease_ttl
+        self._lease_ttl_ms = round(self._lease_ttl * 1000)
 
     def get_replica_list(self, req: GetReplicaList) -> ReplicaListReply:
         obj = self._index.get(req.tenant, req.key)
@@ -88,7 +93,7 @@ class ReadPath(ServiceState):
         n = len(keys)
         t = self._index.tenant(req.tenant)
         if t is None:
-            return LocationsReply([_NOT_FOUND] * n, [0] * n, [None] * n, [[] for _ in keys])
+            return LocationsReply([OBJECT_NOT_FOUND] * n, [0] * n, [None] * n, [[] for _ in keys])
         deadline = self._clock() + self._lease_ttl
         seed, shards = t.seed, t.shards
         nshards = len(shards)
@@ -104,7 +109,7 @@ class ReadPath(ServiceState):
         for key in keys:
             obj = shards[h(key.encode(), seed) % nshards].get(key)
             if obj is None:
-                codes.append(_NOT_FOUND)
+                codes.append(OBJECT_NOT_FOUND)
                 sizes.append(0)
                 sums.append(None)
                 places.append(empty)
@@ -122,9 +127,13 @@ class ReadPath(ServiceState):
                             endpoints.append(seg.endpoint)
                         where += (i, r.offset)
             if not readable:
-                code = _NOT_READY if not obj.complete and obj.has_live_replica() else _NOT_FOUND
-                if code == _NOT_FOUND:
-                    self._forget_dead(obj)
+                code = (
+                    REPLICA_IS_NOT_READY
+                    if not obj.complete and obj.has_live_replica()
+                    else OBJECT_NOT_FOUND
+                )
+                if code == OBJECT_NOT_FOUND:
+                    self._core.forget_dead(obj)
                 codes.append(code)
                 sizes.append(0)
                 sums.append(None)
@@ -132,7 +141,7 @@ class ReadPath(ServiceState):
                 continue
             obj.lease_deadline = max(obj.lease_deadline, deadline)
             on_access(obj)
-            codes.append(_OK)
+            codes.append(OK)
             sizes.append(obj.size)
             sums.append(obj.checksum)
             places.append(where)
@@ -161,25 +170,25 @@ class ReadPath(ServiceState):
         if not descs:
             if not obj.complete and obj.has_live_replica():
                 return _NOT_READY_LIST
-            self._forget_dead(obj)
+            self._core.forget_dead(obj)
             return _NOT_FOUND_LIST
         obj.lease_deadline = max(obj.lease_deadline, deadline)
         self._hooks.on_access(obj)
-        return ReplicaListReply(_OK, descs, size, obj.checksum, self._lease_ttl_ms)
+        return ReplicaListReply(OK, descs, size, obj.checksum, self._lease_ttl_ms)
 
     def exist_key(self, req: ExistKey) -> ExistReply:
         return ExistReply(
-            _OK, self._exists_one(req.tenant, req.key, self._clock() + self._lease_ttl)
+            OK, self._exists_one(req.tenant, req.key, self._clock() + self._lease_ttl)
         )
 
     def batch_exist_key(self, req: BatchExistKey) -> BatchExistReply:
         deadline = self._clock() + self._lease_ttl
         exists = self._exists_one
         tenant = req.tenant
-        return BatchExistReply([ExistReply(_OK, exists(tenant, k, deadline)) for k in req.keys])
+        return BatchExistReply([ExistReply(OK, exists(tenant, k, deadline)) for k in req.keys])
 
     def _exists_one(self, tenant: TenantId, key: str, deadline: float) -> bool:
-        obj = self._lookup(tenant, key)
+        obj = self._core.lookup(tenant, key)
         if obj is None or not obj.complete or not obj.readable_replicas():
             return False
         obj.lease_deadline = max(obj.lease_deadline, deadline)

@@ -161,10 +161,11 @@ class MasterServer:
             await asyncio.sleep(interval)
             # Move everything that survived the last interval out of the collector's sight.
             # The metadata (a million slotted records) holds no reference cycles and is freed
-            # by reference counting; without this, each full collection walks all of it, which
-            # measured 1-4 us per stored object amortised over a fill, and a 6 s pause for one
-            # full collection at 1M objects. The price: cyclic garbage that was still alive a
-            # second earlier (rare here: a connection object, a task) is never collected.
+            # by reference counting; without this, each full collection walks all of it (a
+            # pause of seconds at a million objects: the master's section of
+            # docs/architecture.md has the measurements). The price: cyclic garbage that was
+            # still alive a second earlier (rare here: a connection object, a task) is never
+            # collected.
             gc.freeze()
             try:
                 svc.check_liveness()

@@ -3,38 +3,44 @@
 `MasterService` is driven by request Structs (`kvpool.protocol.messages`) and answers reply
 Structs; it does no I/O and reads time only from the injected `clock`, so unit tests call it
 directly and move time by hand. `kvpool.master.server` puts it behind an `RpcServer` and runs its
-background work (`expire_clients`, `release_stale`, `sweep_dead`, the reclaim tick). One event
+background work (`check_liveness`, `release_stale`, `sweep_dead`, the reclaim tick). One event
 loop owns it: nothing here locks, and nothing here may block.
 
-The rules live in the parts it is assembled from (each a `ServiceState` subclass):
-`writes.WritePath` (the write lifecycle), `reads.ReadPath` (reads and leases),
-`admin.AdminPath` (segments, liveness, removal, stats), `tasks.TaskPath` (replica copy and
-move tasks, BatchReplicaClear, pool-mode swap-out) and `arenas.ArenaPath` (ReserveArena,
-PutCommit: puts in one round trip). This module builds the state, maps each
-request type to its handler, and implements `hooks.ReclaimTarget` for the reclaim hooks.
+It is assembled by composition. The state has one owner each:
+
+* `MetadataCore` (`core.py`): objects, segments, clients, placement, parked ranges, clock; the
+  only code that changes them, through named operations;
+* `TaskTable` (`task_table.py`) and `ArenaTable` (`arena_table.py`): replica tasks and arenas,
+  each told by the core (`MetadataObserver`) when objects, segments or clients go;
+* `PutPlanner` (`planner.py`): validates puts and rules whether a held key may be taken.
+
+The request handlers hold references to those: `WritePath` (`writes.py`), `ReadPath`
+(`reads.py`), `AdminPath` (`admin.py`), `TaskPath` (`tasks.py`), `ArenaPath` (`arenas.py`).
+This module builds them, maps each request type to its handler, and implements
+`hooks.ReclaimTarget` for the reclaim hooks.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvpool.master.admin import AdminPath
+import xxhash
+
+from kvpool.master.admin import AdminPath, KeyPattern
+from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.arenas import ArenaPath
 from kvpool.master.config import MasterConfig
+from kvpool.master.core import MetadataCore
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.liveness import ClientTable
-from kvpool.master.metadata import (
-    ObjectIndex,
-    ObjectMeta,
-    Replica,
-)
-from kvpool.master.placement import Placement
+from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.parking import ParkedRanges
+from kvpool.master.planner import PutPlanner
 from kvpool.master.reads import ReadPath
 from kvpool.master.segments import SegmentTable
+from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
 from kvpool.master.writes import WritePath
 from kvpool.protocol.messages import (
@@ -48,6 +54,7 @@ from kvpool.protocol.messages import (
     BatchRemove,
     BatchReplicaClear,
     BatchUpsertStart,
+    ClientId,
     CreateCopyTask,
     CreateMoveTask,
     Echo,
@@ -72,6 +79,8 @@ from kvpool.protocol.messages import (
     RemoveByRegex,
     ReserveArena,
     Stats,
+    StatsReply,
+    TenantId,
     UnmountSegment,
     UpsertStart,
 )
@@ -79,7 +88,7 @@ from kvpool.protocol.messages import (
 __all__ = ["MasterService"]
 
 
-class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
+class MasterService:
     """All metadata of one pool and the rules that change it (one event loop owns it).
 
     Implements `ReclaimTarget` for the reclaim hooks.
@@ -93,68 +102,57 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
         hooks: ReclaimHooks | None = None,
     ) -> None:
         self._config = config if config is not None else MasterConfig()
-        self._clock = clock
         self._hooks: ReclaimHooks = hooks if hooks is not None else NoopReclaimHooks()
-        self._index = ObjectIndex(self._config.num_shards)
-        self.segments = SegmentTable(self._config.alignment)
-        self.clients = ClientTable(self._config.client_ttl)
-        self._placement = Placement(
-            self._config.allocation_strategy, random.Random(self._config.seed)
-        )
-        self._lease_ttl = self._config.default_kv_lease_ttl
-        self._lease_ttl_ms = round(self._lease_ttl * 1000)
-        self._discard_timeout = self._config.put_start_discard_timeout
-        # Replicas of preempted or force-removed PutStarts: (release_at, seq, size, replicas).
-        self._parked: list[tuple[float, int, int, tuple[Replica, ...]]] = []
-        self._park_seq = 0
-        self._started = clock()
-        self.view_version = 1
-        #: Set when a segment went away; the server then runs `sweep_dead`.
-        self.sweep_needed = False
-        self._last_liveness = None
-        self._tasks = {}
-        self._task_of = {}
-        self._task_queues = {}
-        self._tasks_ended = deque()
-        self._arenas = {}
-        self._arenas_of = {}
-        self._ghosts = {}
+        core = self._core = MetadataCore(self._config, clock, self._hooks, ParkedRanges())
+        self._tasks = TaskTable(core)
+        self._arenas = ArenaTable(core)
+        # Arenas first: on an unmount they collect the ranges parked there for late writers
+        # before a failing task parks any more (the order the rules were written in).
+        core.observe(self._arenas)
+        core.observe(self._tasks)
+        planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
+        self._writes = WritePath(core, planner, self._tasks)
+        self._reads = ReadPath(core)
+        self._admin = AdminPath(core, self._tasks, self._arenas)
+        self._task_path = TaskPath(core, self._tasks)
+        self._arena_path = ArenaPath(core, planner, self._arenas)
+        w, r, a, t, ar = self._writes, self._reads, self._admin, self._task_path, self._arena_path
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
-            Echo: self.echo,
-            Ping: self.ping,
-            MountSegment: self.mount_segment,
-            ReMountSegment: self.remount_segment,
-            UnmountSegment: self.unmount_segment,
-            GetSegment: self.get_segment,
-            PutStart: self.put_start,
-            UpsertStart: self.upsert_start,
-            BatchPutStart: self.batch_put_start,
-            BatchUpsertStart: self.batch_upsert_start,
-            PutEnd: self.put_end,
-            BatchPutEnd: self.batch_put_end,
-            PutRevoke: self.put_revoke,
-            BatchPutRevoke: self.batch_put_revoke,
-            GetReplicaList: self.get_replica_list,
-            BatchGetReplicaList: self.batch_get_replica_list,
-            BatchGetLocations: self.batch_get_locations,
-            ExistKey: self.exist_key,
-            BatchExistKey: self.batch_exist_key,
-            GetSize: self.get_size,
-            Remove: self.remove,
-            BatchRemove: self.batch_remove,
-            RemoveAll: self.remove_all,
-            RemoveByRegex: self.remove_by_regex,
-            Stats: self.stats,
-            CreateCopyTask: self.create_copy_task,
-            CreateMoveTask: self.create_move_task,
-            QueryTask: self.query_task,
-            FetchTasks: self.fetch_tasks,
-            MarkTaskComplete: self.mark_task_complete,
-            BatchReplicaClear: self.batch_replica_clear,
-            ReserveArena: self.reserve_arena,
-            ReleaseArenas: self.release_arenas,
-            PutCommit: self.put_commit,
-            BatchPutCommit: self.batch_put_commit,
+            Echo: a.echo,
+            Ping: a.ping,
+            MountSegment: a.mount_segment,
+            ReMountSegment: a.remount_segment,
+            UnmountSegment: a.unmount_segment,
+            GetSegment: a.get_segment,
+            PutStart: w.put_start,
+            UpsertStart: w.upsert_start,
+            BatchPutStart: w.batch_put_start,
+            BatchUpsertStart: w.batch_upsert_start,
+            PutEnd: w.put_end,
+            BatchPutEnd: w.batch_put_end,
+            PutRevoke: w.put_revoke,
+            BatchPutRevoke: w.batch_put_revoke,
+            GetReplicaList: r.get_replica_list,
+            BatchGetReplicaList: r.batch_get_replica_list,
+            BatchGetLocations: r.batch_get_locations,
+            ExistKey: r.exist_key,
+            BatchExistKey: r.batch_exist_key,
+            GetSize: r.get_size,
+            Remove: a.remove,
+            BatchRemove: a.batch_remove,
+            RemoveAll: a.remove_all,
+            RemoveByRegex: a.remove_by_regex,
+            Stats: a.stats,
+            CreateCopyTask: t.create_copy_task,
+            CreateMoveTask: t.create_move_task,
+            QueryTask: t.query_task,
+            FetchTasks: t.fetch_tasks,
+            MarkTaskComplete: t.mark_task_complete,
+            BatchReplicaClear: t.batch_replica_clear,
+            ReserveArena: ar.reserve_arena,
+            ReleaseArenas: ar.release_arenas,
+            PutCommit: ar.put_commit,
+            BatchPutCommit: ar.batch_put_commit,
         }
         self._hooks.attach(self)
 
@@ -166,27 +164,113 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
     def handlers(self) -> dict[type[Any], Callable[[Any], Message]]:
         return self._handlers
 
+    # ------------------------------------------------------------------ state, for reading
+
     @property
     def config(self) -> MasterConfig:
         return self._config
 
     @property
     def index(self) -> ObjectIndex:
-        return self._index
+        return self._core.index
+
+    @property
+    def segments(self) -> SegmentTable:
+        return self._core.segments
+
+    @property
+    def clients(self) -> ClientTable:
+        return self._core.clients
 
     @property
     def hooks(self) -> ReclaimHooks:
         return self._hooks
 
+    @property
+    def view_version(self) -> int:
+        return self._core.view_version
+
+    @property
+    def sweep_needed(self) -> bool:
+        """A segment went away since the last `sweep_dead`: the server should run it."""
+        return self._core.sweep_needed
+
+    @property
+    def arena_lease(self) -> float:
+        """Seconds a request naming an arena keeps it its client's."""
+        return self._arenas.lease
+
+    def arenas_of(self, client_id: ClientId) -> list[Arena]:
+        """The client's live arenas (for stats and tests)."""
+        return self._arenas.arenas_of(client_id)
+
+    def arena_stats(self) -> tuple[int, int]:
+        """(arenas, bytes they hold)."""
+        return self._arenas.stats()
+
+    def parked(self) -> list[tuple[Replica, int]]:
+        """Replicas (with their object size) whose ranges stay allocated until their release
+        time (preempted or force-removed writes, expired arenas, failed tasks' targets)."""
+        return self._core.parked.replicas()
+
+    def shard_hash(self, tenant: str, key: str) -> int:
+        """The raw 64-bit hash behind `shard_of` (exposed for tests of its stability)."""
+        seed = xxhash.xxh3_64_intdigest(tenant.encode())
+        return int(xxhash.xxh3_64_intdigest(key.encode(), seed))
+
+    # ------------------------------------------------------------------ the monitor's work
+
+    def check_liveness(self) -> list[ClientId]:
+        """`expire_clients`, unless the master's own loop stalled (see `AdminPath`)."""
+        return self._admin.check_liveness()
+
+    def expire_clients(self) -> list[ClientId]:
+        """Expire every client silent for `client_ttl`; answers their ids."""
+        return self._admin.expire_clients()
+
+    def expire_client(self, client_id: ClientId) -> None:
+        """Unmount the client's segments, preempt its in-flight PutStarts, forget it."""
+        self._core.expire_client(client_id)
+
+    def release_stale(self) -> int:
+        """Revoke stale PutStarts, free parked ranges whose time came, fail overdue tasks,
+        release idle arenas; answers how many things were released."""
+        return self._admin.release_stale()
+
+    def sweep_dead(self) -> Iterator[int]:
+        """Drop replicas of unmounted segments from the metadata, in steps (`MetadataCore`)."""
+        return self._core.sweep_dead()
+
+    # ------------------------------------------------------------------ requests by name
+
+    def stats(self, req: Stats) -> StatsReply:
+        return self._admin.stats(req)
+
+    def remove_by_regex(self, req: RemoveByRegex) -> Message:
+        return self._admin.remove_by_regex(req)
+
+    @staticmethod
+    def compile_pattern(pattern: str) -> KeyPattern | None:
+        """A client's RemoveByRegex pattern, compiled; None when it is not a valid one."""
+        return AdminPath.compile_pattern(pattern)
+
+    def remove_matching(
+        self, tenant: TenantId, rx: KeyPattern | None, force: bool
+    ) -> Iterator[Message | None]:
+        """RemoveAll / RemoveByRegex in chunks (`AdminPath.remove_matching`)."""
+        return self._admin.remove_matching(tenant, rx, force)
+
+    # ------------------------------------------------------------------ ReclaimTarget
+
     def now(self) -> float:
-        return self._clock()
+        return self._core.clock()
 
     def memory_usage(self) -> tuple[int, int]:
-        return self.segments.capacity()
+        return self._core.segments.capacity()
 
     def memory_pressure(self) -> tuple[int, int]:
         best, best_ratio = (0, 0), -1.0
-        for seg in self.segments.live:
+        for seg in self._core.segments.live:
             a = seg.allocator
             ratio = a.allocated / a.capacity if a.capacity else 0.0
             if ratio > best_ratio:
@@ -198,14 +282,22 @@ class MasterService(ArenaPath, WritePath, ReadPath, AdminPath, TaskPath):
             obj.complete
             and not obj.hard_pin
             and now >= obj.lease_deadline
-            and obj not in self._task_of
-            and self._index.get(obj.tenant, obj.key) is obj
+            and not self._tasks.has_task(obj)
+            and self._core.index.get(obj.tenant, obj.key) is obj
         )
 
     def evict(self, obj: ObjectMeta) -> int:
-        return self._free_and_drop(obj)
+        return self._core.free_object(obj)
 
     def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         if replica not in obj.replicas:
             return 0
-        return self._evict_one_replica(obj, replica)
+        return self._core.drop_replica(obj, replica)
+
+    def has_task(self, obj: ObjectMeta) -> bool:
+        return self._tasks.has_task(obj)
+
+    def swap_out(
+        self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
+    ) -> bool:
+        return self._tasks.swap_out(obj, replica, low_watermark, on_done)

@@ -1,0 +1,581 @@
+"""`MetadataCore`: the master's metadata, and the only code that changes it.
+
+The core owns the object index, the mounted segments (and their allocators), the client table,
+placement, the parked ranges and the clock. Everything else in the master reads the metadata
+and asks the core to change it through the named operations below. Each operation is described
+by plain values (ids, names, offsets, sizes, times; the records it takes are the ones the
+caller looked up by such values, or a new record whose fields are such values), changes
+nothing but what its name says, and tells the reclaim hooks and the observers what left, so
+that a later operation log can record every call and a standby replay it:
+
+    objects   create_object, create_committed, complete_object, commit_objects,
+              rewrite_object, add_replicas, move_replica, release_moved_source,
+              drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
+              clear_holder, sweep_dead
+    ranges    allocate, carve, release_region, allocate_on, reserve_range, free_range,
+              free_replicas, park, park_range, take_range, release_parked
+    segments  mount_segment, unmount_segment
+    clients   register_client, ping_client, postpone_clients, expire_client, prune_clients
+
+Allocation (`allocate`, `carve`, `allocate_on`, `reserve_range`) is a decision as well as a
+change (placement draws random numbers, and a batch's region lives in its `PutPlan`): a log
+would record its result, the ranges, with the operation that uses them.
+
+Two things change outside the core on purpose: a read's lease (`ObjectMeta.lease_deadline`
+pushed forward by the read path, `reads.py`, with `hooks.on_access`), a promise to one reader
+granted millions of times a second and not state a standby needs; and `ObjectMeta.reclaim`,
+which belongs to the reclaim hooks.
+
+Objects whose replicas all sit on unmounted segments are gone: every lookup drops such an
+object on sight (O(replicas)), and `sweep_dead` clears the rest in the background.
+
+Observers (`MetadataObserver`: the task table, the arena table) are told when an object leaves
+the index, a segment is mounted or unmounted, and a client expires, in the order they were
+added; they may call back into the core.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from kvpool.codes import INVALID_PARAMS, OK, SEGMENT_ALREADY_EXISTS
+from kvpool.master.config import AllocationStrategy, MasterConfig
+from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.liveness import ClientRecord, ClientTable
+from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.parking import ParkedRanges
+from kvpool.master.placement import Placement
+from kvpool.master.planner import Claim, PutPlan
+from kvpool.master.segments import Segment, SegmentTable
+from kvpool.protocol.messages import (
+    ClientId,
+    HostId,
+    ReplicaStatus,
+    SegmentInfo,
+    SoftPinAction,
+)
+
+__all__ = ["MetadataCore", "MetadataObserver"]
+
+log = logging.getLogger(__name__)
+
+_PROCESSING = ReplicaStatus.PROCESSING
+_COMPLETE = ReplicaStatus.COMPLETE
+_PREEMPT = Claim.PREEMPT
+_FORGET_DEAD = Claim.FORGET_DEAD
+
+
+class MetadataObserver(Protocol):
+    """A component with state tied to objects, segments or clients (called on the loop, inside
+    the operation that caused the event; may call back into the core)."""
+
+    def object_removed(self, obj: ObjectMeta) -> None:
+        """`obj` left the index (for any reason)."""
+        ...
+
+    def segment_mounted(self, seg: Segment) -> None:
+        """`seg` was just mounted (a new record, though its name may have been seen before)."""
+        ...
+
+    def segment_unmounted(self, seg: Segment) -> None:
+        """`seg` was just unmounted: its allocator is gone, nothing is freed into it again."""
+        ...
+
+    def client_expired(self, client_id: ClientId) -> None:
+        """The client fell silent: its segments are unmounted and its PutStarts preempted
+        already; it is forgotten right after the observers return."""
+        ...
+
+
+class MetadataCore:
+    """The metadata of one pool and its operations (one event loop owns it; nothing locks)."""
+
+    def __init__(
+        self,
+        config: MasterConfig,
+        clock: Callable[[], float],
+        hooks: ReclaimHooks,
+        parked: ParkedRanges,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.hooks = hooks
+        self.parked = parked
+        self.index = ObjectIndex(config.num_shards)
+        self.segments = SegmentTable(config.alignment)
+        self.clients = ClientTable(config.client_ttl)
+        self.placement = Placement(config.allocation_strategy, random.Random(config.seed))
+        self.started = clock()
+        self.view_version = 1
+        #: Set when a segment went away; the server then runs `sweep_dead`.
+        self.sweep_needed = False
+        self._observers: tuple[MetadataObserver, ...] = ()
+        self._alignment = config.alignment
+        self._release_timeout = config.put_start_release_timeout
+
+    def observe(self, observer: MetadataObserver) -> None:
+        """Tell `observer` of removals, mounts, unmounts and expiries from now on."""
+        self._observers = (*self._observers, observer)
+
+    # ------------------------------------------------------------------ reading
+
+    def aligned(self, size: int) -> int:
+        a = self._alignment
+        return (size + a - 1) // a * a
+
+    def lookup(self, tenant: str, key: str) -> ObjectMeta | None:
+        """The object, unless all of its replicas sit on unmounted segments (then it is
+        forgotten here and None answered)."""
+        obj = self.index.get(tenant, key)
+        if obj is None or obj.has_live_replica():
+            return obj
+        self.forget_dead(obj)
+        return None
+
+    # ------------------------------------------------------------------ objects
+
+    def create_object(
+        self,
+        shard: dict[str, ObjectMeta],
+        obj: ObjectMeta,
+        in_flight: dict[ObjectMeta, None] | None,
+    ) -> None:
+        """Index the new record `obj` (its key absent) in `shard`, its tenant's dict of
+        `obj.shard`; a write in progress also joins its client's in-flight set `in_flight`."""
+        shard[obj.key] = obj  # ObjectIndex.add, inlined on the hottest write path
+        self.index.count += 1
+        if in_flight is not None:
+            in_flight[obj] = None
+
+    def create_committed(self, shard: dict[str, ObjectMeta], obj: ObjectMeta) -> None:
+        """Index the new COMPLETE record `obj` (a PutCommit: its one replica is a range the
+        client committed from an arena, counted on its segment from now on)."""
+        obj.replicas[0].segment.objects += 1
+        shard[obj.key] = obj
+        self.index.count += 1
+
+    def complete_object(self, obj: ObjectMeta, checksum: int | None, now: float) -> None:
+        """PutEnd: every replica COMPLETE, the checksum recorded, lease = max(lease, now), the
+        soft pin started; the write is no longer in flight."""
+        on_complete = self.hooks.on_replica_complete
+        for r in obj.replicas:
+            r.status = _COMPLETE
+            on_complete(obj, r)
+        obj.complete = True
+        obj.checksum = checksum
+        obj.lease_deadline = max(obj.lease_deadline, now)
+        if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
+            obj.soft_pin_deadline = now + obj.soft_pin_ttl
+        self.clients.drop_in_flight(obj)
+
+    def commit_objects(
+        self, done: list[tuple[ObjectMeta, Replica]], pin_deadline: float | None
+    ) -> None:
+        """The objects of a commit (indexed COMPLETE by `create_object`) are announced to the
+        hooks in one call, then their soft pins start (as at PutEnd)."""
+        self.hooks.on_replicas_complete(done)
+        if pin_deadline is not None:
+            for obj, _ in done:
+                obj.soft_pin_deadline = pin_deadline
+
+    def rewrite_object(  # noqa: PLR0917
+        self,
+        obj: ObjectMeta,
+        size: int,
+        fresh: tuple[Replica, ...] | None,
+        client_id: ClientId,
+        now: float,
+        action: SoftPinAction,
+        soft_pin: float | None,
+    ) -> ObjectMeta:
+        """UpsertStart of the complete `obj`, as a write of `size` bytes by `client_id` from
+        `now` with the put's soft-pin `action`: in place (`fresh` None: its live replicas go
+        back to PROCESSING), or onto the `fresh` ranges as a new record (a new generation for
+        the hooks, which see the old one removed) carrying over group, hard pin and pin; the
+        old ranges are then freed, or parked until the lease ends while one is live. Answers
+        the record being written (unreadable until PutEnd)."""
+        if fresh is None:
+            live = tuple(r for r in obj.replicas if r.segment.alive)
+            for r in live:
+                r.status = _PROCESSING
+            obj.replicas = live
+        else:
+            if now < obj.lease_deadline:
+                # A reader holding the lease may still be copying from the old ranges: freed
+                # now, the next put could land there and the reader get another key's bytes.
+                self.park(obj.lease_deadline, obj.size, obj.replicas)
+            else:
+                for r in obj.replicas:
+                    self._free_replica(r, obj.size)
+            old, obj = (
+                obj,
+                ObjectMeta(
+                    obj.key,
+                    obj.tenant,
+                    obj.shard,
+                    size,
+                    client_id,
+                    fresh,
+                    now,
+                    obj.soft_pin_ttl,
+                    obj.hard_pin,
+                    obj.group_id,
+                ),
+            )
+            obj.soft_pin_deadline = old.soft_pin_deadline
+            old.replicas = ()
+            self._drop(old)
+            self.index.insert(obj)
+        obj.complete = False
+        obj.client_id = client_id
+        obj.put_start_time = now
+        obj.checksum = None
+        if action is SoftPinAction.ENABLE:
+            obj.soft_pin_ttl = soft_pin
+            obj.soft_pin_deadline = None
+        elif action is SoftPinAction.DISABLE:
+            obj.soft_pin_ttl = None
+            obj.soft_pin_deadline = None
+        self.clients.add_in_flight(obj)
+        return obj
+
+    def add_replicas(self, obj: ObjectMeta, targets: tuple[Replica, ...]) -> None:
+        """A copy finished: `targets` become COMPLETE replicas of `obj`."""
+        for t in targets:
+            t.status = _COMPLETE
+        obj.replicas = obj.replicas + targets
+        on_complete = self.hooks.on_replica_complete
+        for t in targets:
+            on_complete(obj, t)
+
+    def move_replica(self, obj: ObjectMeta, source: Replica, target: Replica) -> None:
+        """A move finished: `target` takes `source`'s place (a moved primary stays primary;
+        `release_moved_source` then lets go of the source)."""
+        target.status = _COMPLETE
+        obj.replicas = tuple(target if r is source else r for r in obj.replicas)
+        if target not in obj.replicas:  # the source left meanwhile: keep the copy anyway
+            obj.replicas = (*obj.replicas, target)
+        self.hooks.on_replica_complete(obj, target)
+
+    def release_moved_source(self, obj: ObjectMeta, source: Replica, now: float) -> None:
+        """The source of a finished move leaves `obj`: freed, or parked until the read lease
+        ends while one is live (a reader may still be copying from it)."""
+        self.hooks.on_replica_removed(obj, source)
+        if now < obj.lease_deadline:
+            self.park(obj.lease_deadline, obj.size, (source,))
+        else:
+            self._free_replica(source, obj.size)
+
+    def drop_replica(self, obj: ObjectMeta, replica: Replica) -> int:
+        """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
+        freed = self.aligned(obj.size) if self._free_replica(replica, obj.size) else 0
+        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self.hooks.on_replica_removed(obj, replica)
+        if not obj.replicas:
+            self._drop(obj)
+        return freed
+
+    def free_object(self, obj: ObjectMeta) -> int:
+        """Free every replica of `obj` now and forget it; answers the bytes freed."""
+        freed = 0
+        aligned = self.aligned(obj.size)
+        for r in obj.replicas:
+            if self._free_replica(r, obj.size):
+                freed += aligned
+        obj.replicas = ()
+        self._drop(obj)
+        return freed
+
+    def remove_object(self, obj: ObjectMeta) -> None:
+        """Remove: a complete object is freed; a write in progress is forgotten with its
+        ranges parked (its writer may still be writing)."""
+        if obj.complete:
+            self.free_object(obj)
+            return
+        self._park(obj)
+        self.clients.drop_in_flight(obj)
+        self._drop(obj)
+
+    def revoke(self, obj: ObjectMeta) -> None:
+        """Free everything a PutStart (or in-place UpsertStart) took and forget the object."""
+        self.clients.drop_in_flight(obj)
+        self.free_object(obj)
+
+    def preempt(self, old: ObjectMeta) -> None:
+        """Take an unfinished PutStart's key away from it (stale, or its client expired); its
+        writer may still be writing, so its space stays parked until
+        `put_start_release_timeout` after it started."""
+        log.info("preempting unfinished PutStart of %r by client %s", old.key, old.client_id)
+        self._park(old)
+        self.clients.drop_in_flight(old)
+        self._drop(old)
+
+    def forget_dead(self, obj: ObjectMeta) -> None:
+        """Forget `obj`, all of whose replicas sit on unmounted segments."""
+        self.clients.drop_in_flight(obj)
+        obj.replicas = ()
+        self._drop(obj)
+
+    def clear_holder(self, old: ObjectMeta, claim: Claim) -> None:
+        """Apply the planner's verdict on the key `old` holds: forget it (FORGET_DEAD) or
+        preempt it (PREEMPT); EXISTS changes nothing."""
+        if claim is _PREEMPT:
+            self.preempt(old)
+        elif claim is _FORGET_DEAD:
+            self.forget_dead(old)
+
+    def sweep_dead(self) -> Iterator[int]:
+        """Drop replicas on unmounted segments from the metadata, and the objects left with
+        none, `sweep_batch` objects per step (the server yields to the loop between steps);
+        each step yields the number of objects removed so far."""
+        self.sweep_needed = False
+        removed = 0
+        batch = self.config.sweep_batch
+        objs = self.index.snapshot()
+        for i in range(0, len(objs), batch):
+            for obj in objs[i : i + batch]:
+                reps = obj.replicas
+                if all(r.segment.alive for r in reps):
+                    continue
+                live = tuple(r for r in reps if r.segment.alive)
+                if live:
+                    obj.replicas = live
+                elif self.index.get(obj.tenant, obj.key) is obj:
+                    obj.replicas = ()
+                    self._drop(obj)
+                    removed += 1
+            yield removed
+
+    def _park(self, obj: ObjectMeta) -> None:
+        if obj.replicas:
+            self.park(obj.put_start_time + self._release_timeout, obj.size, obj.replicas)
+            obj.replicas = ()
+
+    def _drop(self, obj: ObjectMeta) -> None:
+        if self.index.discard(obj):
+            self.hooks.on_object_removed(obj)
+        for o in self._observers:
+            o.object_removed(obj)
+
+    # ------------------------------------------------------------------ ranges
+
+    def allocate(self, size: int, plan: PutPlan) -> tuple[Replica, ...]:
+        """PROCESSING replicas for a new object of `size` bytes, placed as `plan` says; when
+        nothing fits, one `reclaim_for` and one retry. () when there is no room."""
+        if plan.simple:
+            one = self.carve(size, plan) if plan.region_left else None
+            if one is None:
+                one = self.placement.one_random(self.segments.live, size)
+            if one is not None:
+                return (Replica(one[0], one[1], _PROCESSING),)
+        host: HostId | None = None
+        if plan.same_node or self.placement.strategy is AllocationStrategy.LOCAL_FIRST:
+            rec = self.clients.get(plan.client_id)
+            host = rec.host_id if rec is not None else None
+        got = self.placement.allocate(
+            self.segments,
+            size,
+            plan.replica_num,
+            preferred=plan.preferred,
+            local_host=host,
+            local_first=plan.same_node,
+        )
+        if not got:
+            # Direct reclaim: once, then one more try (as the kernel's allocation slow path);
+            # not for an object no segment could hold even empty: evicting would be for nothing.
+            aligned = self.aligned(size)
+            if not any(s.allocator.capacity >= aligned for s in self.segments.live):
+                return ()
+            if self.hooks.reclaim_for(aligned * plan.replica_num) <= 0:
+                return ()
+            got = self.placement.allocate(
+                self.segments,
+                size,
+                plan.replica_num,
+                preferred=plan.preferred,
+                local_host=host,
+                local_first=plan.same_node,
+            )
+        return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
+
+    def carve(self, size: int, plan: PutPlan) -> tuple[Segment, int] | None:
+        """A range for one object of a batch, cut from the batch's region.
+
+        A batch of one-replica random puts takes one range on one random segment for all of
+        its objects (what the batch may still need) and cuts it in order: one allocator call
+        per batch instead of one per key. Each object's range is later freed on its own,
+        which the allocator allows (a free of any sub-range coalesces with free neighbours);
+        what the batch did not use goes back at its end (`release_region`). When no segment
+        has room for the rest of the batch, the batch falls back to one allocation per key.
+        """
+        need = self.aligned(size)
+        seg = plan.region_seg
+        if seg is None or plan.region_next + need > plan.region_end:
+            self.release_region(plan)
+            want = max(need, plan.region_left)
+            block = self.placement.one_random(self.segments.live, want, count=False)
+            if block is None:
+                plan.region_left = 0
+                return None
+            seg, off = block
+            plan.region_seg, plan.region_next, plan.region_end = seg, off, off + want
+        off = plan.region_next
+        plan.region_next = off + need
+        plan.region_left -= need
+        seg.objects += 1
+        return seg, off
+
+    def release_region(self, plan: PutPlan) -> None:
+        """Give back what a batch did not cut from its region."""
+        seg = plan.region_seg
+        if seg is not None:
+            if seg.alive and plan.region_next < plan.region_end:
+                seg.allocator.free(plan.region_next, plan.region_end - plan.region_next)
+            plan.region_seg = None
+
+    def allocate_on(self, seg: Segment, size: int) -> Replica | None:
+        """A PROCESSING replica of `size` bytes on `seg` (a task's target); never reclaims."""
+        off = seg.allocator.alloc(size)
+        if off is None:
+            return None
+        seg.objects += 1
+        return Replica(seg, off, _PROCESSING)
+
+    def reserve_range(
+        self, client_id: ClientId, size: int, need: int
+    ) -> tuple[Segment, int, int] | None:
+        """(segment, offset, size) of a range that is no replica (an arena): `size` bytes
+        placed by the master's strategy, else the largest free block down to `need`; never
+        evicts anything."""
+        host = None
+        if self.placement.strategy is AllocationStrategy.LOCAL_FIRST:
+            rec = self.clients.get(client_id)
+            host = rec.host_id if rec is not None else None
+        got = self.placement.allocate(self.segments, size, 1, local_host=host)
+        if got:
+            seg, off = got[0]
+            seg.objects -= 1  # placement counted a replica; an arena is not one
+            return seg, off, size
+        seg = max(self.segments.live, key=lambda x: x.allocator.largest_free())
+        a = self._alignment
+        size = min(size, seg.allocator.largest_free() // a * a)
+        if size < need:
+            return None
+        found = seg.allocator.alloc(size)
+        if found is None:
+            return None
+        return seg, found, size
+
+    def free_range(self, seg: Segment, off: int, size: int) -> None:
+        """Free [off, off + size) of `seg`, a range that is no replica (nothing once the
+        segment is unmounted: its allocator went with it)."""
+        if seg.alive:
+            seg.allocator.free(off, size)
+
+    def free_replicas(self, replicas: tuple[Replica, ...], size: int) -> None:
+        """Free replicas that belong to no object (a failed task's targets)."""
+        for r in replicas:
+            self._free_replica(r, size)
+
+    def park(self, release_at: float, size: int, replicas: tuple[Replica, ...]) -> None:
+        """Keep `replicas` allocated until `release_at` (someone may still use their bytes)."""
+        self.parked.add(release_at, size, replicas)
+
+    def park_range(self, seg: Segment, off: int, size: int, until: float) -> None:
+        """Keep [off, off + size) of `seg` allocated until `until` (a late writer may use it)."""
+        self.park(until, size, (Replica(seg, off, _COMPLETE),))
+        seg.objects += 1  # a parked range is freed as one replica
+
+    def take_range(self, seg: Segment, off: int, size: int, until: float) -> bool:
+        """Allocate exactly [off, off + size) of `seg` and park it until `until`; False when
+        that range is not free."""
+        if not seg.allocator.alloc_at(off, size):
+            return False
+        self.park_range(seg, off, size, until)
+        return True
+
+    def release_parked(self, now: float) -> int:
+        """Free the parked sets whose time has come; answers how many."""
+        released = 0
+        for size, replicas in self.parked.pop_due(now):
+            for r in replicas:
+                self._free_replica(r, size)
+            released += 1
+        return released
+
+    def _free_replica(self, r: Replica, size: int) -> bool:
+        seg = r.segment
+        if not seg.alive:
+            return False  # its allocator went with the segment
+        seg.allocator.free(r.offset, size)
+        seg.objects -= 1
+        return True
+
+    # ------------------------------------------------------------------ segments, clients
+
+    def register_client(self, client_id: ClientId, host_id: HostId, now: float) -> ClientRecord:
+        """Add the client, or refresh it (registration counts as a ping)."""
+        return self.clients.register(client_id, host_id, now)
+
+    def ping_client(self, client_id: ClientId, now: float) -> bool:
+        """Push a known client's deadline; False when it is unknown."""
+        return self.clients.ping(client_id, now)
+
+    def postpone_clients(self, seconds: float) -> None:
+        """Push every client's deadline `seconds` later (the master itself was not listening)."""
+        self.clients.postpone(seconds)
+
+    def prune_clients(self) -> None:
+        """Forget the empty in-flight sets."""
+        self.clients.prune()
+
+    def mount_segment(self, rec: ClientRecord, info: SegmentInfo) -> int:
+        """Mount `info` for the registered client `rec`: OK (also when exactly this segment is
+        mounted already), SEGMENT_ALREADY_EXISTS or INVALID_PARAMS."""
+        if not info.name or info.size < self._alignment:
+            return INVALID_PARAMS
+        seg = self.segments.get(info.name)
+        if seg is not None:
+            if seg.same_mount(info, rec.client_id, rec.host_id):
+                return OK  # idempotent: the same segment mounted again
+            return SEGMENT_ALREADY_EXISTS
+        new = self.segments.mount(info, rec.client_id, rec.host_id)
+        for o in self._observers:
+            o.segment_mounted(new)
+        rec.segments[info.name] = None
+        log.info("mounted segment %s (%d bytes) of client %s", info.name, info.size, rec.client_id)
+        return OK
+
+    def unmount_segment(self, seg: Segment) -> None:
+        """Take `seg` out of the pool (its replicas vanish from replies at once; the sweep
+        clears them out of the metadata later)."""
+        self.segments.unmount(seg)
+        rec = self.clients.get(seg.client_id)
+        if rec is not None:
+            rec.segments.pop(seg.name, None)
+        self.sweep_needed = True
+        for o in self._observers:
+            o.segment_unmounted(seg)
+        log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
+
+    def expire_client(self, client_id: ClientId) -> None:
+        """Unmount the client's segments, preempt its in-flight PutStarts, forget it.
+
+        A client that fell silent may still be writing into other nodes' segments: the ranges
+        of its unfinished puts are parked until their release time, as a stale PutStart's
+        are, so no other object is placed where a late write could land."""
+        rec = self.clients.get(client_id)
+        if rec is not None:
+            for name in list(rec.segments):
+                seg = self.segments.get(name)
+                if seg is not None and seg.client_id == client_id:
+                    self.unmount_segment(seg)
+        for obj in self.clients.in_flight_of(client_id):
+            self.preempt(obj)
+        for o in self._observers:
+            o.client_expired(client_id)
+        self.clients.forget(client_id)
+        log.warning("client %s expired: segments unmounted, in-flight puts preempted", client_id)

@@ -279,6 +279,22 @@ def test_stale_put_start_is_preempted_and_its_space_parked_until_release(
     )
 
 
+@pytest.mark.parametrize("upsert", [False, True])
+def test_a_put_refused_for_space_leaves_a_stale_write_of_the_key_alone(
+    svc: MasterService, clock: object, upsert: bool
+) -> None:
+    # Decide, claim, then take the key: a put that may preempt a stale write but finds no
+    # space answers NO_AVAILABLE_HANDLE and changes nothing; the stale writer may finish.
+    assert start(svc, "k", size=MiB, client=OTHER).code == OK
+    clock.advance(svc.config.put_start_discard_timeout + 1)  # type: ignore[attr-defined]
+    before = used(svc)
+    too_big = 64 * MiB  # larger than any segment: no allocation can succeed
+    assert start(svc, "k", size=too_big, upsert=upsert).code == E.NO_AVAILABLE_HANDLE
+    assert used(svc) == before and svc.parked() == []
+    assert end(svc, "k", client=OTHER) == OK
+    assert get(svc, "k").code == OK
+
+
 def test_unfinished_put_start_is_released_after_release_timeout(
     svc: MasterService, clock: object
 ) -> None:

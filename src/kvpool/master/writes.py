@@ -123,10 +123,14 @@ class WritePath:
             verdict = self._may_claim(old, now)
             if verdict is _EXISTS:
                 return PutStartReply(OBJECT_ALREADY_EXISTS)
-            self._core.clear_holder(old, verdict)
+        # Decide, claim, then take the key: a full pool leaves a stale write (or a dead
+        # object) of the key as it was. Clearing it frees nothing that allocating could use:
+        # a preempted write's ranges stay parked, a dead object's sit on unmounted segments.
         replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(NO_AVAILABLE_HANDLE)
+        if old is not None:
+            self._core.clear_holder(old, verdict)
         obj = ObjectMeta(
             key,
             plan.tenant,
@@ -179,7 +183,8 @@ class WritePath:
         if not obj.complete:
             if self._planner.claim(obj, now) is _EXISTS:
                 return PutStartReply(OBJECT_REPLICA_BUSY)  # another write of it is in progress
-            core.preempt(obj)
+            # `_put_one` claims the key again (the same verdict) and preempts only once it
+            # holds new ranges.
             return self._put_one(plan, key, size, obj.group_id, now)
         if size == obj.size and now >= obj.lease_deadline:
             # Case B: rewrite in place; unreadable until PutEnd.

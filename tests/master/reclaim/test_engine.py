@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from kvpool.errors import ErrorCode
+from kvpool.master.config import MasterConfig
 from kvpool.master.reclaim import (
     EvictInfo,
     EvictionMode,
@@ -387,6 +388,57 @@ def test_cache_mode_evicts_soft_pinned_objects_last() -> None:
     assert set(pool.objects) == {"pinned"}
     assert pool.engine.direct_reclaim(SIZE) == SIZE
     assert pool.objects == {} and pool.engine.stats.soft_pinned_evicted == 1
+
+
+DEFAULT_SHARDS = MasterConfig().num_shards
+
+
+@pytest.mark.parametrize("need", [1, 3, 8])
+@pytest.mark.parametrize("kswapd", [False, True], ids=["direct", "kswapd"])
+def test_cache_mode_evicts_no_soft_pinned_object_while_any_shard_has_an_unpinned_one(
+    need: int, kswapd: bool
+) -> None:
+    """Soft-pinned objects go last across the whole pool, not only within one shard's pass:
+    whichever shards a pass visits, the pinned object (the oldest) outlives every unpinned one,
+    and goes only once none is left."""
+    for trial in range(8):
+        pool = SimulatedPool(12 * SIZE, num_shards=DEFAULT_SHARDS, clock=ManualClock())
+        pinned = f"pinned-{trial}"
+        pool.put(pinned, SIZE, soft_pin_ttl_s=60.0)
+        fill(pool, [f"t{trial}-k{i}" for i in range(11)])
+        while len(pool.objects) > 1:
+            unpinned = len(pool.objects) - 1
+            if kswapd:
+                pool.engine.kswapd_pass(need * SIZE)
+            else:
+                pool.engine.direct_reclaim(need * SIZE)
+            left = len(pool.objects) - (pinned in pool.objects)
+            assert left == max(0, unpinned - need), f"trial {trial}: not the unpinned first"
+            assert pinned in pool.objects or left == 0, f"trial {trial}: pinned went first"
+        assert pool.engine.stats.soft_pinned_evicted == (0 if pinned in pool.objects else 1)
+        assert pool.engine.direct_reclaim(SIZE) + pool.engine.kswapd_pass(SIZE).freed <= SIZE
+        assert pool.objects == {}, "a soft-pinned object may still go when nothing else can"
+
+
+def test_direct_reclaim_ages_active_before_it_evicts_a_soft_pinned_object() -> None:
+    """An unpinned object in active is still evictable: it goes before a soft-pinned one."""
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["hot"])
+    promote(pool, "hot")
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"pinned"}
+    assert pool.engine.records_of("pinned")[0].state is ListState.INACTIVE
+    assert pool.engine.stats.kept_soft_pinned == 1 and pool.engine.stats.soft_pinned_evicted == 0
+
+
+def test_direct_reclaim_without_soft_pins_leaves_active_alone() -> None:
+    pool = make_pool(3)
+    fill(pool, ["hot", "cold"])
+    promote(pool, "hot")
+    pool.objects["cold"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == 0
+    assert pool.engine.records_of("hot")[0].state is ListState.ACTIVE
 
 
 def test_cache_mode_never_evicts_soft_pinned_when_not_allowed_until_the_pin_expires() -> None:

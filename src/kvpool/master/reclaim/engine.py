@@ -18,8 +18,10 @@ A pass splits its byte target across shards by their share of resident bytes; a 
 few records (one put's direct reclaim) goes to one shard drawn with that probability, so it
 takes one shard's lock, not all of them. Per shard it isolates batches from the tail of
 inactive, asks the target about each record outside the list lock, and evicts, keeps (rotates)
-or drops the record. Work per evicted object does not depend on how many objects
-are resident; only on how many ineligible records had to be looked at.
+or drops the record. Soft-pinned records (cache mode) are held back for the whole pass and
+evicted only if no shard could cover the request otherwise: "last" is pool-wide. Work per
+evicted object does not depend on how many objects are resident; only on how many ineligible
+records had to be looked at.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic
 
 import xxhash
@@ -102,13 +104,17 @@ class ReclaimResult:
 
 
 @dataclass(slots=True)
-class _PassBudget:
-    """State of one pass shared by its shards: records it may still look at, and whether a
-    swap-out was already refused (then nothing else in this pass is offered one)."""
+class _PassBudget(Generic[K]):
+    """State of one pass shared by its shards: records it may still look at, whether a
+    swap-out was already refused (then nothing else in this pass is offered one), and the
+    soft-pinned records it holds back (cache mode) until every shard had its say."""
 
     scan_left: int
     swap_refused: bool = False
     allow_swap: bool = True
+    soft_pinned: list[tuple[ReclaimLists[K], EvictInfo[K], int]] = field(default_factory=list)
+    """(shard, record, epoch) of each soft-pinned record found, still isolated under `epoch`:
+    evicted at the end of the pass only if the unpinned ones of every shard fell short."""
 
 
 def hash_shard_of(num_shards: int) -> Callable[[object], int]:
@@ -400,21 +406,27 @@ class ReclaimEngine(Generic[K]):
         return cap > 0 and used > cap * self._high_ratio
 
     def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
-        """Reclaim `total` bytes in up to three rounds, each only if the previous fell short:
+        """Reclaim `total` bytes in up to four rounds, each only if the previous fell short:
 
         1. every shard its quota (kswapd first balances active against inactive);
         2. the shortfall from the shards that met theirs, largest first (inactive only);
-        3. kswapd only: age active harder (two looks per record, so referenced ones lose their
-           second chance) on the largest shards and try their inactive again.
+        3. age active harder (two looks per record, so referenced ones lose their second
+           chance) on the largest shards and try their inactive again: kswapd always, direct
+           reclaim only when the alternative is round 4;
+        4. cache mode, `allow_evict_soft_pinned`: the soft-pinned records the rounds above
+           found and held back, in the order they were found.
 
-        Round 3 is global on purpose: one shard whose inactive records are all referenced or
-        leased must not scatter its hot set while other shards still have cold records.
+        Rounds 3 and 4 are global on purpose: one shard whose inactive records are all
+        referenced or leased must not scatter its hot set while other shards still have cold
+        records, and no soft-pinned object goes while an unpinned one anywhere in the pool could
+        have gone instead (a shard's own soft-pinned records are not "last" if another shard
+        still has unpinned ones).
         """
         if total <= 0:
             return ReclaimResult()
         before = getattr(self._local, "no_direct", False)
         self._local.no_direct = True
-        budget = _PassBudget(
+        budget: _PassBudget[K] = _PassBudget(
             self.config.scan_limit, allow_swap=shrink_active or self.config.direct_swap_out
         )
         try:
@@ -446,7 +458,7 @@ class ReclaimEngine(Generic[K]):
                     short -= got.freed + got.pending
                     if short <= 0 or budget.scan_left <= 0:
                         break
-            if short > 0 and shrink_active and budget.scan_left > 0:
+            if short > 0 and (shrink_active or budget.soft_pinned) and budget.scan_left > 0:
                 for lists in self._by_usage(exclude=set()):
                     if lists.active_bytes <= 0:
                         continue
@@ -458,9 +470,42 @@ class ReclaimEngine(Generic[K]):
                     short -= got.freed + got.pending
                     if short <= 0 or budget.scan_left <= 0:
                         break
+            if short > 0 and budget.soft_pinned:
+                result.freed += self._evict_soft_pinned(short, budget)
             return result
         finally:
+            # Also on an exception from the target: nothing stays isolated for good.
+            for lists, rec, epoch in budget.soft_pinned:
+                if lists.putback([rec], epoch, ListState.INACTIVE):
+                    self.stats.kept_soft_pinned += 1
             self._local.no_direct = before
+
+    def _evict_soft_pinned(self, short: int, budget: _PassBudget[K]) -> int:
+        """Round 4 of `_run_pass`: evict held-back soft-pinned records, in the order they were
+        found, until `short` bytes are freed; the bytes freed. The rest stay in
+        `budget.soft_pinned` for the pass to put back."""
+        now = self.clock()
+        held = budget.soft_pinned
+        freed = 0
+        pos = 0
+        try:
+            while pos < len(held) and freed < short:
+                lists, rec, epoch = held[pos]
+                pos += 1
+                if rec.flags & STATE_MASK != ISOLATED_BITS:
+                    continue  # removed meanwhile; already retired
+                # Asked again: a pin that ran out meanwhile makes it no different from the
+                # records kept in rounds 1-3, so it is kept with them this time.
+                if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
+                    f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, budget)
+                    if f:
+                        self.stats.soft_pinned_evicted += 1
+                        freed += f
+        finally:
+            # What this round got to is evicted (retired: putback skips it) or kept.
+            kept = [h for h in held[:pos] if h[1].flags & STATE_MASK == ISOLATED_BITS]
+            budget.soft_pinned = kept + held[pos:]
+        return freed
 
     def _by_usage(self, exclude: set[int]) -> list[ReclaimLists[K]]:
         used = self._usage.bytes
@@ -530,16 +575,16 @@ class ReclaimEngine(Generic[K]):
         self.stats.demoted_bytes += demoted
 
     def _shrink_inactive(
-        self, lists: ReclaimLists[K], quota: int, pass_budget: _PassBudget
+        self, lists: ReclaimLists[K], quota: int, pass_budget: _PassBudget[K]
     ) -> ReclaimResult:
         """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
         moving, looking at each record present at the start at most once, and at no more
-        records than the pass has left."""
+        records than the pass has left. Soft-pinned records (cache mode) are held back in
+        `pass_budget` for the end of the pass, not evicted here."""
         cfg = self.config
         budget = min(lists.inactive_len, pass_budget.scan_left)
         now = self.clock()
         freed = pending = scanned = 0
-        deferred: list[tuple[EvictInfo[K], int]] = []
         avg = max(1, lists.resident_bytes // max(1, lists.resident_count))
         try:
             while freed + pending < quota and scanned < budget:
@@ -558,7 +603,7 @@ class ReclaimEngine(Generic[K]):
                         rec = batch[pos]
                         scanned += 1
                         f, p = self._check_one(
-                            lists, rec, epoch, now, keep=keep, deferred=deferred, budget=pass_budget
+                            lists, rec, epoch, now, keep=keep, budget=pass_budget
                         )
                         pos += 1
                         freed += f
@@ -567,23 +612,8 @@ class ReclaimEngine(Generic[K]):
                     # Also on an exception from the target: nothing stays isolated for good.
                     lists.putback(keep, epoch, ListState.INACTIVE)
                     lists.putback(batch[pos:], epoch, ListState.INACTIVE, at_tail=True)
-            # Cache mode: soft-pinned objects go last, only if the rest did not cover the quota.
-            while deferred and freed + pending < quota:
-                rec, epoch = deferred.pop(0)
-                if rec.flags & STATE_MASK == ISOLATED_BITS:
-                    if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
-                        f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, pass_budget)
-                        if f:
-                            self.stats.soft_pinned_evicted += 1
-                            freed += f
-                            continue
-                    deferred.append((rec, epoch))  # changed meanwhile: keep it this time
-                    break
         finally:
             pass_budget.scan_left -= scanned
-            for rec, epoch in deferred:
-                self.stats.kept_soft_pinned += 1
-                lists.putback([rec], epoch, ListState.INACTIVE)
         return ReclaimResult(freed, pending, scanned)
 
     def _check_one(
@@ -594,8 +624,7 @@ class ReclaimEngine(Generic[K]):
         now: float,
         *,
         keep: list[EvictInfo[K]],
-        deferred: list[tuple[EvictInfo[K], int]],
-        budget: _PassBudget,
+        budget: _PassBudget[K],
     ) -> tuple[int, int]:
         """Decide about one isolated record, outside the list lock; (freed, pending) bytes."""
         stats = self.stats
@@ -625,7 +654,7 @@ class ReclaimEngine(Generic[K]):
             keep.append(rec)
         elif verdict is Verdict.SOFT_PINNED and self.config.mode is EvictionMode.CACHE:
             if self.config.allow_evict_soft_pinned:
-                deferred.append((rec, epoch))
+                budget.soft_pinned.append((lists, rec, epoch))  # isolated until the pass ends
             else:
                 stats.kept_soft_pinned += 1
                 keep.append(rec)
@@ -642,7 +671,7 @@ class ReclaimEngine(Generic[K]):
         rec: EvictInfo[K],
         epoch: int,
         verdict: Verdict,
-        budget: _PassBudget,
+        budget: _PassBudget[K],
     ) -> tuple[int, int]:
         """Carry out the eviction of one isolated record; returns (freed, pending) bytes."""
         stats = self.stats

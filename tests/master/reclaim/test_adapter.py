@@ -181,6 +181,19 @@ def test_soft_pinned_objects_go_last_across_all_shards_of_a_filling_pool() -> No
     assert pool.engine.stats.evicted == 60 - 11 and pool.engine.stats.soft_pinned_evicted == 0
 
 
+def test_the_tick_that_expires_a_soft_pin_unparks_the_objects_records() -> None:
+    pool = Pool(3, num_shards=1, default_kv_lease_ttl=0.0)
+    assert pool.put("pinned", soft_pin_action=m.SoftPinAction.ENABLE, soft_pin_ttl_ms=30_000) == OK
+    assert pool.put("a") == OK and pool.put("b") == OK
+    assert pool.engine.direct_reclaim(OBJ) == OBJ
+    assert pool.exists("pinned") and not pool.exists("a")
+    assert pool.state("pinned") is ListState.SOFT_PINNED  # looked at once, parked
+    pool.clock.advance(31.0)
+    pool.hooks.tick(pool.clock())
+    assert pool.state("pinned") is ListState.INACTIVE
+    assert pool.hooks.stats()["unparked_soft_pinned"] == 1
+
+
 def test_soft_pins_expire_on_tick_in_deadline_order() -> None:
     pool = Pool(4, default_kv_lease_ttl=0.0, allow_evict_soft_pinned_objects=False)
     for key, ttl in (("late", 90_000), ("early", 30_000)):

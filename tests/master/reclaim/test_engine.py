@@ -428,8 +428,8 @@ def test_direct_reclaim_ages_active_before_it_evicts_a_soft_pinned_object() -> N
     promote(pool, "hot")
     assert pool.engine.direct_reclaim(SIZE) == SIZE
     assert set(pool.objects) == {"pinned"}
-    assert pool.engine.records_of("pinned")[0].state is ListState.INACTIVE
-    assert pool.engine.stats.kept_soft_pinned == 1 and pool.engine.stats.soft_pinned_evicted == 0
+    assert pool.engine.records_of("pinned")[0].state is ListState.SOFT_PINNED
+    assert pool.engine.stats.parked_soft_pinned == 1 and pool.engine.stats.soft_pinned_evicted == 0
 
 
 def test_direct_reclaim_without_soft_pins_leaves_active_alone() -> None:
@@ -439,6 +439,66 @@ def test_direct_reclaim_without_soft_pins_leaves_active_alone() -> None:
     pool.objects["cold"].lease_deadline = 1e9
     assert pool.engine.direct_reclaim(SIZE) == 0
     assert pool.engine.records_of("hot")[0].state is ListState.ACTIVE
+
+
+def test_more_soft_pinned_records_than_one_pass_scans_do_not_hide_the_unpinned_ones() -> None:
+    """Parked soft-pinned records cost later passes nothing: with far more of them than
+    `scan_limit` in front of the unpinned ones, every put still takes an unpinned object."""
+    pool = make_pool(45, num_shards=DEFAULT_SHARDS, scan_limit=16)
+    for i in range(40):
+        pool.put(f"pinned{i}", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, [f"k{i}" for i in range(5)])
+    for i in range(5):
+        assert pool.put(f"new{i}", SIZE) is ErrorCode.OK
+    assert pool.engine.stats.soft_pinned_evicted == 0
+    assert sum(k.startswith("pinned") for k in pool.objects) == 40
+    # Each pinned record was looked at no more than once, then parked.
+    assert pool.engine.stats.parked_soft_pinned <= 40 and pool.engine.stats.isolated <= 45
+
+
+def test_a_soft_pin_that_ends_puts_its_parked_record_back_among_the_unpinned() -> None:
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["a", "b"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; the pinned one is parked on the way
+    (rec,) = pool.engine.records_of("pinned")
+    assert rec.state is ListState.SOFT_PINNED and set(pool.objects) == {"pinned", "a"}
+    pool.clock.advance(61.0)  # type: ignore[attr-defined]
+    assert pool.expire_soft_pins() == 1
+    assert rec.state is ListState.INACTIVE and pool.engine.stats.unparked_soft_pinned == 1
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"a"} and pool.engine.stats.soft_pinned_evicted == 0
+
+
+def test_a_parked_record_whose_pin_ran_out_before_the_tick_is_evicted_as_unpinned() -> None:
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["a", "b"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; the pinned one is parked
+    pool.clock.advance(61.0)  # type: ignore[attr-defined]  (no tick: still parked)
+    assert pool.engine.records_of("pinned")[0].state is ListState.SOFT_PINNED
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"a"}
+    assert pool.engine.stats.soft_pinned_evicted == 0
+    assert pool.engine.stats.unparked_soft_pinned == 1
+
+
+def test_a_referenced_parked_record_gets_one_more_trip_before_it_is_evicted() -> None:
+    pool = make_pool(4)
+    for k in ("p1", "p2"):
+        pool.put(k, SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["b", "a"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; p1 and p2 parked on the way
+    assert pool.get("p1")  # the bit only: a parked record is not promoted
+    assert pool.engine.records_of("p1")[0].state is ListState.SOFT_PINNED
+    kept = pool.engine.stats.kept_referenced
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"p1", "a"}
+    assert pool.engine.stats.kept_referenced == kept + 1
+    assert not pool.engine.records_of("p1")[0].referenced
 
 
 def test_cache_mode_never_evicts_soft_pinned_when_not_allowed_until_the_pin_expires() -> None:

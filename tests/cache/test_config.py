@@ -60,6 +60,9 @@ def test_unknown_policies_and_bad_limits_are_refused() -> None:
         StorageManagerConfig(prefetch_policy="nope")
     with pytest.raises(InvalidParams):
         StorageManagerConfig(prefetch_max_in_flight=0)
+    for timeout in (0.0, -1.0, float("inf"), float("nan"), True):
+        with pytest.raises(InvalidParams):
+            StorageManagerConfig(prefetch_lookup_timeout_s=timeout)
     with pytest.raises(InvalidParams):
         create_store_policy("nope")
 
@@ -89,6 +92,10 @@ def test_click_options_reach_the_config() -> None:
     )
     assert result.exit_code == 0, result.output
     assert seen[0].prefetch_policy == "spread" and seen[0].l1.capacity_bytes == 8 << 20
+    assert seen[0].prefetch_lookup_timeout_s == 30.0
+    result = CliRunner().invoke(cmd, ["--l2-prefetch-lookup-timeout", "500ms"])
+    assert result.exit_code == 0, result.output
+    assert seen[1].prefetch_lookup_timeout_s == 0.5
     bad = CliRunner().invoke(cmd, ["--l2-store-policy", "nope"])
     assert bad.exit_code != 0
 

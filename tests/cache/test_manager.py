@@ -473,6 +473,57 @@ def test_an_adapter_fault_fails_one_request_and_late_lookup_locks_are_still_rele
     assert sm.l1.usage().objects == 0
 
 
+class Silent(MockAdapter):
+    """Takes lookups and never answers them: an L2 whose replies are lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries = 0
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+        self.queries += 1
+        return None
+
+
+def test_an_orphaned_lookup_that_never_answers_is_dropped_at_its_deadline(
+    closing: list[StorageManager],
+) -> None:
+    class Faulty(MockAdapter):
+        def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+            raise RuntimeError("adapter bug")
+
+    silent = Silent()
+    sm = manager(Faulty(), silent, prefetch_lookup_timeout_s=0.2)
+    closing.append(sm)
+    ctl = sm.prefetch_controller
+    h = sm.submit_prefetch_task([key(0)], LAYOUT)
+    assert sm.wait_prefetch(h, 10) == 0  # failed alone; the silent lookup is orphaned
+    wait_until(lambda: ctl.stats().orphans_dropped == 1, 10, what="the orphan dropped")
+    assert ctl.orphans() == 0 and ctl.running() == 0  # nothing left to poll
+    assert silent.queries >= 1
+
+
+def test_a_lookup_that_never_answers_is_planned_as_a_miss_after_the_deadline(
+    closing: list[StorageManager],
+) -> None:
+    a = RecordingMock()
+    preload(a, [0, 1])
+    silent = Silent()
+    sm = manager(a, silent, prefetch_lookup_timeout_s=0.2)
+    closing.append(sm)
+    ks = [key(0), key(1)]
+    h = sm.submit_prefetch_task(ks, LAYOUT)
+    assert sm.wait_prefetch(h, 10) == 2  # the other adapter's hits, without the silent one
+    assert a.locked_keys() == {}
+    with sm.read_prefetched_results(ks) as objs:
+        assert [bytes(o.buffer) for o in objs] == [value(0), value(1)]
+    sm.finish_read_prefetched(ks)
+    ctl = sm.prefetch_controller
+    assert ctl.stats().lookup_timeouts == 1
+    wait_until(lambda: ctl.stats().orphans_dropped == 1, 10, what="the late lookup dropped")
+    assert ctl.orphans() == 0 and ctl.running() == 0
+
+
 def test_the_controller_keeps_serving_after_a_failed_request(closing: list[StorageManager]) -> None:
     class FlakyOnce(MockAdapter):
         failed = False

@@ -8,6 +8,7 @@ Flags (usable by any click command through `@storage_manager_options`):
     --l2-store-policy NAME          default | skip_l1 | any registered store policy
     --l2-prefetch-policy NAME       default | spread | any registered prefetch policy
     --l2-prefetch-max-in-flight 8
+    --l2-prefetch-lookup-timeout 30s
 
 Adapter JSON is validated here (type known, options known and valid) so that a typo fails at
 start-up with the offending text, not at the first store. Precedence as everywhere in kvpool:
@@ -17,6 +18,7 @@ flag > environment (`KVPOOL_L2_ADAPTERS`, a JSON list, read through kvpool.confi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -48,6 +50,9 @@ class StorageManagerConfig:
     """Name of the registered PrefetchPolicy."""
     prefetch_max_in_flight: int = 8
     """Prefetch requests worked on at once; more are queued."""
+    prefetch_lookup_timeout_s: float = 30.0
+    """Seconds a prefetch waits for an adapter's lookup before it plans without it (as a
+    miss); an orphaned lookup (nobody waits for it) is polled that long again, then dropped."""
     store_max_keys_per_task: int = 16
     """Keys per store task: larger groups are split so an adapter's workers share them."""
 
@@ -67,6 +72,11 @@ class StorageManagerConfig:
             m = getattr(self, name)
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
                 raise InvalidParams(f"{name} must be an int >= 1, got {m!r}")
+        t = self.prefetch_lookup_timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < math.inf:
+            raise InvalidParams(
+                f"prefetch_lookup_timeout_s must be a finite number of seconds > 0, got {t!r}"
+            )
 
     @classmethod
     def from_cli_args(
@@ -76,6 +86,7 @@ class StorageManagerConfig:
         l2_store_policy: str = "default",
         l2_prefetch_policy: str = "default",
         l2_prefetch_max_in_flight: int = 8,
+        l2_prefetch_lookup_timeout: str | float = 30.0,
         l1_size: str | int = "1GiB",
         l1_write_ttl: str | float = 600.0,
         l1_read_ttl: str | float = 300.0,
@@ -104,6 +115,9 @@ class StorageManagerConfig:
             store_policy=l2_store_policy,
             prefetch_policy=l2_prefetch_policy,
             prefetch_max_in_flight=l2_prefetch_max_in_flight,
+            prefetch_lookup_timeout_s=parse_duration(
+                l2_prefetch_lookup_timeout, name="--l2-prefetch-lookup-timeout"
+            ),
         )
 
 
@@ -154,6 +168,12 @@ def storage_manager_options(fn: F) -> F:
             show_default=True,
             type=click.IntRange(min=1),
             help="Prefetch requests worked on at once.",
+        ),
+        click.option(
+            "--l2-prefetch-lookup-timeout",
+            default="30s",
+            show_default=True,
+            help="Plan a prefetch without an L2 lookup that has not answered after.",
         ),
     ]
     for opt in reversed(options):

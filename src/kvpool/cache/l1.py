@@ -137,8 +137,8 @@ class L1Listener:
 class _Recycler:
     """Arrays of dropped objects, reused for new objects of the same size.
 
-    Fresh memory costs a page fault per 4 KiB on first touch (well under 1 GB/s on this kind of
-    VM, see design.md), so allocating every chunk anew caps L1 at page-fault speed; reusing the
+    Fresh memory costs a page fault per 4 KiB on first touch (docs/performance.md, L2 section,
+    has the measured speed), so allocating every chunk anew caps L1 at page-fault speed; reusing the
     arrays of dropped objects removes that. Reuse is only safe when nothing can still reach the
     old array: an adapter still reading or writing it (a store task, a load abandoned at
     shutdown), or an engine still holding the object or a view of it. Every such holder keeps a

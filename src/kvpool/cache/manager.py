@@ -108,6 +108,7 @@ class StorageManager:
             descriptors,
             create_prefetch_policy(self._config.prefetch_policy),
             max_in_flight=self._config.prefetch_max_in_flight,
+            lookup_timeout_s=self._config.prefetch_lookup_timeout_s,
         )
         self._closed = False
         self._store.start()

@@ -23,6 +23,13 @@ never shown to the engine. Every L2 lock taken by a lookup is released exactly o
 phase 2, or by `release_in_flight` at shutdown), which the controller tests check against the
 mock adapter's lock table.
 
+Lookups have a deadline (`lookup_timeout_s` after they were submitted). A request stops waiting
+for a lookup that has not answered by then and plans as if that adapter found nothing. The
+lookup becomes an *orphan*, as do the lookups of a request abandoned in LOOKUP: it is still
+polled, so that whatever it locks when it answers late is unlocked, but only for another
+`lookup_timeout_s`; an orphan that never answers is then dropped (counted in
+`PrefetchStats.orphans_dropped`), not polled forever.
+
 Only this thread calls the adapters' lookup/load/unlock methods and the request state; callers
 talk to it through `submit` (a queue and an eventfd) and `PrefetchRequest.done`.
 """
@@ -30,10 +37,12 @@ talk to it through `submit` (a queue and an eventfd) and `PrefetchRequest.done`.
 from __future__ import annotations
 
 import logging
+import math
 import select
 import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import count
@@ -57,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 POLL_TIMEOUT_MS = 500
 DEFAULT_MAX_IN_FLIGHT = 8
+DEFAULT_LOOKUP_TIMEOUT_S = 30.0
 
 
 class RequestPhase(Enum):
@@ -77,6 +87,7 @@ class PrefetchRequest:
         "layout",
         "load_results",
         "load_tasks",
+        "lookup_deadline",
         "lookup_results",
         "lookup_tasks",
         "objs",
@@ -92,6 +103,7 @@ class PrefetchRequest:
         self.layout = layout
         self.phase = RequestPhase.QUEUED
         self.lookup_tasks: dict[int, L2TaskId] = {}
+        self.lookup_deadline = math.inf  # set when the lookups are submitted
         self.lookup_results: dict[int, Bitmap] = {}
         self.plan: dict[int, Bitmap] = {}
         self.load_tasks: dict[int, L2TaskId] = {}
@@ -115,6 +127,19 @@ class PrefetchStats:
     l1_refusals: int = 0  # prefix cut because L1 could not reserve a key
     plan_errors: int = 0
     max_in_flight_seen: int = 0
+    lookup_timeouts: int = 0  # lookups a running request stopped waiting for (orphaned)
+    orphans_dropped: int = 0  # orphaned lookups that never answered, dropped at their deadline
+
+
+@dataclass(slots=True)
+class _Orphan:
+    """A lookup nobody waits for any more: polled until `deadline` only to unlock what it
+    locks when it answers."""
+
+    adapter: int
+    task: L2TaskId
+    keys: list[ObjectKey]
+    deadline: float
 
 
 class PrefetchController:
@@ -128,13 +153,27 @@ class PrefetchController:
         policy: PrefetchPolicy,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        lookup_timeout_s: float = DEFAULT_LOOKUP_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`lookup_timeout_s`: how long a request waits for a lookup, and how long an orphaned
+        lookup is still polled after that (see the module docstring)."""
         if (
             isinstance(max_in_flight, bool)
             or not isinstance(max_in_flight, int)
             or max_in_flight < 1
         ):
             raise InvalidParams(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        if (
+            isinstance(lookup_timeout_s, bool)
+            or not isinstance(lookup_timeout_s, int | float)
+            or not 0 < lookup_timeout_s < math.inf
+        ):
+            raise InvalidParams(
+                f"lookup_timeout_s must be a finite number of seconds > 0, got {lookup_timeout_s!r}"
+            )
+        self._lookup_timeout = float(lookup_timeout_s)
+        self._clock = clock
         self._l1 = l1
         self._adapters = list(adapters)
         self._descriptors = list(descriptors)
@@ -147,7 +186,7 @@ class PrefetchController:
         self._wake = EventFd()
         self._stop = EventFd()
         self._stats = PrefetchStats()
-        self._orphans: list[tuple[int, L2TaskId, list[ObjectKey]]] = []
+        self._orphans: list[_Orphan] = []
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -183,6 +222,10 @@ class PrefetchController:
     def queued(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def orphans(self) -> int:
+        """Orphaned lookups still polled (read without the thread's cooperation: a hint)."""
+        return len(self._orphans)
 
     # -- thread -----------------------------------------------------------------------------
 
@@ -229,6 +272,7 @@ class PrefetchController:
                     self._stats.max_in_flight_seen, len(self._running)
                 )
             req.phase = RequestPhase.LOOKUP
+            req.lookup_deadline = self._clock() + self._lookup_timeout
             n = len(req.keys)
             for idx, a in enumerate(self._adapters):
                 try:
@@ -255,8 +299,25 @@ class PrefetchController:
             if bm is not None:
                 del req.lookup_tasks[idx]
                 req.lookup_results[idx] = bm if bm.size == len(req.keys) else Bitmap(len(req.keys))
-        if not req.lookup_tasks:
-            self._plan_and_load(req)
+        if req.lookup_tasks:
+            now = self._clock()
+            if now < req.lookup_deadline:
+                return
+            # Late: plan without them (as if they found nothing); they become orphans, so
+            # that what they lock if they answer after all is unlocked.
+            for idx, tid in req.lookup_tasks.items():
+                logger.warning(
+                    "prefetch request %d: adapter %d did not answer its lookup in %.1f s",
+                    req.id,
+                    idx,
+                    self._lookup_timeout,
+                )
+                req.lookup_results[idx] = Bitmap(len(req.keys))
+                self._orphans.append(_Orphan(idx, tid, req.keys, now + self._lookup_timeout))
+            with self._lock:
+                self._stats.lookup_timeouts += len(req.lookup_tasks)
+            req.lookup_tasks.clear()
+        self._plan_and_load(req)
 
     def _plan_and_load(self, req: PrefetchRequest) -> None:
         n = len(req.keys)
@@ -418,9 +479,11 @@ class PrefetchController:
                 if bm.any():
                     self._unlock(idx, bm.gather(req.keys))
             # Lookups still in flight lock what they find when they finish: keep polling them
-            # and release it then (at shutdown, closing the adapter releases them instead).
+            # (for a while) and release it then (at shutdown, closing the adapter releases
+            # them instead).
+            deadline = self._clock() + self._lookup_timeout
             for idx, tid in req.lookup_tasks.items():
-                self._orphans.append((idx, tid, req.keys))
+                self._orphans.append(_Orphan(idx, tid, req.keys, deadline))
             req.lookup_tasks.clear()
         elif req.phase is RequestPhase.LOAD:
             for idx, bm in req.plan.items():
@@ -433,19 +496,31 @@ class PrefetchController:
         self._complete(req, 0)
 
     def _reap_orphans(self) -> None:
-        """Unlock what abandoned requests' late lookups locked."""
-        still: list[tuple[int, L2TaskId, list[ObjectKey]]] = []
-        for idx, tid, keys in self._orphans:
+        """Unlock what late lookups locked; drop those that are past their deadline."""
+        still: list[_Orphan] = []
+        now = self._clock()
+        dropped = 0
+        for orphan in self._orphans:
+            idx = orphan.adapter
             try:
-                found = self._adapters[idx].query_lookup_and_lock_result(tid)
+                found = self._adapters[idx].query_lookup_and_lock_result(orphan.task)
             except Exception as exc:  # a broken adapter must not block the other orphans
                 logger.warning("dropping a late lookup on adapter %d: %s", idx, exc)
                 continue
             if found is None:
-                still.append((idx, tid, keys))
-            elif found.any() and found.size == len(keys):
-                self._unlock(idx, found.gather(keys))
+                if now < orphan.deadline:
+                    still.append(orphan)
+                else:
+                    # Never answered: whatever it may lock later is the adapter's to release
+                    # (on close); polling it forever would cost every step of this thread.
+                    logger.warning("dropping a lookup on adapter %d that never answered", idx)
+                    dropped += 1
+            elif found.any() and found.size == len(orphan.keys):
+                self._unlock(idx, found.gather(orphan.keys))
         self._orphans = still
+        if dropped:
+            with self._lock:
+                self._stats.orphans_dropped += dropped
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -477,5 +552,6 @@ class PrefetchController:
             return
         self.stop()
         self.release_in_flight()
+        self._orphans.clear()  # the adapters' close releases what late lookups locked
         self._wake.close()
         self._stop.close()

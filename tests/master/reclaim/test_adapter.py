@@ -22,10 +22,10 @@ OK = ErrorCode.OK
 class Pool:
     """A service with one segment of `n` objects, reclaim hooks and a hand-driven clock."""
 
-    def __init__(self, n: int = 10, **cfg: object) -> None:
+    def __init__(self, n: int = 10, *, num_shards: int = 4, **cfg: object) -> None:
         self.clock = ManualClock()
         self.hooks = MasterReclaimHooks()
-        config = MasterConfig(num_shards=4, seed=1, **cfg)  # type: ignore[arg-type]
+        config = MasterConfig(num_shards=num_shards, seed=1, **cfg)  # type: ignore[arg-type]
         self.svc = MasterService(config, clock=self.clock, hooks=self.hooks)
         info = m.SegmentInfo(m.SegmentName("seg"), n * OBJ, HOST, "127.0.0.1:1", "")
         reply = self.svc.handle(m.MountSegment(NODE, HOST, info))
@@ -168,6 +168,30 @@ def test_soft_pinned_objects_go_last_in_cache_mode() -> None:
     stats = pool.hooks.stats()
     assert stats["soft_pins"] == 0 and stats["soft_pinned_evicted"] == 1
     assert stats["resident_records"] == 0 and stats["resident_bytes"] == pool.used() == 0
+
+
+def test_soft_pinned_objects_go_last_across_all_shards_of_a_filling_pool() -> None:
+    """With the default shard count, a full pool's puts evict every unpinned object before the
+    soft-pinned one, whichever shard each put's reclaim visits first."""
+    pool = Pool(12, num_shards=MasterConfig().num_shards, default_kv_lease_ttl=0.0)
+    assert pool.put("pinned", soft_pin_action=m.SoftPinAction.ENABLE, soft_pin_ttl_ms=60_000) == OK
+    for i in range(60):
+        assert pool.put(f"k{i}") == OK
+        assert pool.exists("pinned"), f"evicted at put {i} while unpinned objects were resident"
+    assert pool.engine.stats.evicted == 60 - 11 and pool.engine.stats.soft_pinned_evicted == 0
+
+
+def test_the_tick_that_expires_a_soft_pin_unparks_the_objects_records() -> None:
+    pool = Pool(3, num_shards=1, default_kv_lease_ttl=0.0)
+    assert pool.put("pinned", soft_pin_action=m.SoftPinAction.ENABLE, soft_pin_ttl_ms=30_000) == OK
+    assert pool.put("a") == OK and pool.put("b") == OK
+    assert pool.engine.direct_reclaim(OBJ) == OBJ
+    assert pool.exists("pinned") and not pool.exists("a")
+    assert pool.state("pinned") is ListState.SOFT_PINNED  # looked at once, parked
+    pool.clock.advance(31.0)
+    pool.hooks.tick(pool.clock())
+    assert pool.state("pinned") is ListState.INACTIVE
+    assert pool.hooks.stats()["unparked_soft_pinned"] == 1
 
 
 def test_soft_pins_expire_on_tick_in_deadline_order() -> None:

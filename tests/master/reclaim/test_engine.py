@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from kvpool.errors import ErrorCode
+from kvpool.master.config import MasterConfig
 from kvpool.master.reclaim import (
     EvictInfo,
     EvictionMode,
@@ -387,6 +388,117 @@ def test_cache_mode_evicts_soft_pinned_objects_last() -> None:
     assert set(pool.objects) == {"pinned"}
     assert pool.engine.direct_reclaim(SIZE) == SIZE
     assert pool.objects == {} and pool.engine.stats.soft_pinned_evicted == 1
+
+
+DEFAULT_SHARDS = MasterConfig().num_shards
+
+
+@pytest.mark.parametrize("need", [1, 3, 8])
+@pytest.mark.parametrize("kswapd", [False, True], ids=["direct", "kswapd"])
+def test_cache_mode_evicts_no_soft_pinned_object_while_any_shard_has_an_unpinned_one(
+    need: int, kswapd: bool
+) -> None:
+    """Soft-pinned objects go last across the whole pool, not only within one shard's pass:
+    whichever shards a pass visits, the pinned object (the oldest) outlives every unpinned one,
+    and goes only once none is left."""
+    for trial in range(8):
+        pool = SimulatedPool(12 * SIZE, num_shards=DEFAULT_SHARDS, clock=ManualClock())
+        pinned = f"pinned-{trial}"
+        pool.put(pinned, SIZE, soft_pin_ttl_s=60.0)
+        fill(pool, [f"t{trial}-k{i}" for i in range(11)])
+        while len(pool.objects) > 1:
+            unpinned = len(pool.objects) - 1
+            if kswapd:
+                pool.engine.kswapd_pass(need * SIZE)
+            else:
+                pool.engine.direct_reclaim(need * SIZE)
+            left = len(pool.objects) - (pinned in pool.objects)
+            assert left == max(0, unpinned - need), f"trial {trial}: not the unpinned first"
+            assert pinned in pool.objects or left == 0, f"trial {trial}: pinned went first"
+        assert pool.engine.stats.soft_pinned_evicted == (0 if pinned in pool.objects else 1)
+        assert pool.engine.direct_reclaim(SIZE) + pool.engine.kswapd_pass(SIZE).freed <= SIZE
+        assert pool.objects == {}, "a soft-pinned object may still go when nothing else can"
+
+
+def test_direct_reclaim_ages_active_before_it_evicts_a_soft_pinned_object() -> None:
+    """An unpinned object in active is still evictable: it goes before a soft-pinned one."""
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["hot"])
+    promote(pool, "hot")
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"pinned"}
+    assert pool.engine.records_of("pinned")[0].state is ListState.SOFT_PINNED
+    assert pool.engine.stats.parked_soft_pinned == 1 and pool.engine.stats.soft_pinned_evicted == 0
+
+
+def test_direct_reclaim_without_soft_pins_leaves_active_alone() -> None:
+    pool = make_pool(3)
+    fill(pool, ["hot", "cold"])
+    promote(pool, "hot")
+    pool.objects["cold"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == 0
+    assert pool.engine.records_of("hot")[0].state is ListState.ACTIVE
+
+
+def test_more_soft_pinned_records_than_one_pass_scans_do_not_hide_the_unpinned_ones() -> None:
+    """Parked soft-pinned records cost later passes nothing: with far more of them than
+    `scan_limit` in front of the unpinned ones, every put still takes an unpinned object."""
+    pool = make_pool(45, num_shards=DEFAULT_SHARDS, scan_limit=16)
+    for i in range(40):
+        pool.put(f"pinned{i}", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, [f"k{i}" for i in range(5)])
+    for i in range(5):
+        assert pool.put(f"new{i}", SIZE) is ErrorCode.OK
+    assert pool.engine.stats.soft_pinned_evicted == 0
+    assert sum(k.startswith("pinned") for k in pool.objects) == 40
+    # Each pinned record was looked at no more than once, then parked.
+    assert pool.engine.stats.parked_soft_pinned <= 40 and pool.engine.stats.isolated <= 45
+
+
+def test_a_soft_pin_that_ends_puts_its_parked_record_back_among_the_unpinned() -> None:
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["a", "b"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; the pinned one is parked on the way
+    (rec,) = pool.engine.records_of("pinned")
+    assert rec.state is ListState.SOFT_PINNED and set(pool.objects) == {"pinned", "a"}
+    pool.clock.advance(61.0)  # type: ignore[attr-defined]
+    assert pool.expire_soft_pins() == 1
+    assert rec.state is ListState.INACTIVE and pool.engine.stats.unparked_soft_pinned == 1
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"a"} and pool.engine.stats.soft_pinned_evicted == 0
+
+
+def test_a_parked_record_whose_pin_ran_out_before_the_tick_is_evicted_as_unpinned() -> None:
+    pool = make_pool(3)
+    pool.put("pinned", SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["a", "b"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; the pinned one is parked
+    pool.clock.advance(61.0)  # type: ignore[attr-defined]  (no tick: still parked)
+    assert pool.engine.records_of("pinned")[0].state is ListState.SOFT_PINNED
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"a"}
+    assert pool.engine.stats.soft_pinned_evicted == 0
+    assert pool.engine.stats.unparked_soft_pinned == 1
+
+
+def test_a_referenced_parked_record_gets_one_more_trip_before_it_is_evicted() -> None:
+    pool = make_pool(4)
+    for k in ("p1", "p2"):
+        pool.put(k, SIZE, soft_pin_ttl_s=60.0)
+    fill(pool, ["b", "a"])
+    pool.objects["a"].lease_deadline = 1e9
+    assert pool.engine.direct_reclaim(SIZE) == SIZE  # b; p1 and p2 parked on the way
+    assert pool.get("p1")  # the bit only: a parked record is not promoted
+    assert pool.engine.records_of("p1")[0].state is ListState.SOFT_PINNED
+    kept = pool.engine.stats.kept_referenced
+    assert pool.engine.direct_reclaim(SIZE) == SIZE
+    assert set(pool.objects) == {"p1", "a"}
+    assert pool.engine.stats.kept_referenced == kept + 1
+    assert not pool.engine.records_of("p1")[0].referenced
 
 
 def test_cache_mode_never_evicts_soft_pinned_when_not_allowed_until_the_pin_expires() -> None:

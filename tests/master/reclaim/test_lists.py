@@ -198,3 +198,47 @@ def test_migration_keeps_bytes_resident_until_it_reports() -> None:
     assert not lists.end_migration(b, moved=False)
     assert b.state is ListState.INACTIVE and keys(lists.inactive_order()) == ["b"]
     assert lists.resident_bytes == 100
+
+
+def test_soft_pinned_records_park_on_their_own_ring_and_unpark_to_the_inactive_head() -> None:
+    lists: ReclaimLists[str] = ReclaimLists(0)
+    for k in "abc":
+        lists.add(rec(k))
+    epoch, (a, b) = lists.isolate_inactive(2)
+    assert lists.park_soft_pinned(a, epoch) and lists.park_soft_pinned(b, epoch)
+    assert not lists.park_soft_pinned(a, epoch)  # not isolated any more
+    assert a.state is ListState.SOFT_PINNED
+    assert keys(lists.soft_pinned_order()) == ["a", "b"] and keys(lists.inactive_order()) == ["c"]
+    assert lists.soft_pinned_len == 2 and lists.soft_pinned_bytes == 200
+    assert lists.inactive_bytes == 100 and lists.resident_bytes == 300
+    assert lists.isolate_inactive(10)[1] == [lists.records_of("c")[0]]  # the ring is not inactive
+    lists.mark_accessed("a")  # parked: only the bit
+    assert a.state is ListState.SOFT_PINNED and a.referenced
+    assert lists.unpark("a") == 1 and lists.unpark("a") == 0
+    assert a.state is ListState.INACTIVE and keys(lists.inactive_order()) == ["a"]
+    assert lists.soft_pinned_bytes == 100 and lists.inactive_bytes == 100
+
+
+def test_isolating_the_soft_pinned_ring_takes_the_longest_parked_first() -> None:
+    lists: ReclaimLists[str] = ReclaimLists(0)
+    for k in "abcd":
+        lists.add(rec(k))
+    epoch, batch = lists.isolate_inactive(4)
+    for r in batch:
+        lists.park_soft_pinned(r, epoch)
+    epoch, (a, b) = lists.isolate_soft_pinned(2)
+    assert keys([a, b]) == ["a", "b"] and lists.soft_pinned_bytes == 200
+    lists.putback([a], epoch, ListState.SOFT_PINNED)  # looked at, kept: to the head
+    lists.putback([b], epoch, ListState.SOFT_PINNED, at_tail=True)  # not reached
+    assert keys(lists.soft_pinned_order()) == ["b", "c", "d", "a"]
+
+
+def test_a_parked_soft_pinned_record_is_still_removable() -> None:
+    lists: ReclaimLists[str] = ReclaimLists(0)
+    lists.add(rec("a"))
+    epoch, (a,) = lists.isolate_inactive(1)
+    lists.park_soft_pinned(a, epoch)
+    assert len(lists.remove("a")) == 1
+    assert a.state is ListState.REMOVED and lists.soft_pinned_order() == []
+    assert lists.soft_pinned_len == 0 and lists.soft_pinned_bytes == 0
+    assert lists.resident_bytes == 0

@@ -241,8 +241,8 @@ class MasterReclaimHooks:
         return self.engine.direct_reclaim(bytes_needed)
 
     def tick(self, now: float) -> None:
-        self.soft_pins.expire(now)
         engine = self.engine
+        self.soft_pins.expire(now, self._pin_expired)
         if not engine.kswapd_wanted() or self._scheduled:
             return
         if self._wake():
@@ -251,6 +251,11 @@ class MasterReclaimHooks:
             step = engine.kswapd_step()
             if step.freed + step.pending == 0 or not engine.kswapd_wanted():
                 break
+
+    def _pin_expired(self, obj: ObjectMeta, deadline: float) -> None:
+        # Records parked as soft pinned rejoin the unpinned ones (the object's own deadline
+        # stays the authority that `inspect` reads).
+        self.engine.on_soft_pin_end(obj)
 
     def stats(self) -> dict[str, int]:
         """Reclaim counters plus gauges (resident records and bytes, live soft pins, bytes

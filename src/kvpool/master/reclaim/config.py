@@ -41,8 +41,8 @@ class ReclaimConfig:
     (records looked at and kept rotate to the head, so the next pass sees others)."""
     kswapd_step_records: int = 64
     """Records (of average size) one kswapd step reclaims at most before the event loop gets a
-    turn. A step's cost is per record (about 10 us each on the 2-core test VM), so 64 keep a
-    step under a millisecond whatever the object size."""
+    turn. A step's cost is per record, not per byte, so a step's length does not depend on
+    the object size (docs/performance.md, reclaim section, has the measured step times)."""
 
     kswapd_backoff: float = 1.0
     """Seconds kswapd stays asleep above the high watermark after a step found nothing to

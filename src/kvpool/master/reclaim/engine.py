@@ -18,8 +18,10 @@ A pass splits its byte target across shards by their share of resident bytes; a 
 few records (one put's direct reclaim) goes to one shard drawn with that probability, so it
 takes one shard's lock, not all of them. Per shard it isolates batches from the tail of
 inactive, asks the target about each record outside the list lock, and evicts, keeps (rotates)
-or drops the record. Work per evicted object does not depend on how many objects
-are resident; only on how many ineligible records had to be looked at.
+or drops the record. Soft-pinned records (cache mode) are parked on their shard's soft-pinned
+ring and evicted only when no shard could cover the request otherwise: "last" is pool-wide.
+Work per evicted object does not depend on how many objects are resident; only on how many
+ineligible records had to be looked at.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class ReclaimStats:
     kept_leased: int = 0
     kept_busy: int = 0
     kept_soft_pinned: int = 0
+    parked_soft_pinned: int = 0
+    unparked_soft_pinned: int = 0
     parked_hard_pinned: int = 0
     promoted: int = 0
     demoted_bytes: int = 0
@@ -259,6 +263,13 @@ class ReclaimEngine(Generic[K]):
         """The object (of `generation`, if given) was removed: unlink its records. Idempotent."""
         return len(self._shards[self._shard_of(key)].remove(key, generation))
 
+    def on_soft_pin_end(self, key: K) -> None:
+        """`key`'s soft pin expired (or was dropped): records a pass parked as soft pinned go
+        back to inactive, among the unpinned ones. O(replicas of the key); idempotent."""
+        moved = self._shards[self._shard_of(key)].unpark(key)
+        if moved:
+            self.stats.unparked_soft_pinned += moved
+
     # ------------------------------------------------------------------ kswapd
 
     def kswapd_wanted(self) -> bool:
@@ -400,15 +411,21 @@ class ReclaimEngine(Generic[K]):
         return cap > 0 and used > cap * self._high_ratio
 
     def _run_pass(self, total: int, *, shrink_active: bool) -> ReclaimResult:
-        """Reclaim `total` bytes in up to three rounds, each only if the previous fell short:
+        """Reclaim `total` bytes in up to four rounds, each only if the previous fell short:
 
         1. every shard its quota (kswapd first balances active against inactive);
         2. the shortfall from the shards that met theirs, largest first (inactive only);
-        3. kswapd only: age active harder (two looks per record, so referenced ones lose their
-           second chance) on the largest shards and try their inactive again.
+        3. age active harder (two looks per record, so referenced ones lose their second
+           chance) on the largest shards and try their inactive again: kswapd always, direct
+           reclaim only when the alternative is round 4;
+        4. cache mode, `allow_evict_soft_pinned`: the soft-pinned records parked (by this
+           pass or earlier ones) on the shards' soft-pinned rings, largest ring first.
 
-        Round 3 is global on purpose: one shard whose inactive records are all referenced or
-        leased must not scatter its hot set while other shards still have cold records.
+        Rounds 3 and 4 are global on purpose: one shard whose inactive records are all
+        referenced or leased must not scatter its hot set while other shards still have cold
+        records, and no soft-pinned object goes while an unpinned one anywhere in the pool could
+        have gone instead (a shard's own soft-pinned records are not "last" if another shard
+        still has unpinned ones).
         """
         if total <= 0:
             return ReclaimResult()
@@ -446,7 +463,8 @@ class ReclaimEngine(Generic[K]):
                     short -= got.freed + got.pending
                     if short <= 0 or budget.scan_left <= 0:
                         break
-            if short > 0 and shrink_active and budget.scan_left > 0:
+            soft = short > 0 and self._soft_pinned_parked()
+            if short > 0 and (shrink_active or soft) and budget.scan_left > 0:
                 for lists in self._by_usage(exclude=set()):
                     if lists.active_bytes <= 0:
                         continue
@@ -458,9 +476,95 @@ class ReclaimEngine(Generic[K]):
                     short -= got.freed + got.pending
                     if short <= 0 or budget.scan_left <= 0:
                         break
+            if short > 0 and soft:
+                result = result + self._evict_soft_pinned(short, budget)
             return result
         finally:
             self._local.no_direct = before
+
+    def _soft_pinned_parked(self) -> bool:
+        """Any record parked soft pinned (cache mode with `allow_evict_soft_pinned` only)."""
+        if self.config.mode is not EvictionMode.CACHE or not self.config.allow_evict_soft_pinned:
+            return False
+        return any(lists.soft_pinned_bytes > 0 for lists in self._shards)
+
+    def _evict_soft_pinned(self, short: int, budget: _PassBudget) -> ReclaimResult:
+        """Round 4 of `_run_pass`: evict parked soft-pinned records until `short` bytes are
+        freed, from the largest soft-pinned rings first, each from its tail (parked longest).
+
+        It has its own `scan_limit`: the rounds before may have spent theirs on leased records,
+        and a request that only soft-pinned objects can serve must still be served."""
+        result = ReclaimResult()
+        scan_left = self.config.scan_limit
+        order = sorted(
+            (lists for lists in self._shards if lists.soft_pinned_bytes > 0),
+            key=lambda lists: lists.soft_pinned_bytes,
+            reverse=True,
+        )
+        for lists in order:
+            got = self._shrink_soft_pinned(lists, short - result.freed, scan_left, budget)
+            result = result + got
+            scan_left -= got.scanned
+            if result.freed >= short or scan_left <= 0:
+                break
+        return result
+
+    def _shrink_soft_pinned(
+        self, lists: ReclaimLists[K], quota: int, scan_limit: int, pass_budget: _PassBudget
+    ) -> ReclaimResult:
+        """Evict from the tail of `lists`' soft-pinned ring until `quota` bytes are freed,
+        looking at no more than `scan_limit` records. A referenced record gets another trip
+        round the ring (bit cleared); one whose pin ended since it was parked (before the tick
+        that unparks it) is decided like any unpinned record, and kept ones go to inactive."""
+        cfg = self.config
+        stats = self.stats
+        budget = min(lists.soft_pinned_len, scan_limit)
+        now = self.clock()
+        freed = scanned = 0
+        avg = max(1, lists.soft_pinned_bytes // max(1, lists.soft_pinned_len))
+        while freed < quota and scanned < budget:
+            want = -(-(quota - freed) // avg)
+            epoch, batch = lists.isolate_soft_pinned(min(cfg.isolate_batch, budget - scanned, want))
+            if not batch:
+                break
+            stats.isolated += len(batch)
+            keep: list[EvictInfo[K]] = []
+            unpinned: list[EvictInfo[K]] = []
+            pos = 0
+            try:
+                while pos < len(batch) and freed < quota:
+                    rec = batch[pos]
+                    pos += 1
+                    scanned += 1
+                    flags = rec.flags
+                    if flags & STATE_MASK != ISOLATED_BITS:
+                        continue  # removed while isolated; already retired
+                    if flags & REF:
+                        lists.clear_referenced(rec)
+                        stats.kept_referenced += 1
+                        keep.append(rec)
+                        continue
+                    if self.target.inspect(rec, now) is not Verdict.SOFT_PINNED:
+                        # Its pin ended since it was parked (the tick has not said so yet):
+                        # an unpinned candidate like any other.
+                        stats.unparked_soft_pinned += 1
+                        f, _ = self._check_one(
+                            lists, rec, epoch, now, keep=unpinned, budget=pass_budget
+                        )
+                        freed += f
+                        continue
+                    f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, pass_budget)
+                    if f:
+                        stats.soft_pinned_evicted += 1
+                        freed += f
+                    elif rec.flags & STATE_MASK == ISOLATED_BITS:
+                        keep.append(rec)
+            finally:
+                # Also on an exception from the target: nothing stays isolated for good.
+                lists.putback(unpinned, epoch, ListState.INACTIVE)
+                lists.putback(keep, epoch, ListState.SOFT_PINNED)
+                lists.putback(batch[pos:], epoch, ListState.SOFT_PINNED, at_tail=True)
+        return ReclaimResult(freed, 0, scanned)
 
     def _by_usage(self, exclude: set[int]) -> list[ReclaimLists[K]]:
         used = self._usage.bytes
@@ -534,12 +638,12 @@ class ReclaimEngine(Generic[K]):
     ) -> ReclaimResult:
         """Evict from the tail of `lists`' inactive list until `quota` bytes are freed or
         moving, looking at each record present at the start at most once, and at no more
-        records than the pass has left."""
+        records than the pass has left. Soft-pinned records (cache mode, evictable last) are
+        parked on the soft-pinned ring for round 4, not evicted here."""
         cfg = self.config
         budget = min(lists.inactive_len, pass_budget.scan_left)
         now = self.clock()
         freed = pending = scanned = 0
-        deferred: list[tuple[EvictInfo[K], int]] = []
         avg = max(1, lists.resident_bytes // max(1, lists.resident_count))
         try:
             while freed + pending < quota and scanned < budget:
@@ -558,7 +662,7 @@ class ReclaimEngine(Generic[K]):
                         rec = batch[pos]
                         scanned += 1
                         f, p = self._check_one(
-                            lists, rec, epoch, now, keep=keep, deferred=deferred, budget=pass_budget
+                            lists, rec, epoch, now, keep=keep, budget=pass_budget
                         )
                         pos += 1
                         freed += f
@@ -567,23 +671,8 @@ class ReclaimEngine(Generic[K]):
                     # Also on an exception from the target: nothing stays isolated for good.
                     lists.putback(keep, epoch, ListState.INACTIVE)
                     lists.putback(batch[pos:], epoch, ListState.INACTIVE, at_tail=True)
-            # Cache mode: soft-pinned objects go last, only if the rest did not cover the quota.
-            while deferred and freed + pending < quota:
-                rec, epoch = deferred.pop(0)
-                if rec.flags & STATE_MASK == ISOLATED_BITS:
-                    if self.target.inspect(rec, now) is Verdict.SOFT_PINNED:
-                        f, _ = self._evict(lists, rec, epoch, Verdict.SOFT_PINNED, pass_budget)
-                        if f:
-                            self.stats.soft_pinned_evicted += 1
-                            freed += f
-                            continue
-                    deferred.append((rec, epoch))  # changed meanwhile: keep it this time
-                    break
         finally:
             pass_budget.scan_left -= scanned
-            for rec, epoch in deferred:
-                self.stats.kept_soft_pinned += 1
-                lists.putback([rec], epoch, ListState.INACTIVE)
         return ReclaimResult(freed, pending, scanned)
 
     def _check_one(
@@ -594,7 +683,6 @@ class ReclaimEngine(Generic[K]):
         now: float,
         *,
         keep: list[EvictInfo[K]],
-        deferred: list[tuple[EvictInfo[K], int]],
         budget: _PassBudget,
     ) -> tuple[int, int]:
         """Decide about one isolated record, outside the list lock; (freed, pending) bytes."""
@@ -625,7 +713,9 @@ class ReclaimEngine(Generic[K]):
             keep.append(rec)
         elif verdict is Verdict.SOFT_PINNED and self.config.mode is EvictionMode.CACHE:
             if self.config.allow_evict_soft_pinned:
-                deferred.append((rec, epoch))
+                # Off inactive until its pin ends: only round 4 of a pass looks at it again.
+                stats.parked_soft_pinned += 1
+                lists.park_soft_pinned(rec, epoch)
             else:
                 stats.kept_soft_pinned += 1
                 keep.append(rec)

@@ -33,6 +33,7 @@ from kvpool.master.reclaim.records import (
     MIGRATING_BITS,
     REF,
     REMOVED_BITS,
+    SOFT_PINNED_BITS,
     STATE_MASK,
     UNEVICTABLE_BITS,
     EvictInfo,
@@ -117,7 +118,12 @@ def _walk(s: EvictInfo[K]) -> Iterator[EvictInfo[K]]:
 
 
 class ReclaimLists(Generic[K]):
-    """Active/inactive lists, unevictable set and key index of one metadata shard."""
+    """Active/inactive lists, unevictable set, soft-pinned ring and key index of one metadata
+    shard.
+
+    The soft-pinned ring holds records a pass found soft pinned in cache mode, when those may
+    be evicted last: parked there, they cost later passes nothing until every shard's unpinned
+    records fell short, and they go back to inactive when their pin ends (`unpark`)."""
 
     __slots__ = (
         "_active",
@@ -125,13 +131,16 @@ class ReclaimLists(Generic[K]):
         "_inactive",
         "_n_active",
         "_n_inactive",
+        "_n_soft",
         "_n_unevictable",
+        "_soft",
         "_unevictable",
         "active_bytes",
         "epoch",
         "inactive_bytes",
         "lock",
         "shard",
+        "soft_pinned_bytes",
         "usage",
     )
 
@@ -147,13 +156,16 @@ class ReclaimLists(Generic[K]):
         self._active: EvictInfo[K] = _ring()
         self._inactive: EvictInfo[K] = _ring()
         self._unevictable: EvictInfo[K] = _ring()
+        self._soft: EvictInfo[K] = _ring()
         self._n_active = 0
         self._n_inactive = 0
         self._n_unevictable = 0
+        self._n_soft = 0
         self._by_key: RecordIndex[K] = index if index is not None else DictRecordIndex()
         self.epoch = 0
         self.active_bytes = 0
         self.inactive_bytes = 0
+        self.soft_pinned_bytes = 0
 
     # ------------------------------------------------------------------ online path, O(1)
 
@@ -267,19 +279,20 @@ class ReclaimLists(Generic[K]):
         with self.lock:
             if not self._n_inactive:
                 return self.epoch, []
-            self.epoch += 1
-            epoch = self.epoch
-            batch: list[EvictInfo[K]] = []
-            s = self._inactive
-            for _ in range(min(n, self._n_inactive)):
-                rec = s.prev
-                assert rec is not None and rec is not s
-                _unlink(rec)
-                rec.flags = (rec.flags & _NOT_STATE) | ISOLATED_BITS
-                rec.epoch = epoch
-                self.inactive_bytes -= rec.size
-                batch.append(rec)
+            epoch, batch, nbytes = self._isolate_locked(self._inactive, min(n, self._n_inactive))
             self._n_inactive -= len(batch)
+            self.inactive_bytes -= nbytes
+            return epoch, batch
+
+    def isolate_soft_pinned(self, n: int) -> tuple[int, list[EvictInfo[K]]]:
+        """Take up to `n` records off the tail of the soft-pinned ring (parked longest first)
+        under a new epoch."""
+        with self.lock:
+            if not self._n_soft:
+                return self.epoch, []
+            epoch, batch, nbytes = self._isolate_locked(self._soft, min(n, self._n_soft))
+            self._n_soft -= len(batch)
+            self.soft_pinned_bytes -= nbytes
             return epoch, batch
 
     def putback(
@@ -290,12 +303,13 @@ class ReclaimLists(Generic[K]):
         `at_tail=True` restores records a pass did not get to, in their old order, so that the
         next pass meets them first; otherwise they go to the head (rotated: looked at, kept).
         """
-        assert where in (ListState.ACTIVE, ListState.INACTIVE)
+        assert where in (ListState.ACTIVE, ListState.INACTIVE, ListState.SOFT_PINNED)
         if not recs:
             return 0
         active = where is ListState.ACTIVE
-        s = self._active if active else self._inactive
-        bits = ACTIVE_BITS if active else INACTIVE_BITS
+        soft = where is ListState.SOFT_PINNED
+        s = self._active if active else self._soft if soft else self._inactive
+        bits = ACTIVE_BITS if active else SOFT_PINNED_BITS if soft else INACTIVE_BITS
         n = 0
         nbytes = 0
         with self.lock:
@@ -312,6 +326,9 @@ class ReclaimLists(Generic[K]):
             if active:
                 self.active_bytes += nbytes
                 self._n_active += n
+            elif soft:
+                self.soft_pinned_bytes += nbytes
+                self._n_soft += n
             else:
                 self.inactive_bytes += nbytes
                 self._n_inactive += n
@@ -332,6 +349,29 @@ class ReclaimLists(Generic[K]):
             _push_head(self._unevictable, rec)
             self._n_unevictable += 1
             return True
+
+    def park_soft_pinned(self, rec: EvictInfo[K], epoch: int) -> bool:
+        """Move an isolated record found soft pinned (cache mode) to the soft-pinned ring."""
+        return self.putback([rec], epoch, ListState.SOFT_PINNED) == 1
+
+    def unpark(self, key: K) -> int:
+        """`key`'s soft pin ended: its parked records go to the head of inactive, among the
+        unpinned records again; returns how many moved. O(replicas of the key)."""
+        moved = 0
+        with self.lock:
+            rec = self._by_key.get(key)
+            while rec is not None:
+                if rec.flags & STATE_MASK == SOFT_PINNED_BITS:
+                    _unlink(rec)
+                    self._n_soft -= 1
+                    self.soft_pinned_bytes -= rec.size
+                    rec.flags = (rec.flags & _NOT_STATE) | INACTIVE_BITS
+                    _push_head(self._inactive, rec)
+                    self._n_inactive += 1
+                    self.inactive_bytes += rec.size
+                    moved += 1
+                rec = rec.sibling
+        return moved
 
     def start_migration(self, rec: EvictInfo[K], epoch: int) -> bool:
         """Hand an isolated record to a swap-out; it stays resident until the move reports."""
@@ -416,6 +456,11 @@ class ReclaimLists(Generic[K]):
         """Records on inactive (a size hint, like `active_len`)."""
         return self._n_inactive
 
+    @property
+    def soft_pinned_len(self) -> int:
+        """Records parked on the soft-pinned ring (a size hint, like `active_len`)."""
+        return self._n_soft
+
     def counts(self) -> tuple[int, int, int]:
         """(active, inactive, unevictable) record counts."""
         return self._n_active, self._n_inactive, self._n_unevictable
@@ -440,7 +485,30 @@ class ReclaimLists(Generic[K]):
         with self.lock:
             return list(_walk(self._active))
 
+    def soft_pinned_order(self) -> list[EvictInfo[K]]:
+        """Parked soft-pinned records from tail (next to look at) to head; for tests."""
+        with self.lock:
+            return list(_walk(self._soft))
+
     # ------------------------------------------------------------------ internals (lock held)
+
+    def _isolate_locked(self, s: EvictInfo[K], n: int) -> tuple[int, list[EvictInfo[K]], int]:
+        """Unlink `n` (> 0, at most the ring's length) records off the tail of ring `s`, mark
+        them ISOLATED under a new epoch; (epoch, records, their bytes). The caller adjusts the
+        ring's counters."""
+        self.epoch += 1
+        epoch = self.epoch
+        batch: list[EvictInfo[K]] = []
+        nbytes = 0
+        for _ in range(n):
+            rec = s.prev
+            assert rec is not None and rec is not s
+            _unlink(rec)
+            rec.flags = (rec.flags & _NOT_STATE) | ISOLATED_BITS
+            rec.epoch = epoch
+            nbytes += rec.size
+            batch.append(rec)
+        return epoch, batch, nbytes
 
     def _retire_locked(self, rec: EvictInfo[K]) -> bool:
         flags = rec.flags
@@ -458,6 +526,10 @@ class ReclaimLists(Generic[K]):
         elif state == UNEVICTABLE_BITS:
             _unlink(rec)
             self._n_unevictable -= 1
+        elif state == SOFT_PINNED_BITS:
+            _unlink(rec)
+            self._n_soft -= 1
+            self.soft_pinned_bytes -= rec.size
         # ISOLATED and MIGRATING records are owned by a pass or a swap-out, which sees REMOVED.
         rec.flags = (flags & _NOT_STATE) | REMOVED_BITS
         self.usage.bytes[self.shard] -= rec.size

@@ -47,6 +47,9 @@ class ListState(Enum):
     """Pool mode: a swap-out is moving its bytes elsewhere; freed when the move reports back."""
     REMOVED = "removed"
     """Gone from the engine (object removed, replica evicted or found stale). Terminal."""
+    SOFT_PINNED = "soft_pinned"
+    """Cache mode, soft-pinned objects evictable last: parked off inactive so that passes
+    look at it only once every shard's unpinned records fell short (or its pin ended)."""
 
 
 # flags = referenced (bit 0) | state index (bits 1-3) | generation << 4.
@@ -61,6 +64,7 @@ ISOLATED_BITS = _STATE_BITS[ListState.ISOLATED]
 UNEVICTABLE_BITS = _STATE_BITS[ListState.UNEVICTABLE]
 MIGRATING_BITS = _STATE_BITS[ListState.MIGRATING]
 REMOVED_BITS = _STATE_BITS[ListState.REMOVED]
+SOFT_PINNED_BITS = _STATE_BITS[ListState.SOFT_PINNED]
 
 
 class EvictInfo(Generic[K]):

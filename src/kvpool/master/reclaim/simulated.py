@@ -188,6 +188,7 @@ class SimulatedPool(ReclaimTarget[str]):
         obj = self.objects.get(key)
         if obj is not None and obj.soft_pin_deadline == deadline:
             obj.soft_pin_deadline = 0.0
+            self.engine.on_soft_pin_end(key)
 
     def finish_swap_outs(self, ok: bool = True) -> int:
         """Complete every started swap-out: switch metadata to the remote copy, free the source."""

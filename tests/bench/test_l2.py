@@ -1,4 +1,4 @@
-"""`kvpool bench l2 --quick` runs in seconds, writes design.md rows, and fails on wrong bytes."""
+"""`kvpool bench l2 --quick` runs in seconds, writes the JSON rows every benchmark writes, and fails on wrong bytes."""
 
 from __future__ import annotations
 

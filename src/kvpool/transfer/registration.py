@@ -1,6 +1,6 @@
 """Memory registration: which ranges of this process's memory a transfer may name by address.
 
-Rules (seed 000, "Регистрация памяти и частичный успех"):
+Rules:
 
 * zero length is refused; a range overlapping a registered *or still reserving* range is
   refused with `AddressOverlapped` (Mooncake's ERR_ADDRESS_OVERLAPPED; INVALID_PARAMS here);

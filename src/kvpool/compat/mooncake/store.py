@@ -62,7 +62,7 @@ __all__ = ["MooncakeDistributedStore"]
 log = logging.getLogger(__name__)
 
 INIT_ALL_BUFFER: Final = 1 << 30
-"""init_all's local buffer size in Mooncake (RealClient::initAll_internal)."""
+"""init_all's local buffer size in Mooncake (1 GiB, fixed by the wheel)."""
 
 
 class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorCalls):

@@ -2,7 +2,7 @@
 and the store's tensor calls (`TensorCalls`).
 
 Mooncake stores a tensor as one object: a 304-byte `TensorMetadata` (little-endian, packed C
-structs, mooncake-integration/store tensor headers) followed by the tensor's bytes::
+structs, as Mooncake's C++ tensor headers define them) followed by the tensor's bytes::
 
     TensorObjectHeader (40 bytes)
         u32 magic = 0x4d4f4f4e ("NOOM")   u16 version = 1   u16 header_size = 304

@@ -73,7 +73,6 @@ class StoreBase:
         key: str,
         mv: memoryview,
         config: ReplicateConfig | None,
-        *,
         upsert: bool,
     ) -> int:
         """A copying put (or upsert) of one value: 0 also when the key exists (old value kept)."""

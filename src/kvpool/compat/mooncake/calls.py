@@ -14,7 +14,7 @@ import functools
 import logging
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 from kvpool.client import Store
 from kvpool.codes import INTERNAL_ERROR, UNAVAILABLE_IN_CURRENT_STATUS
@@ -45,7 +45,7 @@ class HasStore(Protocol):
     _store: Store | None
 
 
-P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
 R = TypeVar("R")
 S = TypeVar("S", bound=HasStore)
 
@@ -61,25 +61,25 @@ def as_code(exc: BaseException) -> int:
 
 def answers(
     fault: Callable[..., R],
-) -> Callable[[Callable[Concatenate[S, Store, P], R]], Callable[Concatenate[S, P], R]]:
+) -> Callable[[Callable[[S, Store, *Ts], R]], Callable[[S, *Ts], R]]:
     """Run a method body on the store's native `Store`, answering `fault(code, *args)` when
     the store is not set up (UNAVAILABLE_IN_CURRENT_STATUS, -1010) or the body raises.
 
     The body takes the native `Store` after `self`; callers pass the other arguments
-    positionally, already checked (a `TypeError` of a check must raise before the store is
-    looked at, as pybind11's does). ::
+    positionally (keywords would cost a dict per call on the put path), already checked (a
+    `TypeError` of a check must raise before the store is looked at, as pybind11's does). ::
 
         @answers(one_code)
         def _remove(self, store: Store, key: str, force: bool) -> int: ...
     """
 
-    def decorate(body: Callable[Concatenate[S, Store, P], R]) -> Callable[Concatenate[S, P], R]:
-        def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def decorate(body: Callable[[S, Store, *Ts], R]) -> Callable[[S, *Ts], R]:
+        def run(self: S, /, *args: *Ts) -> R:
             store = self._store
             if store is None:
                 return fault(UNAVAILABLE_IN_CURRENT_STATUS, *args)
             try:
-                return body(self, store, *args, **kwargs)
+                return body(self, store, *args)
             except Exception as exc:
                 return fault(as_code(exc), *args)
 

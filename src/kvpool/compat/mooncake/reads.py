@@ -23,16 +23,8 @@ from kvpool.compat.mooncake.memory import BufferHandle
 __all__ = ["Reads"]
 
 
-def _no_bytes(code: int, *_: object) -> bytes:
-    return b""
-
-
 def _no_batch(code: int, *_: object) -> list[bytes]:
     return [b""]
-
-
-def _no_handle(code: int, *_: object) -> BufferHandle | None:
-    return None
 
 
 def _no_handles(code: int, keys: list[str], *_: object) -> list[BufferHandle | None]:
@@ -44,11 +36,16 @@ class Reads(StoreBase):
 
     def get(self, key: str) -> bytes:
         """The value of `key`; b"" when it is missing or anything fails (Mooncake's answer)."""
-        return self._get(check_key(key))
-
-    @answers(_no_bytes)
-    def _get(self, store: Store, key: str) -> bytes:
-        return self._read(store, key, bytes) if key else b""
+        # Not wrapped by `answers`: the hottest read, and its fault answer needs no code.
+        k = check_key(key)
+        store = self._store
+        if store is None or not k:
+            return b""
+        try:
+            return self._read(store, k, bytes)
+        except Exception as exc:
+            as_code(exc)  # logged when unexpected
+            return b""
 
     def get_batch(self, keys: list[str]) -> list[bytes]:
         """The values, b"" for each missing key; [b""] when the whole batch fails."""
@@ -62,11 +59,15 @@ class Reads(StoreBase):
 
     def get_buffer(self, key: str) -> BufferHandle | None:
         """The value as a BufferHandle (ptr(), size(), buffer protocol); None on a miss."""
-        return self._get_buffer(check_key(key))
-
-    @answers(_no_handle)
-    def _get_buffer(self, store: Store, key: str) -> BufferHandle | None:
-        return self._read(store, key, BufferHandle) if key else None
+        k = check_key(key)  # not wrapped by `answers`, as `get`
+        store = self._store
+        if store is None or not k:
+            return None
+        try:
+            return self._read(store, k, BufferHandle)
+        except Exception as exc:
+            as_code(exc)
+            return None
 
     def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
         return self._batch_get_buffer(check_keys(keys))

@@ -216,7 +216,7 @@ class TensorCalls(StoreBase):
         except (ImportError, TypeError, ValueError) as exc:
             log.error("put_tensor %r: %s", key, exc)
             return INVALID_PARAMS
-        return self._put(key, join_parts((header, data)), config, upsert=upsert)
+        return self._put(key, join_parts((header, data)), config, upsert)
 
     def batch_pub_tensor(
         self, keys: list[str], tensors_list: list[Any], config: ReplicateConfig | None = None
@@ -268,13 +268,13 @@ class TensorCalls(StoreBase):
     def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
         """Store registered bytes laid out as [TensorMetadata][data]; -600 when the header is
         not one Mooncake accepts. Needs no torch."""
-        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), upsert=False)
+        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), False)
 
     def upsert_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
-        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), upsert=True)
+        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), True)
 
     @answers(one_code)
-    def _tensor_from(self, store: Store, key: str, ptr: int, size: int, *, upsert: bool) -> int:
+    def _tensor_from(self, store: Store, key: str, ptr: int, size: int, upsert: bool) -> int:
         mv = self._pointers.resolve(ptr, size)
         if parse_header(mv) is None:
             raise InvalidParams(f"{key!r}: not a valid Mooncake tensor object")
@@ -289,18 +289,18 @@ class TensorCalls(StoreBase):
     ) -> list[int]:
         ks = check_keys(keys)
         ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
-        return self._batch_tensor_from(ks, ptrs, ns, upsert=False)
+        return self._batch_tensor_from(ks, ptrs, ns, False)
 
     def batch_upsert_tensor_from(
         self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
     ) -> list[int]:
         ks = check_keys(keys)
         ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
-        return self._batch_tensor_from(ks, ptrs, ns, upsert=True)
+        return self._batch_tensor_from(ks, ptrs, ns, True)
 
     @answers(per_key)
     def _batch_tensor_from(
-        self, store: Store, keys: list[str], ptrs: list[int], sizes: list[int], *, upsert: bool
+        self, store: Store, keys: list[str], ptrs: list[int], sizes: list[int], upsert: bool
     ) -> list[int]:
         if not len(keys) == len(ptrs) == len(sizes):
             return [INVALID_PARAMS] * len(keys)

@@ -40,29 +40,29 @@ class Writes(StoreBase):
 
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Insert `value` unless `key` exists (then 0, old value kept)."""
-        return self._put(check_key(key), view(value), config, upsert=False)
+        return self._put(check_key(key), view(value), config, False)
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Insert or overwrite."""
-        return self._put(check_key(key), view(value), config, upsert=True)
+        return self._put(check_key(key), view(value), config, True)
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """One object from several 1-D byte buffers, concatenated."""
-        return self._put(check_key(key), join_parts(parts), config, upsert=False)
+        return self._put(check_key(key), join_parts(parts), config, False)
 
     def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._put(check_key(key), join_parts(parts), config, upsert=True)
+        return self._put(check_key(key), join_parts(parts), config, True)
 
     def put_batch(
         self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None
     ) -> int:
         """Put every pair; the first failure's code (partial success is possible), else 0."""
-        return self._put_batch(check_keys(keys), [view(v) for v in values], config, upsert=False)
+        return self._put_batch(check_keys(keys), [view(v) for v in values], config, False)
 
     def upsert_batch(
         self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None
     ) -> int:
-        return self._put_batch(check_keys(keys), [view(v) for v in values], config, upsert=True)
+        return self._put_batch(check_keys(keys), [view(v) for v in values], config, True)
 
     @answers(one_code)
     def _put_batch(
@@ -71,7 +71,6 @@ class Writes(StoreBase):
         keys: list[str],
         views: list[memoryview],
         config: ReplicateConfig | None,
-        *,
         upsert: bool,
     ) -> int:
         if len(keys) != len(views):
@@ -112,22 +111,21 @@ class Writes(StoreBase):
         self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
         """Zero-copy put of `size` registered bytes at `buffer_ptr`."""
-        return self._put_from(check_key(key), index(buffer_ptr), index(size), config, upsert=False)
+        return self._put_from(check_key(key), index(buffer_ptr), index(size), config, False)
 
     def upsert_from(
         self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
-        return self._put_from(check_key(key), index(buffer_ptr), index(size), config, upsert=True)
+        return self._put_from(check_key(key), index(buffer_ptr), index(size), config, True)
 
     @answers(one_code)
-    def _put_from(
+    def _put_from(  # noqa: PLR0917  (positional: `answers` passes no keywords)
         self,
         store: Store,
         key: str,
         ptr: int,
         size: int,
         config: ReplicateConfig | None,
-        *,
         upsert: bool,
     ) -> int:
         mv = self._pointers.resolve(ptr, size)
@@ -156,7 +154,7 @@ class Writes(StoreBase):
         return self._put_with_metadata(k, data, meta, index(size), index(metadata_size), config)
 
     @answers(one_code)
-    def _put_with_metadata(  # noqa: PLR0917
+    def _put_with_metadata(  # noqa: PLR0917  (positional: `answers` passes no keywords)
         self,
         store: Store,
         key: str,
@@ -180,7 +178,7 @@ class Writes(StoreBase):
         """Zero-copy put per key; one code per key."""
         ks = check_keys(keys)
         ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
-        return self._batch_put_from(ks, ptrs, ns, config, upsert=False)
+        return self._batch_put_from(ks, ptrs, ns, config, False)
 
     def batch_upsert_from(
         self,
@@ -191,17 +189,16 @@ class Writes(StoreBase):
     ) -> list[int]:
         ks = check_keys(keys)
         ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
-        return self._batch_put_from(ks, ptrs, ns, config, upsert=True)
+        return self._batch_put_from(ks, ptrs, ns, config, True)
 
     @answers(per_key)
-    def _batch_put_from(
+    def _batch_put_from(  # noqa: PLR0917  (positional: `answers` passes no keywords)
         self,
         store: Store,
         keys: list[str],
         ptrs: list[int],
         sizes: list[int],
         config: ReplicateConfig | None,
-        *,
         upsert: bool,
     ) -> list[int]:
         if not len(keys) == len(ptrs) == len(sizes):

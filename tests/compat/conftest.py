@@ -7,7 +7,7 @@ Every test in tests/compat takes the `backend` fixture, which is parametrized ov
 * ``mooncake``: the real wheel (`mooncake.store`) against a real `mooncake_master` and the Python
   `mooncake_http_metadata_server`. Opt-in: it runs only when the wheel is importable AND
   KVPOOL_TEST_REAL_MOONCAKE=1, because Mooncake's client binds listeners on every interface
-  (reference/mooncake-store.md §7.1), which a default test run must not do.
+  (docs/compat.md, "How this is checked"), which a default test run must not do.
 
 So a divergence between the two shows up as one parametrized test that passes on one backend and
 fails on the other. Both masters run with a short lease (500 ms, as Mooncake's own CI does) so

@@ -1,4 +1,4 @@
-"""Mooncake's Python API, call by call: the rows of reference/mooncake-store.md §7.3 and §1.3.
+"""Mooncake's Python API, call by call: the answers docs/compat.md lists under "What matches".
 
 Each scenario below is a table of calls and the value Mooncake returns for them, observed on the
 real wheel (mooncake-transfer-engine-non-cuda 0.3.13.post1) on loopback. A scenario runs on a

@@ -152,3 +152,30 @@ def test_descriptor_classes_offer_the_wheels_attributes() -> None:
     for name, attrs in real.items():
         ours = _public(dir(getattr(compat, name)))
         assert sorted(ours) == attrs, name
+
+
+def _compat_modules() -> list[Path]:
+    return sorted(Path(compat.__file__).parent.glob("*.py"))
+
+
+def test_no_module_of_the_compat_layer_is_over_800_lines() -> None:
+    lines = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in _compat_modules()}
+    assert {name: n for name, n in lines.items() if n > 800} == {}
+
+
+def test_compat_takes_from_the_protocol_only_the_value_types_the_store_answers_with() -> None:
+    """What kvpool/compat/__init__.py promises: no master, RPC or transfer import, and from
+    kvpool.protocol only ReplicaDesc and ReplicaKind (what Store.get_replica_desc answers)."""
+    import ast
+
+    taken: dict[str, set[str]] = {}
+    for path in _compat_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                taken.setdefault(node.module, set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                taken.update({a.name: set() for a in node.names})
+    layers = ("kvpool.master", "kvpool.rpc", "kvpool.transfer")
+    assert sorted(m for m in taken if m.startswith(layers)) == []
+    protocol = {m: names for m, names in taken.items() if m.startswith("kvpool.protocol")}
+    assert protocol == {"kvpool.protocol.messages": {"ReplicaDesc", "ReplicaKind"}}

@@ -405,6 +405,14 @@ def test_closed_engine_refuses_work(make_engine: Make) -> None:
     assert info.value.code is ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
 
 
+def test_the_engine_keeps_no_pool_for_tiers_that_do_not_exist(make_engine: Make) -> None:
+    """No disk tier submits file reads, so the engine starts no executor for them."""
+    eng = make_engine({})
+    assert not hasattr(eng, "file_read_pool")
+    with pytest.raises(TypeError):
+        TransferEngine(lambda name: None, file_read_threads=4)  # type: ignore[call-arg,arg-type,return-value]
+
+
 def test_a_remounted_segment_is_detected_and_resolved_again(
     make_engine: Make, closing: Callable[[Any], Any]
 ) -> None:

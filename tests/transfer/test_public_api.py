@@ -32,3 +32,10 @@ def test_host_id_is_stable_and_short() -> None:
     assert transfer.host_id() == transfer.host_id()
     assert len(transfer.host_id()) == 16
     int(transfer.host_id(), 16)
+
+
+def test_there_is_no_tiers_package_until_there_are_tiers() -> None:
+    """An empty `kvpool.tiers` promised disk tiers the data plane does not have."""
+    import importlib.util
+
+    assert importlib.util.find_spec("kvpool.tiers") is None

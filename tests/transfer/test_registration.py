@@ -1,4 +1,4 @@
-"""Memory registration rules (seed 000, "Регистрация памяти и частичный успех"), one per test."""
+"""Memory registration rules (kvpool/transfer/registration.py), one per test."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@
   talk to Mooncake switch by changing an import. The opt-in distribution in
   `compat/mooncake-shim/` installs it as the top-level `mooncake.store` module.
 
-May import: kvpool.client (the native `Store` every call is built on), kvpool.errors and
-kvpool.config. Never the master, the transfer engine or the protocol directly: what the compat
-layer needs from them, the Store offers. docs/compat.md lists what matches Mooncake, what differs
-on purpose, and what is not supported yet.
+May import: kvpool.client (the native `Store` every call is built on), kvpool.errors,
+kvpool.codes and kvpool.config, and from kvpool.protocol only the value types the Store's answers
+are made of (`ReplicaDesc` and `ReplicaKind`, what `Store.get_replica_desc` answers). Never the
+master, the RPC layer or the transfer engine: what the compat layer needs from them, the Store
+offers (the import-linter contract in pyproject.toml holds this). docs/compat.md lists what
+matches Mooncake, what differs on purpose, and what is not supported yet.
 """

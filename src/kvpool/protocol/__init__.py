@@ -1,7 +1,8 @@
 """kvpool.protocol: what travels on a control-plane connection. No I/O happens here.
 
 Modules: `framing` (frames, the streaming decoder, `ErrorReply`), `handshake` (`Hello`,
-`Welcome`, the version and cluster checks), `messages` (the master's requests and replies).
+`Welcome`, the version and cluster checks), `messages` (the master's requests and replies),
+`values` (the ids, enums and shared Structs those messages are made of).
 This package may import `kvpool.errors` and `kvpool.config` only; `kvpool.rpc` moves the bytes.
 
 Lifecycle of a connection

@@ -1,7 +1,8 @@
 """Event loops for kvpool servers: uvloop when it is installed, asyncio's own loop otherwise.
 
-uvloop roughly doubles the round trips per second of an asyncio Protocol server (see
-reference/baselines.md), but it stays optional (the ``fast`` extra). Setting the environment
+uvloop answers more round trips per second than asyncio's own loop for a Protocol server (the
+RPC figures in docs/performance.md are measured with it), but it stays optional (the ``fast``
+extra). Setting the environment
 variable ``KVPOOL_UVLOOP=0`` forces the standard loop, for comparisons and for debugging.
 """
 

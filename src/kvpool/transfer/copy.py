@@ -1,17 +1,12 @@
 """`copy_bytes`: one memcpy between a caller's buffer and segment memory, steered around the
-one case where glibc's memcpy is slow on this hardware.
+one case where glibc's memcpy is slow on AMD CPUs.
 
-glibc copies blocks from ~2 KiB (`x86_rep_movsb_threshold`) up to the L2 size (512 KiB on the
-AMD EPYC here; glibc's `rep_movsb_stop_threshold` on AMD) with `rep movsb`, and `rep movsb`
-runs 5-15x slower when the destination starts less than 64 bytes *after* the source modulo
-4 KiB (glibc avoids that case only on Intel CPUs). Measured here, reading into a buffer at
-page + 16 (where malloc puts large numpy arrays and bytearrays) from a page-aligned replica
-(where a fresh pool puts any value whose size is a multiple of 4 KiB):
-
-    size     good distance   bad distance   via a bounce buffer
-    4 KiB        0.6 us         2.5 us
-    64 KiB       2.7 us        24 us
-    256 KiB      9.4 us       144 us            ~20 us
+glibc copies blocks from ~2 KiB (`x86_rep_movsb_threshold`) up to the L2 size (glibc's
+`rep_movsb_stop_threshold` on AMD) with `rep movsb`, and `rep movsb` is many times slower when
+the destination starts less than 64 bytes *after* the source modulo 4 KiB (glibc avoids that
+case only on Intel CPUs). That is the distance of every read into a buffer at page + 16 (where
+malloc puts large numpy arrays and bytearrays) from a page-aligned replica (where a fresh pool
+puts any value whose size is a multiple of 4 KiB); docs/performance.md has the measurements.
 
 Copies in that range at a bad distance therefore go through a per-thread bounce buffer placed
 half a page away from the source: two fast copies instead of one slow one. Everything else is

@@ -1,7 +1,6 @@
 """`TransferEngine`: moves bytes between a caller's buffers and any segment of the pool.
 
-Strategy per request (seed 000, "Выбор стратегии"), decided once per segment and cached as a
-route:
+Strategy per request, decided once per segment and cached as a route:
 
 * LOCAL: the segment was attached with `attach_local` (it lives in this process): one memcpy.
 * SHM: the owner runs on this host (`host_id` equal, which compares boot id, host name and pid
@@ -10,9 +9,10 @@ route:
 * TCP: otherwise (or always with `protocol="tcp"`): the owner's `TransferServer`.
 
 Copies of at most `inline_copy_bytes` run in the calling thread: a hand-off to another thread
-costs tens of microseconds here (waking a thread on the other core), far more than copying a few
-KiB. `transfer()` (blocking) runs every copy inline; `submit()` hands larger copies to the
-memcpy pool (one thread: copies are bounded by memory bandwidth) so the caller may overlap work.
+means waking a thread on another core, which costs far more than copying a few KiB
+(docs/performance.md, "Inline cut-over"). `transfer()` (blocking) runs every copy inline;
+`submit()` hands larger copies to the memcpy pool (one thread: copies are bounded by memory
+bandwidth) so the caller may overlap work.
 
 Routes are cached per segment name. `forget(name)` drops one (closing a peer mapping, or
 quarantining it while a transfer holds it); the engine forgets by itself when a peer's owner
@@ -79,9 +79,8 @@ def _as_op(i: int, value: object) -> TransferOp:
 def default_tcp_streams() -> int:
     """Connections per peer for striping a large batch: half the cores, 1 to 4.
 
-    Over loopback each stream keeps a sender and a receiver core busy copying; measured on the
-    2-core machines here, one stream moved 16 MiB at 1.2 GB/s where four moved it at 0.7-0.8
-    (docs/parts/perf-transfer.md), so striping pays only with cores (and NIC queues) to spare.
+    Over loopback each stream keeps a sender and a receiver core busy copying, so striping pays
+    only with cores (and NIC queues) to spare (docs/performance.md, "Striping").
     """
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
@@ -171,7 +170,6 @@ class TransferEngine:
         abort_grace: float = 1.0,
         inline_copy_bytes: int = 2 << 20,
         memcpy_threads: int = 1,
-        file_read_threads: int = 4,
         tcp_streams: int | None = None,
         stripe_bytes: int = 4 << 20,
         chunk_bytes: int = 4 << 20,
@@ -185,8 +183,8 @@ class TransferEngine:
             raise InvalidParams("resolver must be callable: name -> SegmentLocation")
         if timeout <= 0 or abort_grace < 0:
             raise InvalidParams(f"timeout {timeout} must be > 0, abort_grace {abort_grace} >= 0")
-        if memcpy_threads < 1 or file_read_threads < 1:
-            raise InvalidParams("memcpy_threads and file_read_threads must be >= 1")
+        if memcpy_threads < 1:
+            raise InvalidParams(f"memcpy_threads must be >= 1, got {memcpy_threads}")
         retry_quarantined()
         self.protocol: ProtocolName = protocol
         self.host_id = this_host_id()
@@ -206,10 +204,6 @@ class TransferEngine:
         self._transports: list[Transport] = [self._shm, self._tcp, *extra_transports]
         self.registry = MemoryRegistry(self._transports)
         self._memcpy_pool = ThreadPoolExecutor(memcpy_threads, thread_name_prefix="kvpool-memcpy")
-        self.file_read_pool = ThreadPoolExecutor(
-            file_read_threads, thread_name_prefix="kvpool-fileread"
-        )
-        """N threads for blocking file reads (the disk tiers submit to it)."""
         self._lock = threading.Lock()
         self._local: dict[str, tuple[SegmentMemory, int]] = {}
         self._routes: dict[str, _Route] = {}
@@ -636,7 +630,6 @@ class TransferEngine:
             self._reaper.join(timeout=5)
         # Queued copies still run (they hold their mappings and complete their futures).
         self._memcpy_pool.shutdown(wait=True)
-        self.file_read_pool.shutdown(wait=True, cancel_futures=True)
         for t in self._transports:
             with contextlib.suppress(Exception):
                 t.close()

@@ -2,7 +2,7 @@
 
 Each request of the batch ends with one `ErrorCode` (OK or why it failed); a request that the
 engine split into pieces (striping) ends when its last piece does, with the first error of its
-pieces. `wait(timeout)` follows TENT (seed 000, "TransferFuture и отмены"): on timeout it asks
+pieces. `wait(timeout)` cancels in three steps, as Mooncake's transfer engine does: on timeout it asks
 for an abort (workers stop between pieces; sockets in use are shut down so blocked calls
 return), waits a grace period for the workers to notice, then forces the cleanup: every
 request still pending is finished with TRANSFER_FAIL. Late completions after that are ignored.

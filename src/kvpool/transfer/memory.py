@@ -2,7 +2,7 @@
 
 A segment is one memfd (`memfd_create`, never a name in /dev/shm) mapped `MAP_SHARED |
 MAP_POPULATE` by its owner, so every page is allocated and mapped before the first transfer
-(first-touch faults run at under 1 GB/s here, copies into touched memory at ~12 GB/s). A memfd
+(first-touch page faults cost far more than the copies into touched memory). A memfd
 has no name in any file system: when its owner dies, even by `kill -9`, the kernel frees it as
 soon as the last mapping goes, so there is nothing to sweep. A same-host peer reaches it through
 `/proc/<owner pid>/fd/<fd>` (the segment's `shm_path`), which the kernel lets only the same user
@@ -10,11 +10,11 @@ soon as the last mapping goes, so there is nothing to sweep. A same-host peer re
 
 `SharedMapping` is one mmap (the owner's or a peer's) with a count of holders. Closing a
 mapping that some transfer still holds does not unmap it: it is *quarantined* and unmapped by
-the last `release()` (seed 000, "quarantined shms"); a mapping whose memory some foreign
+the last `release()`; a mapping whose memory some foreign
 memoryview still exports stays quarantined and `retry_quarantined()` tries again later. Before a
 segment is unmapped it is first removed from every user that could start a new transfer on it
-(its close hooks: the transfer server, the engine), which is the seed's "deregister from every
-transport before munmap".
+(its close hooks: the transfer server, the engine): a segment is deregistered from every
+transport before munmap.
 """
 
 from __future__ import annotations
@@ -229,8 +229,8 @@ class SegmentMemory:
         fd = os.memfd_create(f"{_MEMFD_PREFIX}{clean}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
-            # MAP_POPULATE allocates and maps every page now (measured ~5x faster here than
-            # posix_fallocate + populate, and than touching each page from Python).
+            # MAP_POPULATE allocates and maps every page now: faster than posix_fallocate plus
+            # populating, and than touching each page from Python (docs/performance.md).
             mapping = SharedMapping(fd, nbytes, f"segment {clean}")
         except OSError as exc:
             os.close(fd)

@@ -1,6 +1,6 @@
 """Memory registration: which ranges of this process's memory a transfer may name by address.
 
-Rules (seed 000, "Регистрация памяти и частичный успех"):
+Rules:
 
 * zero length is refused; a range overlapping a registered *or still reserving* range is
   refused with `AddressOverlapped` (Mooncake's ERR_ADDRESS_OVERLAPPED; INVALID_PARAMS here);
@@ -70,7 +70,7 @@ def buffer_address(mv: memoryview) -> int:
     """The address of the first byte of a byte view (0 for an empty one)."""
     if mv.nbytes == 0:
         return 0
-    if not mv.readonly:  # 0.3 us, against 2.4 us through numpy (this runs on every call)
+    if not mv.readonly:  # several times cheaper than through numpy; this runs on every call
         return ctypes.addressof(ctypes.c_char.from_buffer(mv))
     return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data)
 

@@ -7,15 +7,22 @@
 
 Modules (each imports only those above it):
 
-    config.py     MooncakeConfig (MOONCAKE_* variables, JSON file), Mooncake's size units
-    replicate.py  ReplicateConfig, SoftPinAction, ReplicaStatus, ObjectDataType → kvpool config
-    memory.py     PointerRegistry (raw pointers resolved only inside registered memory),
-                  BufferHandle, MooncakeHostMemAllocator
-    tensor.py     Mooncake's tensor object format (304-byte header + data)
+    config.py       MooncakeConfig (MOONCAKE_* variables, JSON file), Mooncake's size units
+    replicate.py    ReplicateConfig, SoftPinAction, ReplicaStatus, ObjectDataType → kvpool config
+    memory.py       PointerRegistry (raw pointers resolved only inside registered memory),
+                    BufferHandle, MooncakeHostMemAllocator
     descriptors.py  ReplicaDescriptor, Descriptor, QueryTaskResponse, 128-bit task ids
-    sessions.py   put and get sessions (ranged writes and reads in phases)
-    setup.py      setup()'s two argument forms, validated
-    store.py      MooncakeDistributedStore on kvpool.client.Store
+    setup.py        setup()'s two argument forms, validated
+    names.py        segment names, Mooncake's ("host:port") ↔ kvpool's ("<endpoint>/<n>")
+    calls.py        argument checks as pybind11 makes them; `answers`, the one decorator that
+                    turns a closed store and faults into each call's Mooncake answer
+    base.py         StoreBase: a store's state and the writes and reads its calls share
+    writes.py       the put calls          reads.py     the get calls
+    replicas.py     replica descriptors, copy and move tasks
+    sessions.py     put and get sessions (ranged writes and reads in phases)
+    segments.py     segments mounted after setup
+    tensor.py       Mooncake's tensor object format (304-byte header + data), the tensor calls
+    store.py        MooncakeDistributedStore: the families above, plus setup, close, removal
     async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
 
 docs/compat.md lists what matches Mooncake, what differs on purpose, and what is missing.

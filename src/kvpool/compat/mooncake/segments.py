@@ -1,4 +1,4 @@
-"""Segments a `MooncakeDistributedStore` mounts after setup, and their unmounts.
+"""Segments a `MooncakeDistributedStore` mounts after setup: the calls, and their records.
 
 Mooncake keeps two records per client, and so does this module: segments mounted over a
 caller's file or shared memory by `mount_segment` (unmounted by `unmount_segment`) and fresh
@@ -23,20 +23,26 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from kvpool.client import Store
-from kvpool.errors import ErrorCode, KVPoolError
+from kvpool.codes import INTERNAL_ERROR, INVALID_PARAMS, OK, UNAVAILABLE_IN_CURRENT_STATUS
+from kvpool.compat.mooncake import names
+from kvpool.compat.mooncake.base import StoreBase
+from kvpool.compat.mooncake.calls import check_str, unsigned
+from kvpool.errors import InvalidParams, KVPoolError
 
-__all__ = ["Kind", "MountedSegments"]
+__all__ = ["PAGE", "Kind", "MountedSegments", "SegmentCalls"]
 
 log = logging.getLogger(__name__)
 
-OK: Final = 0
-REFUSED: Final = int(ErrorCode.INTERNAL_ERROR)
+REFUSED: Final = INTERNAL_ERROR
 """Mooncake answers -1 for an id it has no record of, and for every refused mount."""
-BEING_UNMOUNTED: Final = int(ErrorCode.INVALID_PARAMS)
+BEING_UNMOUNTED: Final = INVALID_PARAMS
+"""Mooncake's answer to a second unmount of a segment being unmounted gracefully."""
+PAGE: Final = 4096
+"""kvpool segments are mapped memory, one page at least: smaller sizes are rounded up to it."""
 
 
 class Kind(enum.Enum):
@@ -128,3 +134,92 @@ class MountedSegments:
             t.cancel()
             if t is not threading.current_thread():
                 t.join()
+
+
+class SegmentCalls(StoreBase):
+    """The segment calls of `MooncakeDistributedStore` (module docstring)."""
+
+    _mounted: MountedSegments
+
+    def mount_segment(
+        self, path: str, size: int, offset: int = 0, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Mount bytes [offset, offset + size) of the file (or /dev/shm file) at `path` as one
+        more segment of this store: `{"ret": 0, "segment_ids": [id]}`; size 0 mounts nothing
+        (ret 0, no ids); a file that cannot be opened, a range past its end, an offset that is
+        not page-aligned, or a size under one page answer ret -1. `protocol` and `location`
+        are accepted and not needed."""
+        check_str(path, "path")
+        nbytes, off = unsigned(size, "size"), unsigned(offset, "offset")
+        check_str(protocol, "protocol")
+        check_str(location, "location")
+        store = self._store
+        if store is None:
+            return {"ret": UNAVAILABLE_IN_CURRENT_STATUS, "segment_ids": []}
+        if nbytes == 0:
+            return {"ret": OK, "segment_ids": []}
+        try:
+            name = store.mount_segment(nbytes, path=path, offset=off)
+        except Exception as exc:
+            log.error("mount_segment(%r, %d, %d): %s", path, nbytes, off, exc)
+            return {"ret": REFUSED, "segment_ids": []}
+        self._adopt_segment(name, Kind.FILE)
+        return {"ret": OK, "segment_ids": [name]}
+
+    def allocate_and_mount_segment(
+        self, size: int, protocol: str = "tcp", location: str = ""
+    ) -> dict[str, Any]:
+        """Allocate `size` bytes (rounded up to a page; Mooncake rounds to 16 MiB) and mount
+        them as one more segment: `{"ret": 0, "segment_ids": [id], "allocated_size": n}`;
+        size 0 or a failed allocation answer ret -1."""
+        nbytes = unsigned(size, "size")
+        check_str(protocol, "protocol")
+        check_str(location, "location")
+        store = self._store
+        if store is None:
+            return {"ret": UNAVAILABLE_IN_CURRENT_STATUS, "segment_ids": [], "allocated_size": 0}
+        rounded = -(-nbytes // PAGE) * PAGE
+        try:
+            if rounded == 0:
+                raise InvalidParams("size is 0")
+            name = store.mount_segment(rounded)
+        except Exception as exc:
+            log.error("allocate_and_mount_segment(%d): %s", nbytes, exc)
+            return {"ret": REFUSED, "segment_ids": [], "allocated_size": 0}
+        self._adopt_segment(name, Kind.ALLOCATED)
+        return {"ret": OK, "segment_ids": [name], "allocated_size": rounded}
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Unmount segments of `mount_segment`, in order; 0, or the first failure (-1 for an id
+        this store did not mount that way, -600 for one already being unmounted gracefully).
+        A grace period answers at once and unmounts when it ends (module docstring)."""
+        return self._unmount(segment_ids, grace_period_seconds, Kind.FILE)
+
+    def unmount_and_free_segment(
+        self, segment_ids: list[str], grace_period_seconds: int = 0
+    ) -> int:
+        """`unmount_segment` for the segments of `allocate_and_mount_segment`."""
+        return self._unmount(segment_ids, grace_period_seconds, Kind.ALLOCATED)
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        """0: a kvpool store has no local disk segment (the wheel answers 0 without one)."""
+        unsigned(grace_period_seconds, "grace_period_seconds")
+        return OK if self._store is not None else UNAVAILABLE_IN_CURRENT_STATUS
+
+    def _unmount(self, segment_ids: object, grace: object, kind: Kind) -> int:
+        if isinstance(segment_ids, str) or not isinstance(segment_ids, Sequence):
+            raise TypeError(f"segment_ids: expected a list of str, got {type(segment_ids)}")
+        ids = [check_str(sid, "segment_ids") for sid in segment_ids]
+        grace_s = unsigned(grace, "grace_period_seconds")
+        store = self._store
+        if store is None:
+            return UNAVAILABLE_IN_CURRENT_STATUS
+        return self._mounted.unmount(store, ids, kind, grace_s)
+
+    def _adopt_segment(self, name: str, kind: Kind) -> None:
+        self._mounted.add(name, kind)
+        # preferred_segments=[hostname] and replica descriptors name it after this store.
+        names.add_segment(self._hostname, name)
+
+    def _forget_segment(self, name: str) -> None:
+        names.remove_segment(self._hostname, name)

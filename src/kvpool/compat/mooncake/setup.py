@@ -1,6 +1,6 @@
 """The arguments of `MooncakeDistributedStore.setup()`, in both of Mooncake's forms, validated.
 
-* Positional (store_py.cpp): seven required arguments, then optional ones::
+* Positional (the wheel's signature): seven required arguments, then optional ones::
 
       setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
             protocol, rdma_devices, master_server_addr, engine=None,
@@ -8,7 +8,7 @@
             enable_client_http_server=False, client_http_port=9300)
 
   Too few arguments raise TypeError, as pybind11 does.
-* A dict (`RealClient::setup_internal`): `local_hostname` and `metadata_server` required; sizes
+* A dict (the wheel's dict form): `local_hostname` and `metadata_server` required; sizes
   may be human-readable ("16MB", Mooncake's binary units); defaults 16 MiB, "tcp",
   "127.0.0.1:50051".
 

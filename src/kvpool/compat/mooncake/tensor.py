@@ -1,7 +1,8 @@
-"""Mooncake's tensor object format, so tensors written by one are readable by the other.
+"""Mooncake's tensor objects: the format, so tensors written by one are readable by the other,
+and the store's tensor calls (`TensorCalls`).
 
 Mooncake stores a tensor as one object: a 304-byte `TensorMetadata` (little-endian, packed C
-structs, mooncake-integration/store tensor headers) followed by the tensor's bytes::
+structs, as Mooncake's C++ tensor headers define them) followed by the tensor's bytes::
 
     TensorObjectHeader (40 bytes)
         u32 magic = 0x4d4f4f4e ("NOOM")   u16 version = 1   u16 header_size = 304
@@ -18,25 +19,45 @@ structs, mooncake-integration/store tensor headers) followed by the tensor's byt
 refuses a zeroed or size-inconsistent header with -600 (checked against the wheel).
 
 Writing and reading `torch.Tensor`s needs torch, imported only when a tensor call is made; the
-header functions here need nothing.
+header functions here and `put_tensor_from` need nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+from kvpool.client import Store
+from kvpool.codes import INVALID_PARAMS, OK
+from kvpool.compat.mooncake.base import StoreBase
+from kvpool.compat.mooncake.calls import (
+    answers,
+    as_code,
+    check_key,
+    check_keys,
+    index,
+    join_parts,
+    one_code,
+    per_key,
+)
+from kvpool.compat.mooncake.replicate import ReplicateConfig
+from kvpool.errors import InvalidParams
 
 __all__ = [
     "DTYPE_CODES",
     "HEADER_SIZE",
     "MAGIC",
+    "TensorCalls",
     "TensorHeader",
     "bytes_to_tensor",
     "encode_header",
     "parse_header",
     "tensor_to_parts",
 ]
+
+log = logging.getLogger(__name__)
 
 MAGIC = 0x4D4F4F4E
 VERSION = 1
@@ -166,3 +187,147 @@ def bytes_to_tensor(obj: bytearray | memoryview) -> Any:
     data = memoryview(obj).cast("B")[header.data_offset : header.data_offset + header.data_bytes]
     flat = torch.frombuffer(data, dtype=torch.uint8) if header.data_bytes else torch.empty(0)
     return flat.view(dtype).reshape(header.shape)
+
+
+class TensorCalls(StoreBase):
+    """The tensor calls of `MooncakeDistributedStore`: objects in the format above."""
+
+    def put_tensor(self, key: str, tensor: Any) -> int:
+        """Store a torch tensor in Mooncake's tensor format (needs torch)."""
+        return self._put_tensor(check_key(key), tensor, None, upsert=False)
+
+    def upsert_tensor(self, key: str, tensor: Any) -> int:
+        return self._put_tensor(check_key(key), tensor, None, upsert=True)
+
+    def pub_tensor(self, key: str, tensor: Any, config: ReplicateConfig | None = None) -> int:
+        """put_tensor with a ReplicateConfig."""
+        return self._put_tensor(check_key(key), tensor, config, upsert=False)
+
+    def upsert_pub_tensor(
+        self, key: str, tensor: Any, config: ReplicateConfig | None = None
+    ) -> int:
+        return self._put_tensor(check_key(key), tensor, config, upsert=True)
+
+    def _put_tensor(
+        self, key: str, tensor: Any, config: ReplicateConfig | None, *, upsert: bool
+    ) -> int:
+        try:
+            header, data = tensor_to_parts(tensor)
+        except (ImportError, TypeError, ValueError) as exc:
+            log.error("put_tensor %r: %s", key, exc)
+            return INVALID_PARAMS
+        return self._put(key, join_parts((header, data)), config, upsert)
+
+    def batch_pub_tensor(
+        self, keys: list[str], tensors_list: list[Any], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        """pub_tensor per key; one code per key."""
+        ks = check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID_PARAMS] * len(ks)
+        return [self.pub_tensor(k, t, config) for k, t in zip(ks, tensors_list, strict=True)]
+
+    def batch_upsert_pub_tensor(
+        self, keys: list[str], tensors_list: list[Any], config: ReplicateConfig | None = None
+    ) -> list[int]:
+        ks = check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID_PARAMS] * len(ks)
+        return [self.upsert_pub_tensor(k, t, config) for k, t in zip(ks, tensors_list, strict=True)]
+
+    def batch_put_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
+        ks = check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID_PARAMS] * len(ks)
+        return [self.put_tensor(k, t) for k, t in zip(ks, tensors_list, strict=True)]
+
+    def batch_upsert_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
+        ks = check_keys(keys)
+        if len(ks) != len(tensors_list):
+            return [INVALID_PARAMS] * len(ks)
+        return [self.upsert_tensor(k, t) for k, t in zip(ks, tensors_list, strict=True)]
+
+    def get_tensor(self, key: str) -> Any:
+        """The tensor stored under `key` (sharing the bytes read), or None."""
+        k = check_key(key)
+        store = self._store
+        if store is None or not k:
+            return None
+        try:
+            return bytes_to_tensor(store.get(k))
+        except ImportError as exc:
+            log.error("get_tensor needs torch: %s", exc)
+            return None
+        except Exception as exc:
+            as_code(exc)  # logged when unexpected
+            return None
+
+    def batch_get_tensor(self, keys: list[str]) -> list[Any]:
+        return [self.get_tensor(k) for k in check_keys(keys)]
+
+    def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Store registered bytes laid out as [TensorMetadata][data]; -600 when the header is
+        not one Mooncake accepts. Needs no torch."""
+        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), False)
+
+    def upsert_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
+        return self._tensor_from(check_key(key), index(buffer_ptr), index(size), True)
+
+    @answers(one_code)
+    def _tensor_from(self, store: Store, key: str, ptr: int, size: int, upsert: bool) -> int:
+        mv = self._pointers.resolve(ptr, size)
+        if parse_header(mv) is None:
+            raise InvalidParams(f"{key!r}: not a valid Mooncake tensor object")
+        if upsert:
+            store.upsert(key, mv)
+        else:
+            store.put_from(key, mv)
+        return OK
+
+    def batch_put_tensor_from(
+        self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
+    ) -> list[int]:
+        ks = check_keys(keys)
+        ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
+        return self._batch_tensor_from(ks, ptrs, ns, False)
+
+    def batch_upsert_tensor_from(
+        self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
+    ) -> list[int]:
+        ks = check_keys(keys)
+        ptrs, ns = [index(p) for p in buffer_ptrs], [index(s) for s in sizes]
+        return self._batch_tensor_from(ks, ptrs, ns, True)
+
+    @answers(per_key)
+    def _batch_tensor_from(
+        self, store: Store, keys: list[str], ptrs: list[int], sizes: list[int], upsert: bool
+    ) -> list[int]:
+        if not len(keys) == len(ptrs) == len(sizes):
+            return [INVALID_PARAMS] * len(keys)
+        views = [self._pointers.find(p, n) for p, n in zip(ptrs, sizes, strict=True)]
+        # As the wheel: one unreadable object fails the whole batch, before any write.
+        if any(v is None or parse_header(v) is None for v in views):
+            return [INVALID_PARAMS] * len(keys)
+        return self._write_resolved(store, keys, views, None, upsert=upsert)
+
+    def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
+        """Read a tensor object into registered memory; the tensor viewing it, or None."""
+        ptr, n = index(buffer_ptr), index(size)
+        got = self._get_into(check_key(key), ptr, n)
+        if got < 0:
+            return None
+        try:
+            return bytes_to_tensor(self._pointers.resolve(ptr, got))
+        except Exception as exc:
+            log.error("get_tensor_into %r: %s", key, exc)
+            return None
+
+    def batch_get_tensor_into(
+        self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]
+    ) -> list[Any]:
+        ks = check_keys(keys)
+        if not len(ks) == len(buffer_ptrs) == len(sizes):
+            return [None] * len(ks)
+        return [
+            self.get_tensor_into(k, p, n) for k, p, n in zip(ks, buffer_ptrs, sizes, strict=True)
+        ]

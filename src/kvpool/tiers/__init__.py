@@ -1,1 +1,0 @@
-"""kvpool.tiers (see its README or module docstring once written)."""

@@ -3,11 +3,13 @@
 PutStart / PutEnd (`put`, `upsert`, `put_from` and the batch forms)
     PutStart (or UpsertStart) at the master allocates the replicas → the value is written into
     every replica, all in one engine batch (in parallel) → PutEnd with the value's xxh3_64
-    makes it readable. If any replica's write fails the Writer sends PutRevoke, which frees
-    the space: a failed put leaves no trace. A put whose key exists answers False
+    makes it readable. If any replica's write fails, or the PutEnd itself fails (an error
+    answer, a lost connection), the Writer sends PutRevoke, which frees the space: a failed put
+    leaves no trace (the revoke is best effort; the master revokes an abandoned PutStart by
+    itself after put_start_discard_timeout). A put whose key exists answers False
     (insert-if-absent, as Mooncake); `upsert` overwrites. Batches use one BatchPutStart and one
-    BatchPutEnd (plus one BatchPutRevoke for the keys whose writes failed) for the whole batch
-    and report each key's outcome as an `ErrorCode`.
+    BatchPutEnd (plus one BatchPutRevoke for the keys whose writes or ends failed) for the
+    whole batch and report each key's outcome as an `ErrorCode`.
 
 One round trip instead of two (`kvpool.client.arena`)
     A put or batch_put of values up to a quarter of `arena_size` with one replica and nothing
@@ -123,17 +125,23 @@ class Writer:
         raise_for_code(rep.code, key)
         try:
             code, csum = self._write_replicas(rep.replicas, mv)
+            end = OK
+            if code == ErrorCode.OK:
+                end = rpc.call_as(PutEnd(cid, key, csum, self.tenant), Reply).code
         except BaseException:
             # Whatever escaped (a concurrent close(), KeyboardInterrupt, a fault of the data
-            # path), the PutStart must not linger: for put_start_discard_timeout it would make
-            # a retried put answer "already exists" and hold its space.
+            # path or of the PutEnd), the PutStart must not linger: for
+            # put_start_discard_timeout it would make a retried put answer "already exists"
+            # and hold its space. A PutEnd the master did carry out is not undone: the revoke
+            # of a complete object is refused.
             self._revoke([key])
             raise
         if code != ErrorCode.OK:
             self._revoke([key])
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
-        end = rpc.call_as(PutEnd(cid, key, csum, self.tenant), Reply)
-        raise_for_code(end.code, key)
+        if end != OK:
+            self._revoke([key])
+            raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
         return True
 
     def _put_arena(
@@ -202,7 +210,8 @@ class Writer:
 
     def _revoke(self, keys: list[str]) -> None:
         """Best effort: free what PutStart took. If the master cannot be reached it revokes
-        the put itself (put_start_discard_timeout, or when this client expires)."""
+        the put itself (put_start_discard_timeout, or when this client expires); what it
+        answers for each key (a key already complete, already revoked) changes nothing."""
         rpc = self._node.rpc
         try:
             if len(keys) == 1:
@@ -377,10 +386,25 @@ class Writer:
         if len(good) != len(started):
             self._revoke([keys[i] for i in started if out[i] != ok])
         if good:
-            good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
-            end = BatchPutEnd(cid, good_keys, [sums[i] for i in good], self.tenant)
-            codes_end = rpc.call_as(end, BatchReply).codes
-            for i, c in zip(good, codes_end, strict=True):
-                if c:
-                    out[i] = ErrorCode.of(c)
+            self._end_batch(keys, good, sums, out)
         return out
+
+    def _end_batch(
+        self, keys: list[str], good: list[int], sums: dict[int, int], out: list[ErrorCode]
+    ) -> None:
+        """BatchPutEnd of the keys `good` (all written); a key whose end failed is revoked and
+        answers why in `out`."""
+        good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
+        end = BatchPutEnd(self._node.client_id, good_keys, [sums[i] for i in good], self.tenant)
+        try:
+            codes = self._node.rpc.call_as(end, BatchReply).codes
+        except BaseException:
+            self._revoke(good_keys)  # the complete ones refuse it: only the others go
+            raise
+        failed: list[str] = []
+        for i, c in zip(good, codes, strict=True):
+            if c:
+                out[i] = ErrorCode.of(c)
+                failed.append(keys[i])
+        if failed:
+            self._revoke(failed)

@@ -21,7 +21,13 @@ import pytest
 from kvpool.client import Store
 from kvpool.errors import ErrorCode, KVPoolError, RpcError
 from kvpool.protocol.messages import (
+    BatchExistKey,
+    BatchGetLocations,
+    BatchGetReplicaList,
+    BatchPutCommit,
     BatchPutEnd,
+    BatchPutStart,
+    BatchRemove,
     BatchReply,
     PutEnd,
     Reply,
@@ -149,3 +155,75 @@ def _batch_end_lost(real: Call, req: Any) -> Any:
     if isinstance(req, BatchPutEnd):
         raise RpcError("connection lost before the BatchPutEnd was answered")
     return real(req)
+
+
+# ---------------------------------------------------------------- batch answers of the wrong length
+
+
+def _shorter(field: str) -> Callable[[Any], Any]:
+    return lambda reply: msgspec.structs.replace(reply, **{field: getattr(reply, field)[:-1]})
+
+
+def _longer(field: str) -> Callable[[Any], Any]:
+    def change(reply: Any) -> Any:
+        entries = getattr(reply, field)
+        return msgspec.structs.replace(reply, **{field: [*entries, entries[0]]})
+
+    return change
+
+
+def _put_two(s: Store) -> object:
+    return s.batch_put(["a", "b"], [b"1" * 10, b"2" * 10])
+
+
+LENGTH_CASES: dict[str, tuple[type, Callable[[Any], Any], Callable[[Store], object]]] = {
+    "BatchPutStart shorter": (BatchPutStart, _shorter("results"), _put_two),
+    "BatchPutEnd shorter": (BatchPutEnd, _shorter("codes"), _put_two),
+    "BatchPutEnd longer": (BatchPutEnd, _longer("codes"), _put_two),
+    "BatchPutCommit shorter": (BatchPutCommit, _shorter("codes"), _put_two),
+    "BatchExistKey shorter": (BatchExistKey, _shorter("results"), lambda s: s.batch_exists(KEYS)),
+    "BatchExistKey longer": (BatchExistKey, _longer("results"), lambda s: s.batch_exists(KEYS)),
+    "BatchRemove shorter": (BatchRemove, _shorter("codes"), lambda s: s.batch_remove(KEYS)),
+    "BatchRemove longer": (BatchRemove, _longer("codes"), lambda s: s.batch_remove(KEYS)),
+    "BatchGetLocations shorter": (
+        BatchGetLocations,
+        _shorter("codes"),
+        lambda s: s.batch_get(KEYS),
+    ),
+    "BatchGetReplicaList shorter": (
+        BatchGetReplicaList,
+        _shorter("results"),
+        lambda s: s.batch_get_replica_desc(KEYS),
+    ),
+}
+KEYS = ["x", "y"]
+
+
+@pytest.mark.parametrize("case", list(LENGTH_CASES))
+def test_a_batch_answer_of_the_wrong_length_is_rpc_fail(node: Pool, case: str) -> None:
+    request, change, run = LENGTH_CASES[case]
+    arenas = "64MiB" if request is BatchPutCommit else 0
+    with Store(node.address, arena_size=arenas) as s:
+        try:
+            for k in KEYS:
+                assert s.put(k, k.encode() * 10)
+
+            def alter(real: Call, req: Any) -> Any:
+                reply = real(req)
+                return change(reply) if isinstance(req, request) else reply
+
+            _intercept(s, alter)
+            with pytest.raises(RpcError) as info:
+                got = run(s)
+                pytest.fail(f"answered {got!r}")
+            assert info.value.code == ErrorCode.RPC_FAIL
+            _restore(s)
+            if request is not BatchPutStart:
+                # Nothing of the batch is left in flight. (After a BatchPutStart answer that
+                # does not fit, the Store cannot tell which keys it started: revoking them all
+                # could revoke this client's own put of a key in flight in another thread. The
+                # master discards them after put_start_discard_timeout.)
+                assert _processing(node.address) == 0
+        finally:
+            _restore(s)
+            s.remove_all(force=True)

@@ -7,7 +7,8 @@ carries it out), `batch_replica_clear`, and the replica descriptors (`get_replic
 `batch_get_replica_desc`) that the Mooncake-compatible API exposes.
 
 Each is one round trip; its answer's code becomes the exception of that code
-(`raise_for_code`), and a batch's per-key codes are returned.
+(`raise_for_code`), a batch's per-key codes are returned, and a batch answer with a number of
+entries other than the keys asked raises `RpcError` (RPC_FAIL).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Control:
         if not ks:
             return []
         rep = self._node.rpc.call_as(BatchExistKey(ks, self.tenant), BatchExistReply)
+        check_count("BatchExistKey", len(rep.results), len(ks))
         out = []
         for k, r in zip(ks, rep.results, strict=True):
             if r.code not in (OK, OBJECT_NOT_FOUND):
@@ -141,6 +143,7 @@ class Control:
         if not ks:
             return []
         rep = self._node.rpc.call_as(BatchRemove(ks, bool(force), self.tenant), BatchReply)
+        check_count("BatchRemove", len(rep.codes), len(ks))
         return [_code(c) for c in rep.codes]
 
     def remove_all(self, force: bool) -> int:

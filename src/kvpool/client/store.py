@@ -22,8 +22,9 @@ from the value's own buffer, `get` allocates its result once and reads into it, 
 `get_into` use memory registered with `register_buffer` (the zero-copy API, as Mooncake's).
 
 Errors: bad input raises `InvalidParams` before anything is sent; master outcomes become the
-exception of their code (`ObjectNotFound`, `NoSpace`, `ObjectHasLease`, ...); a call after
-`close()` raises `StoreClosed` (the real Mooncake segfaults there).
+exception of their code (`ObjectNotFound`, `NoSpace`, `ObjectHasLease`, ...); a batch answer of
+the wrong length is `RpcError` (RPC_FAIL); a call after `close()` raises `StoreClosed` (the real
+Mooncake segfaults there).
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ One round trip instead of two (`kvpool.client.arena`)
     for nothing). When the master has no arena to give (a full pool) or forgot the arena, the
     put takes PutStart/PutEnd.
 
+A batch answer with a number of entries other than the keys asked is a fault of the master or
+of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
+are revoked (the master refuses for those it did complete).
+
 The inputs are checked by the Store (`kvpool.client.validation`); the Writer takes flat views.
 """
 
@@ -398,6 +402,7 @@ class Writer:
         end = BatchPutEnd(self._node.client_id, good_keys, [sums[i] for i in good], self.tenant)
         try:
             codes = self._node.rpc.call_as(end, BatchReply).codes
+            check_count("BatchPutEnd", len(codes), len(good))
         except BaseException:
             self._revoke(good_keys)  # the complete ones refuse it: only the others go
             raise

@@ -458,7 +458,8 @@ class Store:
         return self._control.remove_all(force)
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        """Remove the keys in which `pattern` (Python `re`) is found; returns the count."""
+        """Remove the keys in which `pattern` is found (the syntax of the `regex` package, which
+        the master matches with: Python's `re` and more, such as `\\p{L}`); returns the count."""
         return self._control.remove_by_regex(check_pattern(pattern), force)
 
     # ------------------------------------------------------------------ replica tasks (control.py)

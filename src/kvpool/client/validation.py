@@ -103,14 +103,16 @@ def batch_views(
 
 
 def check_pattern(pattern: object) -> str:
-    """`pattern` when it is a non-empty regular expression."""
+    """`pattern` when the master can compile it: the master matches keys with the `regex`
+    package (a time limit per chunk of keys), so it is `regex` that checks it here too
+    (`re` refuses valid patterns such as `\\p{L}`)."""
     if not isinstance(pattern, str) or not pattern:
         raise InvalidParams(f"pattern: expected a non-empty regular expression, got {pattern!r}")
-    import re
+    import regex  # type: ignore[import-untyped]  # only this call needs it: not at import
 
     try:
-        re.compile(pattern)
-    except re.error as exc:
+        regex.compile(pattern)
+    except (regex.error, ValueError, TypeError, OverflowError) as exc:
         raise InvalidParams(f"pattern {pattern!r}: {exc}") from exc
     return pattern
 

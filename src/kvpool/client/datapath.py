@@ -333,6 +333,36 @@ class _CopyHelper:
             share = None  # do not keep the caller's buffers while waiting
 
 
+class _Resolve:
+    """One `GetSegment` in flight for a segment name, and the threads waiting for its answer.
+    `forgotten` is set (under `DataPath._loc_lock`) by a `forget` of the name meanwhile."""
+
+    __slots__ = ("_done", "error", "forgotten", "location")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.location: SegmentLocation | None = None
+        self.error: KVPoolError | None = None
+        self.forgotten = False
+
+    def settle(self, location: SegmentLocation | None) -> None:
+        """The answer (None: the asking thread was interrupted; a waiter asks again)."""
+        self.location = location
+        self._done.set()
+
+    def fail(self, error: KVPoolError) -> None:
+        self.error = error
+        self._done.set()
+
+    def wait(self) -> SegmentLocation | None:
+        """The answer, once the asking thread has it; raises the master's refusal or the
+        fault of the call (as an exception of its own, of the same code)."""
+        self._done.wait()  # bounded: the asking thread's RPC has a timeout
+        if self.error is not None:
+            raise error_for_code(self.error.code, self.error.message) from self.error
+        return self.location
+
+
 class DataPath:
     """The data plane of one Store (see the module docstring). Thread-safe."""
 
@@ -346,7 +376,9 @@ class DataPath:
         self.protocol = protocol
         self.transfer_timeout = transfer_timeout
         self._locations: dict[str, SegmentLocation] = {}
-        self._loc_lock = threading.Lock()
+        self._resolving: dict[str, _Resolve] = {}
+        """Names being asked of the master now, each by one thread (see `resolve`)."""
+        self._loc_lock = threading.Lock()  # guards both dicts
         self.engine = TransferEngine(self.resolve, protocol=protocol)
         self._helper = _CopyHelper()
 
@@ -356,18 +388,56 @@ class DataPath:
         self.engine.close()
 
     def resolve(self, name: str) -> SegmentLocation:
-        """The engine's resolver: where segment `name` lives (cached; asks the master once)."""
+        """The engine's resolver: where segment `name` lives (cached; asks the master once).
+
+        A miss is resolved by one thread at a time: the others that miss the same name meanwhile
+        wait for its answer (or its error) instead of asking too. A `forget` of the name while
+        the master is being asked wins: the answer goes to the callers waiting for it, but is not
+        cached, since it may be what the failure that called `forget` found stale."""
         loc = self._locations.get(name)
         if loc is not None:
             return loc
-        reply = self._node.rpc.call_as(GetSegment(SegmentName(name)), SegmentReply)
-        raise_for_code(reply.code, f"segment {name!r}")
-        info = reply.segment
-        if info is None:
-            raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
-        loc = _location(info)
+        while True:
+            with self._loc_lock:
+                loc = self._locations.get(name)
+                if loc is not None:
+                    return loc
+                pending = self._resolving.get(name)
+                mine = pending is None
+                if pending is None:
+                    pending = self._resolving[name] = _Resolve()
+            if mine:
+                return self._ask(name, pending)
+            got = pending.wait()
+            if got is not None:
+                return got
+            # The resolving thread was interrupted by something other than the master's
+            # answer (KeyboardInterrupt, a bug): this thread asks itself.
+
+    def _ask(self, name: str, pending: _Resolve) -> SegmentLocation:
+        """Ask the master where `name` is, for every thread waiting on `pending`."""
+        try:
+            reply = self._node.rpc.call_as(GetSegment(SegmentName(name)), SegmentReply)
+            raise_for_code(reply.code, f"segment {name!r}")
+            info = reply.segment
+            if info is None:
+                raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
+            loc = _location(info)
+        except KVPoolError as exc:
+            with self._loc_lock:
+                del self._resolving[name]
+            pending.fail(exc)
+            raise
+        except BaseException:
+            with self._loc_lock:
+                del self._resolving[name]
+            pending.settle(None)
+            raise
         with self._loc_lock:
-            self._locations[name] = loc
+            del self._resolving[name]
+            if not pending.forgotten:
+                self._locations[name] = loc
+        pending.settle(loc)
         return loc
 
     def learn(self, infos: Sequence[SegmentInfo]) -> None:
@@ -383,6 +453,9 @@ class DataPath:
         elsewhere or its owner died); the next use asks the master again."""
         with self._loc_lock:
             self._locations.pop(name, None)
+            pending = self._resolving.get(name)
+            if pending is not None:
+                pending.forgotten = True  # what it finds is not cached (see `resolve`)
         self.engine.forget(name)
 
     def is_local(self, segment: SegmentName) -> bool:

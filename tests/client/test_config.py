@@ -95,6 +95,7 @@ def test_async_store_from_config(one_node: Pool) -> None:
             assert s.store.config == cfg
             assert await s.put("a", b"x" * 10)
             assert await s.get("a") == b"x" * 10
+            assert await s.warm_up() >= 1
             await s.remove_all(force=True)
 
     asyncio.run(main())
@@ -106,3 +107,12 @@ def test_verify_checksum_stays_settable_on_the_store(one_node: Pool) -> None:
         s.verify_checksum = True
         assert s.verify_checksum is True
         assert s.config.verify_checksum is False  # the settings it was made with
+
+
+def test_async_store_has_a_coroutine_for_every_store_method() -> None:
+    methods = {n for n, v in vars(Store).items() if not n.startswith("_") and callable(v)}
+    for name in methods - {"from_config"}:
+        coroutine = getattr(AsyncStore, name, None)
+        assert inspect.iscoroutinefunction(coroutine), name
+        same = inspect.signature(getattr(Store, name)).parameters
+        assert list(inspect.signature(coroutine).parameters) == list(same), name

@@ -190,8 +190,15 @@ class AsyncStore:
     async def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDesc]]:
         return await self._run(self.store.batch_get_replica_desc, keys)
 
-    async def mount_segment(self, size: int | str) -> str:
-        return await self._run(self.store.mount_segment, size)
+    async def mount_segment(
+        self, size: int | str, *, path: str | None = None, offset: int = 0
+    ) -> str:
+        return await self._run(
+            functools.partial(self.store.mount_segment, path=path, offset=offset), size
+        )
 
     async def unmount_segment(self, name: str) -> None:
         await self._run(self.store.unmount_segment, name)
+
+    async def warm_up(self) -> int:
+        return await self._run(self.store.warm_up)

@@ -35,7 +35,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Literal, cast
+from typing import cast
 
 from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
@@ -202,7 +202,7 @@ class Store:
         return TenantId(self._config.tenant)
 
     @property
-    def protocol(self) -> Literal["auto", "shm", "tcp"]:
+    def protocol(self) -> Protocol:
         return self._config.protocol
 
     @property
@@ -264,8 +264,11 @@ class Store:
                 self.close()
 
     def _open(self) -> DataPath:
-        """The data path, or `StoreClosed` after close()."""
-        return self._gate.open()
+        """The data path, or `StoreClosed` after close() (`_Gate.open`, inlined)."""
+        data = self._gate.data
+        if data is None:
+            raise StoreClosed("this Store is closed")
+        return data
 
     def health_check(self) -> HealthStatus:
         """HEALTHY when the master answers a Ping now, CLOSED after close(), else

@@ -26,6 +26,7 @@ EXPECTED = {
     "SoftPinAction",
     "Store",
     "StoreClosed",
+    "StoreConfig",
     "TransferError",
     "__version__",
 }
@@ -39,9 +40,10 @@ def test_all_is_pinned() -> None:
 def test_every_public_name_resolves() -> None:
     for name in kvpool.__all__:
         assert getattr(kvpool, name) is not None, name
-    from kvpool.client import Store
+    from kvpool.client import Store, StoreConfig
 
     assert kvpool.Store is Store
+    assert kvpool.StoreConfig is StoreConfig
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

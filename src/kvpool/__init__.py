@@ -2,9 +2,9 @@
 
 The public API is what `__all__` names (a test pins it); everything else is private.
 
-`Store`, `AsyncStore`, `ReplicateConfig`, `SoftPinAction` and `HealthStatus` come from
-`kvpool.client` and are imported on first use, so that `import kvpool` (and every `kvpool`
-command's start-up) does not pay for numpy, the RPC client and the transfer engine.
+`Store`, `StoreConfig`, `AsyncStore`, `ReplicateConfig`, `SoftPinAction` and `HealthStatus`
+come from `kvpool.client` and are imported on first use, so that `import kvpool` (and every
+`kvpool` command's start-up) does not pay for numpy, the RPC client and the transfer engine.
 """
 
 from __future__ import annotations
@@ -29,11 +29,18 @@ from kvpool.errors import (
 )
 
 if TYPE_CHECKING:
-    from kvpool.client import AsyncStore, HealthStatus, ReplicateConfig, SoftPinAction, Store
+    from kvpool.client import (
+        AsyncStore,
+        HealthStatus,
+        ReplicateConfig,
+        SoftPinAction,
+        Store,
+        StoreConfig,
+    )
 
 __version__ = "0.1.0"
 
-_LAZY = {"AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store"}
+_LAZY = {"AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store", "StoreConfig"}
 
 
 def __getattr__(name: str) -> Any:
@@ -63,6 +70,7 @@ __all__ = [
     "SoftPinAction",
     "Store",
     "StoreClosed",
+    "StoreConfig",
     "TransferError",
     "__version__",
 ]

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,9 +32,10 @@ from kvpool.client.datapath import (
     _Share,
     chunk_for,
 )
-from kvpool.errors import ErrorCode
-from kvpool.protocol.messages import GetReplicaList, ReplicaListReply, Response
+from kvpool.errors import ErrorCode, KVPoolError
+from kvpool.protocol.messages import GetReplicaList, GetSegment, ReplicaListReply, Response
 from kvpool.rpc.client import RpcClient
+from kvpool.transfer.location import SegmentLocation
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
 from kvtest.procs import wait_until
 
@@ -402,3 +405,113 @@ def test_closing_the_store_stops_the_copy_helper(one_node: Pool) -> None:
             s.remove_all(force=True)
     after = {t for t in threading.enumerate() if t.name == "kvpool-copy-helper"}
     assert after <= before
+
+
+# ---------------------------------------------------------------- segment locations
+
+
+class _GatedGetSegment:
+    """Holds every GetSegment of `store` until `release` is set, counting them; the rest of
+    the Store's calls pass. Undone by `close`."""
+
+    def __init__(self, store: Store) -> None:
+        self.rpc = store._node.rpc
+        self.calls = 0
+        self.release = threading.Event()
+        real = self.rpc.call
+
+        def call(req: Any, *a: Any, **kw: Any) -> Any:
+            if isinstance(req, GetSegment):
+                self.calls += 1
+                assert self.release.wait(timeout=30), "never released"
+            return real(req, *a, **kw)
+
+        self.rpc.call = call  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.release.set()
+        self.rpc.__dict__.pop("call", None)
+
+
+def _parked(thread: threading.Thread) -> bool:
+    """Whether `thread` is blocked waiting on a threading primitive (an Event, a Condition)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_missed_segment_is_asked_once_while_the_others_wait(store: Store, one_node: Pool) -> None:
+    data = store._open()
+    name = one_node.node_endpoints[0] + "/0"
+    data.forget(name)  # not known here: the next use asks the master
+    gate = _GatedGetSegment(store)
+    got: dict[str, SegmentLocation] = {}
+    threads = [
+        threading.Thread(target=lambda t=t: got.__setitem__(t, data.resolve(name)))
+        for t in ("first", "second")
+    ]
+    try:
+        threads[0].start()
+        wait_until(lambda: gate.calls == 1, what="the first resolve asking the master")
+        threads[1].start()
+        # The second either waits for the first's answer or asks too (the defect).
+        wait_until(lambda: gate.calls == 2 or _parked(threads[1]), what="the second resolve")
+    finally:
+        gate.close()
+        for t in threads:
+            if t.ident is not None:
+                t.join(timeout=30)
+    assert gate.calls == 1
+    assert got["first"] == got["second"] and got["first"].name == name
+
+
+def test_a_forget_during_a_resolve_wins(store: Store, one_node: Pool) -> None:
+    data = store._open()
+    name = one_node.node_endpoints[0] + "/0"
+    data.forget(name)
+    gate = _GatedGetSegment(store)
+    got: list[SegmentLocation] = []
+    asking = threading.Thread(target=lambda: got.append(data.resolve(name)))
+    try:
+        asking.start()
+        wait_until(lambda: gate.calls == 1, what="the resolve asking the master")
+        data.forget(name)  # a transfer failed meanwhile: what is being asked may be stale
+        gate.release.set()
+        asking.join(timeout=30)
+        assert got and got[0].name == name  # the caller still gets the master's answer...
+        data.resolve(name)
+        assert gate.calls == 2  # ...but it was not cached: the next use asks again
+    finally:
+        gate.close()
+        asking.join(timeout=30)
+
+
+def test_a_failed_resolve_fails_every_waiter_with_the_masters_answer(
+    store: Store,
+) -> None:
+    data = store._open()
+    gate = _GatedGetSegment(store)
+    errors: list[BaseException] = []
+
+    def resolve() -> None:
+        try:
+            data.resolve("127.0.0.1:1/404")
+        except KVPoolError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resolve) for _ in range(2)]
+    try:
+        threads[0].start()
+        wait_until(lambda: gate.calls == 1, what="the first resolve asking the master")
+        threads[1].start()
+        wait_until(lambda: gate.calls == 2 or _parked(threads[1]), what="the second resolve")
+    finally:
+        gate.close()
+        for t in threads:
+            if t.ident is not None:
+                t.join(timeout=30)
+    assert [e.code for e in errors] == [ErrorCode.SEGMENT_NOT_FOUND] * 2
+    assert gate.calls == 1

@@ -181,6 +181,17 @@ def test_batch_remove_remove_all_and_by_regex(store: Store) -> None:
     assert store.batch_exists(["p1", "p2", "q1"]) == [False, False, False]
 
 
+def test_remove_by_regex_takes_what_the_master_takes(store: Store) -> None:
+    # The master matches with the `regex` package; the Store's check before sending must not
+    # refuse what it accepts (Unicode properties such as \p{L}, which `re` does not know).
+    store.batch_put(["letters", "digits1", "ünï"], [b"x"] * 3)
+    assert store.remove_by_regex(r"^\p{L}+$") == 2
+    assert store.remove_by_regex(r"\p{N}{2}") == 0  # no key has two digits in a row
+    assert store.batch_exists(["letters", "digits1", "ünï"]) == [False, True, False]
+    with pytest.raises(InvalidParams):
+        store.remove_by_regex(r"\p{NoSuchProperty}")  # refused by both, before it is sent
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from kvpool.client import AsyncStore, ReplicateConfig, Store
+from kvpool.client.control import TaskInfo
 from kvpool.client.datapath import DataPath
 from kvpool.client.node import NodeRuntime
-from kvpool.client.tasks import TaskExecutor, TaskInfo
+from kvpool.client.tasks import TaskExecutor
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, ObjectNotFound
 from kvpool.protocol.messages import ReplicaStatus, TaskStatus, TaskType
 from kvpool.transfer.request import TransferOp

@@ -18,9 +18,9 @@ from types import FrameType
 
 import click
 
+from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
 from kvpool.client.node import NodeRuntime
-from kvpool.client.store import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.tasks import TaskExecutor
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.demo.progress import ProgressBar

@@ -7,7 +7,14 @@ Layers inside the package (each module imports only those above it)::
     node.py        NodeRuntime: client id, master connection, segments + TransferServer,
                    heartbeat (Ping, remount on NEED_REMOUNT, reconnect with backoff)
     datapath.py    DataPath: TransferEngine, segment locations, same-host copy+hash fast paths
-    store.py       Store: put/get lifecycles over a NodeRuntime and a TransferEngine
+    arena.py       Arenas: ranges the master lends for puts in one round trip
+    tasks.py       TaskExecutor: runs the replica copy/move tasks the master assigns to a node
+    config.py      StoreConfig: the Store's settings, frozen and validated
+    validation.py  what the Store checks of its input (and of batch answers' lengths)
+    writer.py      Writer: the put paths (PutStart/PutEnd/PutRevoke, arenas, batches)
+    reader.py      Reader: the get paths (replica choice, batches, the mapped fast path)
+    control.py     Control: queries, removal, replica tasks and descriptors (no bytes move)
+    store.py       Store: the public API, a façade over the parts above
     aio.py         AsyncStore: the Store's methods as coroutines (a private thread pool)
     embedded.py    EmbeddedPool: `kvpool master` + `kvpool node` as owned child processes
 
@@ -19,7 +26,15 @@ lifecycles are described in docs/parts/client.md.
 from __future__ import annotations
 
 from kvpool.client.aio import AsyncStore
+from kvpool.client.config import StoreConfig
 from kvpool.client.replicate import ReplicateConfig, SoftPinAction
 from kvpool.client.store import HealthStatus, Store
 
-__all__ = ["AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store"]
+__all__ = [
+    "AsyncStore",
+    "HealthStatus",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "Store",
+    "StoreConfig",
+]

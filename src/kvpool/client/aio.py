@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from kvpool.client.config import StoreConfig
+from kvpool.client.control import TaskInfo
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.store import Buffer, HealthStatus, Store
-from kvpool.client.tasks import TaskInfo
 from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
 from kvpool.protocol.messages import ReplicaDesc
 
@@ -34,17 +35,26 @@ T = TypeVar("T")
 
 
 class AsyncStore:
-    """Same arguments as `Store`, plus `workers` (threads running calls, default 4)."""
+    """Same arguments as `Store`, plus `workers` (threads running calls, default 4);
+    `AsyncStore.from_config` takes a `StoreConfig` as `Store.from_config` does."""
 
     def __init__(self, *args: Any, workers: int = 4, **kwargs: Any) -> None:
         if workers < 1:
             raise InvalidParams(f"workers: {workers!r} must be >= 1")
-        self._args = args
-        self._kwargs = kwargs
+        self._factory: Callable[[], Store] = functools.partial(Store, *args, **kwargs)
         self._workers = workers
         self._executor: ThreadPoolExecutor | None = None
         self._store: Store | None = None
         self._closed = False
+
+    @classmethod
+    def from_config(cls, config: StoreConfig, *, workers: int = 4) -> AsyncStore:
+        """An AsyncStore whose Store is `Store.from_config(config)` (connected by `open()`)."""
+        if not isinstance(config, StoreConfig):
+            raise InvalidParams(f"config: expected a StoreConfig, got {type(config).__name__}")
+        store = cls(workers=workers)
+        store._factory = functools.partial(Store.from_config, config)
+        return store
 
     async def open(self) -> AsyncStore:
         """Connect (in the thread pool). Idempotent."""
@@ -54,8 +64,7 @@ class AsyncStore:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="kvpool-aio")
             loop = asyncio.get_running_loop()
-            factory = functools.partial(Store, *self._args, **self._kwargs)
-            self._store = await loop.run_in_executor(self._executor, factory)
+            self._store = await loop.run_in_executor(self._executor, self._factory)
         return self
 
     @property
@@ -181,8 +190,15 @@ class AsyncStore:
     async def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDesc]]:
         return await self._run(self.store.batch_get_replica_desc, keys)
 
-    async def mount_segment(self, size: int | str) -> str:
-        return await self._run(self.store.mount_segment, size)
+    async def mount_segment(
+        self, size: int | str, *, path: str | None = None, offset: int = 0
+    ) -> str:
+        return await self._run(
+            functools.partial(self.store.mount_segment, path=path, offset=offset), size
+        )
 
     async def unmount_segment(self, name: str) -> None:
         await self._run(self.store.unmount_segment, name)
+
+    async def warm_up(self) -> int:
+        return await self._run(self.store.warm_up)

@@ -55,10 +55,10 @@ _PENDING: Final = ErrorCode.INTERNAL_ERROR
 """Placeholder code of a request handed to the engine (replaced by the engine's code)."""
 HASH_CHUNK: Final = 256 << 10
 """Large values on mapped segments are copied and hashed in chunks of this size, in one
-thread: each chunk is hashed while it is still in the CPU cache (16 MiB copy + xxh3 measured
-1.31 ms chunked against 1.69 ms whole). Overlapping the hash with a copy in the engine's copy
-thread instead was measured 5x slower on this loaded 2-core machine: waking another thread costs
-more than the whole hash."""
+thread: each chunk is hashed while it is still in the CPU cache, which is faster than copying
+the whole value and hashing it after. Overlapping the hash with a copy in the engine's copy
+thread instead was slower: waking another thread costs more than the whole hash
+(docs/parts/perf-store.md)."""
 CHUNKED_MIN: Final = 4 * HASH_CHUNK
 """Single values at least this large take the chunked copy-and-hash path."""
 LONG_CHUNK: Final = 1 << 20
@@ -66,9 +66,8 @@ LONG_CHUNK: Final = 1 << 20
 a page (see `chunk_for`): copies this large take glibc's vector loop, not `rep movsb`."""
 SHARE_PIECE: Final = max(1 << 20, BOUNCE_MAX)
 """The piece each thread claims at a time in a shared copy (see `_Share`): at least the L2
-size, so glibc copies every piece with its vector loop whatever the distance (`chunk_for`).
-With 1 MiB pieces 16 MiB took 1.39-1.54 ms (puts) and 1.33-1.45 (gets), with 2 MiB pieces
-1.48-1.61 and 1.37-1.53."""
+size, so glibc copies every piece with its vector loop whatever the distance (`chunk_for`);
+larger pieces measured no faster."""
 SHARED_MIN: Final = 4 * SHARE_PIECE
 """Single values at least this large are copied by the caller and a helper thread together;
 smaller ones by the caller alone, in HASH_CHUNK pieces."""
@@ -89,12 +88,12 @@ def _location(info: SegmentInfo) -> SegmentLocation:
 def chunk_for(dst_addr: int, src_addr: int) -> int:
     """The copy-and-hash chunk for a copy from `src_addr` to `dst_addr`.
 
-    glibc copies sizes from ~2 KiB up to the L2 size (512 KiB on this AMD EPYC) with
-    `rep movsb`, which runs 5-15x slower when the destination starts less than 64 bytes past
-    the source modulo 4 KiB (glibc avoids that case only on Intel). Exactly that happens on
-    every get into a numpy array or a large bytearray (malloc'd at page + 16) from a
-    page-aligned replica: 256 KiB chunks then copied 1 MiB in 357 us against 61 us. Chunks of
-    at least LONG_CHUNK take the vector loop at full speed and are still hashed from L2/L3.
+    glibc copies sizes from ~2 KiB up to the L2 size with `rep movsb`, which on AMD runs
+    several times slower when the destination starts less than 64 bytes past the source
+    modulo 4 KiB (glibc avoids that case only on Intel; docs/parts/perf-store.md). Exactly
+    that happens on every get into a numpy array or a large bytearray (malloc'd at page + 16)
+    from a page-aligned replica. Chunks of at least LONG_CHUNK take the vector loop at full
+    speed and are still hashed from L2/L3.
     """
     if slow_distance(dst_addr, src_addr):
         return LONG_CHUNK
@@ -109,17 +108,16 @@ class _Share:
     copies its pieces, the caller copies its own and hashes every piece in order (xxh3 runs
     in order and in one thread), each as soon as it has been copied: one core does not reach
     the machine's copy bandwidth, and the hash of one piece runs while the other thread copies
-    the next. 16 MiB took 1.2-1.45 ms this way, against 1.9-2.1 ms copied and hashed by the
-    caller alone and 1.65-1.7 ms for a plain memcpy (2026-11-30, 2 vCPUs, medians of 60).
+    the next: with a free core this beats copying and hashing alone, and even a plain memcpy
+    (docs/parts/perf-store.md, "a copy helper thread").
     Nothing is handed over and the caller waits only when the next piece to hash is the one
     the helper is still copying; a helper that starts late (its core busy) finds less left to
     claim, or nothing.
 
-    A helper with no core of its own takes turns with the caller instead: with a CPU-bound
-    process on the other vCPU it copied 15 of 16 pieces while the caller waited to run, and
-    16 MiB took 2.3-2.4 ms against 1.95-2.0 alone. So the helper stops once the caller has
-    made no progress during _STALLS of its pieces; that case then took 1.9-1.95 ms (gets 1.6-1.7
-    against 1.8 alone) and the caller ran for ~90% of it.
+    A helper with no core of its own takes turns with the caller instead (with a CPU-bound
+    process on the other core it copied nearly every piece while the caller waited to run,
+    slower than the caller alone). So the helper stops once the caller has made no progress
+    during _STALLS of its pieces, and the caller does most of that copy itself.
 
     A claim takes SHARE_PIECE bytes, or everything left when less than two pieces are, so no
     piece is shorter than SHARE_PIECE (or the whole copy) and none falls into glibc's slow
@@ -212,8 +210,7 @@ class _Share:
                         self.copied[c] = end
                     continue
                 # The next to hash: copy and hash it in chunks, each hashed from L2 (as when
-                # the caller copies alone; whole 1 MiB pieces were hashed from L3 and, copied
-                # without help, took 2.25-2.8 ms per 16 MiB against 1.9-2.0).
+                # the caller copies alone; whole 1 MiB pieces were hashed from L3, slower).
                 while c < end:
                     e = end if end - c < 2 * step else c + step
                     _memmove(dst + c, src + c, e - c)
@@ -270,10 +267,8 @@ class _CopyHelper:
         """Whether the next large copy should be shared: the way that was faster lately.
 
         Whether a helper pays depends on what else the machine runs, and it changes: on an
-        idle 2-vCPU machine 16 MiB took 1.2-1.45 ms shared against 1.9-2.1 alone, but while
-        other processes kept both vCPUs busy (test suites, load average 1-2) shared puts
-        through `kvpool bench store` took 2.4 ms against 1.9 alone (medians). So both ways are
-        timed as they run, the median of their recent timings decides, and every _EXPLORE-th
+        idle machine shared copies are clearly faster, but while other processes keep every
+        core busy they are slower than the caller alone. So both ways are timed as they run, the median of their recent timings decides, and every _EXPLORE-th
         copy takes the other way to keep its timing current. Unsynchronised between callers:
         a hint, harmless when stale."""
         if self._closed:
@@ -333,6 +328,36 @@ class _CopyHelper:
             share = None  # do not keep the caller's buffers while waiting
 
 
+class _Resolve:
+    """One `GetSegment` in flight for a segment name, and the threads waiting for its answer.
+    `forgotten` is set (under `DataPath._loc_lock`) by a `forget` of the name meanwhile."""
+
+    __slots__ = ("_done", "error", "forgotten", "location")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.location: SegmentLocation | None = None
+        self.error: KVPoolError | None = None
+        self.forgotten = False
+
+    def settle(self, location: SegmentLocation | None) -> None:
+        """The answer (None: the asking thread was interrupted; a waiter asks again)."""
+        self.location = location
+        self._done.set()
+
+    def fail(self, error: KVPoolError) -> None:
+        self.error = error
+        self._done.set()
+
+    def wait(self) -> SegmentLocation | None:
+        """The answer, once the asking thread has it; raises the master's refusal or the
+        fault of the call (as an exception of its own, of the same code)."""
+        self._done.wait()  # bounded: the asking thread's RPC has a timeout
+        if self.error is not None:
+            raise error_for_code(self.error.code, self.error.message) from self.error
+        return self.location
+
+
 class DataPath:
     """The data plane of one Store (see the module docstring). Thread-safe."""
 
@@ -346,7 +371,9 @@ class DataPath:
         self.protocol = protocol
         self.transfer_timeout = transfer_timeout
         self._locations: dict[str, SegmentLocation] = {}
-        self._loc_lock = threading.Lock()
+        self._resolving: dict[str, _Resolve] = {}
+        """Names being asked of the master now, each by one thread (see `resolve`)."""
+        self._loc_lock = threading.Lock()  # guards both dicts
         self.engine = TransferEngine(self.resolve, protocol=protocol)
         self._helper = _CopyHelper()
 
@@ -356,18 +383,56 @@ class DataPath:
         self.engine.close()
 
     def resolve(self, name: str) -> SegmentLocation:
-        """The engine's resolver: where segment `name` lives (cached; asks the master once)."""
+        """The engine's resolver: where segment `name` lives (cached; asks the master once).
+
+        A miss is resolved by one thread at a time: the others that miss the same name meanwhile
+        wait for its answer (or its error) instead of asking too. A `forget` of the name while
+        the master is being asked wins: the answer goes to the callers waiting for it, but is not
+        cached, since it may be what the failure that called `forget` found stale."""
         loc = self._locations.get(name)
         if loc is not None:
             return loc
-        reply = self._node.rpc.call_as(GetSegment(SegmentName(name)), SegmentReply)
-        raise_for_code(reply.code, f"segment {name!r}")
-        info = reply.segment
-        if info is None:
-            raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
-        loc = _location(info)
+        while True:
+            with self._loc_lock:
+                loc = self._locations.get(name)
+                if loc is not None:
+                    return loc
+                pending = self._resolving.get(name)
+                mine = pending is None
+                if pending is None:
+                    pending = self._resolving[name] = _Resolve()
+            if mine:
+                return self._ask(name, pending)
+            got = pending.wait()
+            if got is not None:
+                return got
+            # The resolving thread was interrupted by something other than the master's
+            # answer (KeyboardInterrupt, a bug): this thread asks itself.
+
+    def _ask(self, name: str, pending: _Resolve) -> SegmentLocation:
+        """Ask the master where `name` is, for every thread waiting on `pending`."""
+        try:
+            reply = self._node.rpc.call_as(GetSegment(SegmentName(name)), SegmentReply)
+            raise_for_code(reply.code, f"segment {name!r}")
+            info = reply.segment
+            if info is None:
+                raise error_for_code(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r}")
+            loc = _location(info)
+        except KVPoolError as exc:
+            with self._loc_lock:
+                del self._resolving[name]
+            pending.fail(exc)
+            raise
+        except BaseException:
+            with self._loc_lock:
+                del self._resolving[name]
+            pending.settle(None)
+            raise
         with self._loc_lock:
-            self._locations[name] = loc
+            del self._resolving[name]
+            if not pending.forgotten:
+                self._locations[name] = loc
+        pending.settle(loc)
         return loc
 
     def learn(self, infos: Sequence[SegmentInfo]) -> None:
@@ -383,6 +448,9 @@ class DataPath:
         elsewhere or its owner died); the next use asks the master again."""
         with self._loc_lock:
             self._locations.pop(name, None)
+            pending = self._resolving.get(name)
+            if pending is not None:
+                pending.forgotten = True  # what it finds is not cached (see `resolve`)
         self.engine.forget(name)
 
     def is_local(self, segment: SegmentName) -> bool:
@@ -439,7 +507,7 @@ class DataPath:
         if n == 0:
             return codes, digests
         rest: list[int] = list(range(n))
-        if self.protocol != "tcp":  # one request too: 4.4 us here against 6.5 via the engine
+        if self.protocol != "tcp":  # one request too: cheaper here than via the engine
             first = segments[0]
             if segments.count(first) == n:  # the common case: one segment, one hold
                 if self._copy_mapped(
@@ -501,9 +569,9 @@ class DataPath:
         (LOCAL or SHM route), filling `codes` and `digests`; False when it is not mapped.
 
         Why not always the engine: its per-request bookkeeping (request object, future,
-        routing, completion) costs ~5-15 us, which is most of a 4 KiB copy; a batch of 64
-        small reads measured 0.6-0.9 ms through `submit` against 0.07-0.18 ms copied here
-        under one hold.
+        routing, completion) costs more than a small copy itself; a batch of small reads
+        copied here under one hold is several times faster than through `submit`
+        (docs/parts/client.md).
         """
         hold = self.hold_mapped(segment)
         if hold is None:
@@ -563,7 +631,7 @@ class DataPath:
                 # No short last chunk: it could fall back into glibc's slow range.
                 e = n if n - c < 2 * step else c + step
                 # Copy first, then hash the chunk while it is in the cache (either side of
-                # the copy has it): 2.06 ms for a 16 MiB write against 2.40 hashing first.
+                # the copy has it): measured faster than hashing first.
                 if read:
                     view[c:e] = mem[offset + c : offset + e]
                 else:

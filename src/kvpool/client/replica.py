@@ -1,15 +1,14 @@
 """Which replica a read tries first, and what makes a read's bytes acceptable.
 
-Replica choice follows Mooncake's client (seed 000, "Выбор реплики для чтения"): only COMPLETE
-memory replicas are candidates; the first one whose segment lives on this host comes first
-(a same-host read is one memcpy from the owner's shared memory), then the others in the
-master's order. A read that fails on one replica moves to the next, so the returned order is
-the whole retry plan.
+Replica choice follows Mooncake's client: only COMPLETE memory replicas are candidates; the
+first one whose segment lives on this host comes first (a same-host read is one memcpy from the
+owner's shared memory), then the others in the master's order. A read that fails on one replica
+moves to the next, so the returned order is the whole retry plan.
 
-A read is accepted when its bytes hash to the checksum recorded at PutEnd (xxh3_64, about
-30 GB/s here, so it costs little next to the copy) and when it finished before its read lease
-ran out: after the lease the master may have evicted or overwritten the replica, so bytes read
-late are not trusted (LEASE_EXPIRED, as Mooncake checks after its memory reads).
+A read is accepted when its bytes hash to the checksum recorded at PutEnd (xxh3_64, which costs
+little next to the copy) and when it finished before its read lease ran out: after the lease the
+master may have evicted or overwritten the replica, so bytes read late are not trusted
+(LEASE_EXPIRED, as Mooncake checks after its memory reads).
 """
 
 from __future__ import annotations
@@ -22,12 +21,24 @@ import xxhash
 from kvpool.errors import ChecksumMismatch, LeaseExpired
 from kvpool.protocol.messages import ReplicaDesc, ReplicaKind, ReplicaStatus, SegmentName
 
-__all__ = ["checksum", "lease_deadline", "order_replicas", "verify_checksum", "verify_lease"]
+__all__ = [
+    "checksum",
+    "digest_or_checksum",
+    "lease_deadline",
+    "order_replicas",
+    "verify_checksum",
+    "verify_lease",
+]
 
 
 def checksum(data: memoryview | bytes | bytearray) -> int:
     """xxh3_64 of a whole value, as recorded at PutEnd."""
     return int(xxhash.xxh3_64_intdigest(data))
+
+
+def digest_or_checksum(digest: int | None, view: memoryview) -> int:
+    """`digest` when the copy took it (`DataPath.move_many`), else the value's checksum now."""
+    return checksum(view) if digest is None else digest
 
 
 def order_replicas(

@@ -3,7 +3,7 @@
 This is the user-facing form of the wire message `ReplicateConfigMsg`. It is validated once, when
 it is built, with the offending value in the error, so a bad config never reaches the master;
 `to_msg()` converts it (cached per instance, since the same config is usually reused for every
-put). Fields and defaults follow Mooncake's `ReplicateConfig` (reference/mooncake-store.md §1.4):
+put). Fields and defaults follow Mooncake's `ReplicateConfig`:
 
 * `replica_num`: memory replicas, placed on distinct segments (best effort: the master may
   allocate fewer when fewer segments exist).

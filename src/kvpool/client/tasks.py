@@ -1,24 +1,21 @@
-"""Replica copy/move tasks, the node's side: `TaskExecutor`, and the Store's task API.
+"""`TaskExecutor`: the replica copy/move tasks that the master assigns to this node, run here.
 
 The master never touches bytes (see `kvpool.master.tasks` and docs/parts/master.md): a copy or
 a move of a replica is a task that it assigns to the client owning the source segment (or to a
 live client with a segment on the source's host), with the destination ranges already
-allocated. This module is what such a client runs:
+allocated. `TaskExecutor` is what such a client runs: a daemon thread per node (a `kvpool
+node`, or a `Store` with a segment). It sends `FetchTasks(client_id, max_tasks)` every
+`poll_interval` (50 ms by default: pool-mode eviction swaps objects out through tasks while a put
+may be waiting for the space), and at once when a Ping answers `pending_tasks > 0` or a task just
+finished (there may be more). For each task it holds the source's mapping (the source is on this
+host by the master's choice; a source it cannot map is first read into a buffer through the
+engine), checks the bytes against the object's checksum (xxh3_64, when the writer recorded one: a
+corrupt source must not be copied into a healthy-looking replica), writes them to every target
+through the `DataPath` (memcpy / mapped shm on this host, TCP to other hosts), and reports
+`MarkTaskComplete(ok, message)` once. A report the master answers with
+OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object removed) is normal.
 
-* `TaskExecutor`: a daemon thread per node (a `kvpool node`, or a `Store` with a segment). It
-  sends `FetchTasks(client_id, max_tasks)` every `poll_interval` (50 ms: pool-mode eviction
-  swaps objects out through tasks while a put may be waiting for the space), and at once when
-  a Ping answers `pending_tasks > 0` or a task just finished (there may be more). For each
-  task it holds the source's mapping (the source is on this host by the master's choice; a
-  source it cannot map is first read into a buffer through the engine), checks the bytes
-  against the object's checksum (xxh3_64, when the writer recorded one: a corrupt source must
-  not be copied into a healthy-looking replica), writes them to every target through the
-  `DataPath` (memcpy / mapped shm on this host, TCP to other hosts), and reports
-  `MarkTaskComplete(ok, message)` once. A report the master answers with
-  OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object removed) is normal.
-* `TaskAPI`: the Store's methods that create and query tasks (`create_copy_task`,
-  `create_move_task`, `query_task`), `batch_replica_clear`, and the replica descriptors
-  (`get_replica_desc`, `batch_get_replica_desc`) that the Mooncake-compatible API exposes.
+Creating and querying tasks is the Store's side, a plain control call (`kvpool.client.control`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,32 +31,15 @@ from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import checksum
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, raise_for_code
 from kvpool.protocol.messages import (
-    BatchGetReplicaList,
-    BatchReplicaClear,
-    BatchReplicaClearReply,
-    BatchReplicaListReply,
-    ClientId,
-    CreateCopyTask,
-    CreateMoveTask,
     FetchTasks,
     FetchTasksReply,
-    GetReplicaList,
     MarkTaskComplete,
-    QueryTask,
-    QueryTaskReply,
-    ReplicaDesc,
-    ReplicaListReply,
     ReplicaTask,
     Reply,
-    SegmentName,
-    TaskReply,
-    TaskStatus,
-    TaskType,
-    TenantId,
 )
 from kvpool.transfer.request import TransferOp
 
-__all__ = ["TaskAPI", "TaskExecutor", "TaskInfo", "TaskStats"]
+__all__ = ["DEFAULT_POLL_INTERVAL_S", "TaskExecutor", "TaskStats"]
 
 log = logging.getLogger(__name__)
 
@@ -71,29 +50,6 @@ fetch), so that a batch of large copies does not hold back the first one's repor
 MAX_IDLE_BACKOFF_S: Final = 2.0
 """Longest wait between fetches while the master keeps refusing them (an older master without
 tasks, or one that is down); the heartbeat handles reconnects."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskInfo:
-    """What `Store.query_task` answers (the master's `QueryTaskReply`, without its code)."""
-
-    task_id: str
-    task_type: TaskType
-    status: TaskStatus
-    message: str
-    key: str
-    tenant: str
-    executor: str
-    created_s: float
-    """On the master's clock: compare with `updated_s`, not with local time."""
-    updated_s: float
-    age_s: float
-    """Seconds since the task was created."""
-
-    @property
-    def done(self) -> bool:
-        """SUCCESS or FAILED: the task will not change any more."""
-        return self.status in (TaskStatus.SUCCESS, TaskStatus.FAILED)
 
 
 @dataclass(slots=True)
@@ -184,8 +140,7 @@ class TaskExecutor:
         the RPC's error when the fetch itself fails.
 
         Reports go out pipelined (`call_many`), after every REPORT_BYTES copied and at the
-        end: one round trip per report was most of a small move (400 x 64 KiB moves:
-        2.1k/s reporting one by one).
+        end: one round trip per report was most of a small move (docs/parts/client.md).
         """
         with self._lock:
             if self.node.closed:
@@ -303,113 +258,3 @@ class TaskExecutor:
         if bad:
             return "writing " + ", ".join(f"{seg}: {code.name}" for seg, code in bad) + " failed"
         return ""
-
-
-class TaskAPI:
-    """The Store's replica-task and replica-descriptor methods (mixed into `Store`)."""
-
-    _node: NodeRuntime
-    tenant: TenantId
-
-    def _open(self) -> DataPath:  # provided by Store
-        raise NotImplementedError
-
-    def create_copy_task(self, key: str, targets: Sequence[str]) -> str:
-        """Ask the master to copy `key`'s bytes to one new replica on each of `targets`
-        (segment names); returns the task id. The copy runs on the node that owns the
-        source replica; follow it with `query_task`. Raises the master's refusal
-        (ObjectNotFound, NoSpace, OBJECT_HAS_REPLICATION_TASK, ...)."""
-        self._open()
-        key = _segment(key, "key")
-        names = [SegmentName(_segment(t, "targets")) for t in _list(targets, "targets")]
-        rep = self._node.rpc.call_as(CreateCopyTask(key, names, self.tenant), TaskReply)
-        raise_for_code(rep.code, f"copy task for {key!r}")
-        return rep.task_id
-
-    def create_move_task(self, key: str, source: str, target: str) -> str:
-        """Ask the master to move `key`'s replica on segment `source` to segment `target`;
-        returns the task id. The source stays readable until the task succeeds."""
-        self._open()
-        msg = CreateMoveTask(
-            _segment(key, "key"),
-            SegmentName(_segment(source, "source")),
-            SegmentName(_segment(target, "target")),
-            self.tenant,
-        )
-        rep = self._node.rpc.call_as(msg, TaskReply)
-        raise_for_code(rep.code, f"move task for {key!r}")
-        return rep.task_id
-
-    def query_task(self, task_id: str) -> TaskInfo:
-        """The state of a task (TASK_NOT_FOUND once the master has forgotten it)."""
-        self._open()
-        if not isinstance(task_id, str) or not task_id:
-            raise InvalidParams(f"task_id: expected a non-empty str, got {task_id!r}")
-        rep = self._node.rpc.call_as(QueryTask(task_id), QueryTaskReply)
-        raise_for_code(rep.code, f"task {task_id}")
-        return TaskInfo(
-            task_id=rep.task_id,
-            task_type=TaskType(rep.task_type),
-            status=TaskStatus(rep.status),
-            message=rep.message,
-            key=rep.key,
-            tenant=rep.tenant,
-            executor=rep.executor,
-            created_s=rep.created_s,
-            updated_s=rep.updated_s,
-            age_s=rep.age_s,
-        )
-
-    def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
-        """Drop the replicas of this client's own objects among `keys` whose lease has
-        expired (all of them, or only those on `segment_name`); returns the keys cleared."""
-        self._open()
-        ks = [_segment(k, "keys") for k in _list(keys, "keys")]
-        msg = BatchReplicaClear(
-            ks, ClientId(self._node.client_id), SegmentName(segment_name), self.tenant
-        )
-        rep = self._node.rpc.call_as(msg, BatchReplicaClearReply)
-        raise_for_code(rep.code, "BatchReplicaClear")
-        return list(rep.cleared)
-
-    def get_replica_desc(self, key: str) -> list[ReplicaDesc]:
-        """The replicas of `key` (segment, offset, size, status, endpoint, ...); empty when the
-        key does not exist or is still being written. Grants a read lease, like a get."""
-        self._open()
-        key = _segment(key, "key")
-        rep = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
-        return _descs(key, rep)
-
-    def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDesc]]:
-        """`get_replica_desc` of every key, in one round trip."""
-        self._open()
-        ks = [_segment(k, "keys") for k in _list(keys, "keys")]
-        if not ks:
-            return {}
-        rep = self._node.rpc.call_as(BatchGetReplicaList(ks, self.tenant), BatchReplicaListReply)
-        if len(rep.results) != len(ks):
-            raise KVPoolError(
-                f"BatchGetReplicaList answered {len(rep.results)} results for {len(ks)} keys",
-                ErrorCode.RPC_FAIL,
-            )
-        return {k: _descs(k, r) for k, r in zip(ks, rep.results, strict=True)}
-
-
-def _descs(key: str, rep: ReplicaListReply) -> list[ReplicaDesc]:
-    if rep.code in (ErrorCode.OBJECT_NOT_FOUND, ErrorCode.REPLICA_IS_NOT_READY):
-        return []
-    raise_for_code(rep.code, key)
-    return list(rep.replicas)
-
-
-def _list(values: object, what: str) -> Sequence[object]:
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise InvalidParams(f"{what}: expected a list of str, got {type(values).__name__}")
-    return values
-
-
-def _segment(value: object, what: str) -> str:
-    """A non-empty str (a key or a segment name), else INVALID_PARAMS naming `what`."""
-    if not isinstance(value, str) or not value:
-        raise InvalidParams(f"{what}: expected non-empty str, got {value!r}")
-    return value

@@ -165,7 +165,7 @@ class _Conn:
     ) -> None:
         # A blocking socket with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO) rather than
         # Python's settimeout(): in timeout mode CPython polls before every recv and send,
-        # which cost about 10 us of a 35-45 us lock-step round trip here.
+        # a large share of a lock-step round trip (docs/parts/perf-rpc.md).
         sock.settimeout(None)
         _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
         self.sock = sock

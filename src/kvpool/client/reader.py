@@ -1,0 +1,386 @@
+"""`Reader`: the Store's get paths, one value or a batch, and the batch's mapped fast path.
+
+One value (`get`, `get_into`)
+    GetReplicaList grants a read lease and names the replicas → the first COMPLETE memory
+    replica on this host is read, else the first complete one; a replica whose read fails (or
+    whose bytes fail the checksum) is skipped for the next → the xxh3_64 recorded at PutEnd is
+    verified (CHECKSUM_MISMATCH; `verify_checksum=False` turns it off) → a read that finished
+    after its lease expired is refused (LEASE_EXPIRED).
+
+A batch (`batch_get`, `batch_get_into`)
+    One BatchGetLocations (the compact form of BatchGetReplicaList: parallel lists, no Struct
+    per key) and one copy loop for all first choices (`DataPath.move_many`); a key whose first
+    choice failed is retried one by one through its other replicas (`read`). The answer's
+    lengths, sizes, segment indexes and offsets are checked: what does not fit is RPC_FAIL.
+
+The mapped fast path (`batch_get`)
+    A batch whose keys are all found or missing, one replica each, all on one segment mapped
+    here (this process's own or a same-host peer's shared memory) is read in one loop under one
+    hold of the mapping: each value is copied straight into its new bytearray (no zero-filling
+    first) and hashed while it is still in the CPU cache. Anything off that case (or a bad
+    checksum, or a late lease) goes to the general path, which does the whole batch again and
+    names the failing key.
+
+Values are copied once, straight between segment memory and the caller's (or the result's)
+memory. The inputs are checked by the Store (`kvpool.client.validation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import xxhash
+
+from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.node import NodeRuntime
+from kvpool.client.replica import (
+    digest_or_checksum,
+    lease_deadline,
+    order_replicas,
+    verify_checksum,
+    verify_lease,
+)
+from kvpool.client.validation import check_count
+from kvpool.codes import OBJECT_NOT_FOUND
+from kvpool.errors import (
+    ChecksumMismatch,
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    RpcError,
+    TransferError,
+    error_for_code,
+    raise_for_code,
+)
+from kvpool.protocol.messages import (
+    BatchGetLocations,
+    GetReplicaList,
+    LocationsReply,
+    ReplicaDesc,
+    ReplicaKind,
+    ReplicaListReply,
+    ReplicaStatus,
+    SegmentName,
+    TenantId,
+)
+from kvpool.transfer.request import TransferOp, TransferRequest
+
+__all__ = ["Reader"]
+
+log = logging.getLogger(__name__)
+
+
+class Reader:
+    """The get paths of one Store (module docstring). Thread-safe: it keeps no state of its own
+    between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`; `verify`
+    checks every read against the checksum recorded at PutEnd (`Store.verify_checksum`)."""
+
+    __slots__ = ("_node", "_opened", "tenant", "verify")
+
+    def __init__(
+        self,
+        node: NodeRuntime,
+        opened: Callable[[], DataPath],
+        tenant: TenantId,
+        verify: bool,
+    ) -> None:
+        self._node = node
+        self._opened = opened
+        self.tenant = tenant
+        self.verify = verify
+
+    # ------------------------------------------------------------------ one value
+
+    def get(self, key: str) -> bytearray:
+        """The value of `key` in a bytearray allocated once for it; raises `ObjectNotFound`."""
+        self._opened()
+        started = time.monotonic()
+        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
+        raise_for_code(rl.code, key)
+        out = bytearray(rl.size)
+        self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
+        return out
+
+    def get_into(self, key: str, mv: memoryview) -> int:
+        """Read `key` into `mv`; returns the value's size. A buffer smaller than the value is
+        INVALID_PARAMS and nothing is read."""
+        started = time.monotonic()
+        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
+        raise_for_code(rl.code, key)
+        if rl.size > mv.nbytes:
+            raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
+        self.read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
+        return rl.size
+
+    def read(
+        self,
+        key: str,
+        rl: ReplicaListReply,
+        dest: memoryview,
+        deadline: float,
+        order: list[ReplicaDesc] | None = None,
+    ) -> None:
+        """Read the object of `rl` into `dest`, trying the replicas of `order` (default: all
+        of them, best first; see the module docstring); raises the last replica's failure."""
+        if order is None:
+            order = order_replicas(rl.replicas, self._opened().is_local)
+        if not order:
+            raise error_for_code(ErrorCode.REPLICA_IS_NOT_READY, f"{key!r}: no readable replica")
+        failure: KVPoolError | None = None
+        verify = self.verify and rl.checksum is not None
+        for r in order:
+            done: tuple[ErrorCode, int | None] | None = None
+            if verify and dest.nbytes >= CHUNKED_MIN:
+                done = self._opened().copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
+            elif dest.nbytes < CHUNKED_MIN:  # copied here when mapped, hashed while in cache
+                got, digests = self._opened().move_many(
+                    TransferOp.READ, [dest], [r.segment], [r.offset], verify
+                )
+                done = got[0], digests[0]
+            if done is not None:
+                code, digest = done
+            else:
+                req = TransferRequest(TransferOp.READ, dest, r.segment, r.offset)
+                code, digest = self._opened().transfer([req])[0], None
+            if code != ErrorCode.OK:
+                failure = error_for_code(code, f"{key!r}: reading replica on {r.segment} failed")
+                continue
+            if verify:
+                try:
+                    verify_checksum(key, dest, rl.checksum, digest)
+                except ChecksumMismatch as exc:
+                    failure = exc
+                    continue
+            verify_lease(key, deadline)
+            return
+        raise failure or TransferError(f"{key!r}: every replica failed")
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_get(self, ks: list[str]) -> list[bytearray | None]:
+        """The values of `ks`, None for each key that does not exist. Any other per-key
+        failure (transfer, checksum, lease) raises once the whole batch is done."""
+        self._opened()
+        if not ks:
+            return []
+        started = time.monotonic()
+        loc = self._locations(ks)
+        fast = self._batch_get_mapped(loc, started)
+        if fast is not None:
+            return fast
+        out: list[bytearray | None] = []
+        dests: list[memoryview | None] = []
+        for code, size in zip(loc.codes, loc.sizes, strict=True):
+            if code == 0:
+                buf = bytearray(size)
+                out.append(buf)
+                dests.append(memoryview(buf))
+            else:
+                out.append(None)
+                dests.append(None)
+        codes = self._read_batch(ks, loc, dests, started)
+        first: KVPoolError | None = None
+        for i, code in enumerate(codes):
+            if code == ErrorCode.OBJECT_NOT_FOUND:
+                out[i] = None
+            elif code != ErrorCode.OK:
+                out[i] = None
+                first = first or error_for_code(code, f"{ks[i]!r}")
+        if first is not None:
+            raise first
+        return out
+
+    def batch_get_into(self, ks: list[str], views: list[memoryview]) -> list[int]:
+        """Read each key into its view; per key the bytes read, or a negative `ErrorCode`
+        value (OBJECT_NOT_FOUND, INVALID_PARAMS for a buffer too small, ...)."""
+        if not ks:
+            return []
+        started = time.monotonic()
+        loc = self._locations(ks)
+        sizes = loc.sizes
+        dests: list[memoryview | None] = [None] * len(ks)
+        early: dict[int, ErrorCode] = {}
+        for i, code in enumerate(loc.codes):
+            if code != 0:
+                continue
+            if sizes[i] > views[i].nbytes:
+                early[i] = ErrorCode.INVALID_PARAMS
+            else:
+                dests[i] = views[i][: sizes[i]]
+        codes = self._read_batch(ks, loc, dests, started)
+        out: list[int] = []
+        for i, code in enumerate(codes):
+            final = early.get(i, code)
+            out.append(sizes[i] if final == ErrorCode.OK else int(final))
+        return out
+
+    def _batch_get_mapped(
+        self, loc: LocationsReply, started: float
+    ) -> list[bytearray | None] | None:
+        """`batch_get`'s fast path, for its common case: every key found or missing, each with
+        one replica, all on one segment mapped here. One loop under one hold of the mapping:
+        each value is copied straight into its new bytearray (no zero-filling first) and
+        hashed while it is still in the cache. None when anything is off the common case (the
+        general path then does the whole batch, reads again included)."""
+        if len(loc.segments) != 1:
+            return None
+        hold = self._opened().hold_mapped(loc.segments[0])
+        if hold is None:
+            return None
+        digest = xxhash.xxh3_64_intdigest
+        verify = self.verify
+        sums, sizes, places = loc.checksums, loc.sizes, loc.places
+        out: list[bytearray | None] = []
+        with hold:
+            mem = hold.buffer
+            cap = mem.nbytes
+            for i, code in enumerate(loc.codes):
+                if code:
+                    if code != OBJECT_NOT_FOUND:
+                        return None
+                    out.append(None)
+                    continue
+                p = places[i]
+                if len(p) != 2 or p[0] != 0:
+                    return None
+                off = p[1]
+                end = off + sizes[i]
+                if off < 0 or end > cap or end < off:
+                    return None  # a malformed answer: the general path reports it
+                buf = bytearray(mem[off:end])
+                want = sums[i]
+                if verify and want is not None and digest(buf) != want:
+                    return None  # the general path tells which key and why
+                out.append(buf)
+        if time.monotonic() > lease_deadline(started, loc.lease_ttl_ms):
+            return None
+        return out
+
+    def _locations(self, keys: list[str]) -> LocationsReply:
+        loc = self._node.rpc.call_as(BatchGetLocations(keys, self.tenant), LocationsReply)
+        n = len(keys)
+        check_count("BatchGetLocations", len(loc.codes), n)
+        if not len(loc.sizes) == len(loc.checksums) == len(loc.places) == n:
+            raise RpcError(f"BatchGetLocations: lists of other lengths than {n} keys")
+        if len(loc.endpoints) != len(loc.segments):
+            raise RpcError("BatchGetLocations: segments and endpoints differ")
+        # What the loops index without checking: sizes (buffers are made from them) and the
+        # (segment, offset) pairs of places. Offsets and segment indexes are checked where used.
+        if (n and min(loc.sizes) < 0) or any(len(p) & 1 for p in loc.places):
+            raise RpcError("BatchGetLocations: malformed sizes or places")
+        return loc
+
+    def _read_batch(
+        self,
+        keys: list[str],
+        loc: LocationsReply,
+        dests: list[memoryview | None],
+        started: float,
+    ) -> list[ErrorCode]:
+        """Read every key that has a destination: first choices in one batch, then the keys
+        whose first choice failed one by one through their other replicas.
+
+        This loop runs once per key of every batch, so it stays plain: codes are converted
+        only when not OK, the clock is read once for the whole batch, and the parallel lists
+        of the `LocationsReply` are read as they came (no object per key).
+        """
+        ok = ErrorCode.OK
+        data = self._opened()
+        segments = loc.segments
+        n_segs = len(segments)
+        first_of = self._first_places(loc, data.is_local)
+        codes = [ok] * len(dests)
+        places: list[memoryview] = []
+        segs: list[str] = []
+        offs: list[int] = []
+        owner: list[int] = []
+        bad_place = False
+        for i, code in enumerate(loc.codes):
+            if code != 0:
+                codes[i] = ErrorCode.of(code)
+                continue
+            dest = dests[i]
+            if dest is None:
+                codes[i] = ErrorCode.INVALID_PARAMS  # a size check refused it
+                continue
+            p = loc.places[i]
+            if not p:
+                codes[i] = ErrorCode.REPLICA_IS_NOT_READY
+                continue
+            j = first_of[i] if first_of else 0
+            seg = p[j]
+            if not 0 <= seg < n_segs or p[j + 1] < 0:
+                bad_place = True
+                codes[i] = ErrorCode.RPC_FAIL
+                continue
+            places.append(dest)
+            segs.append(segments[seg])
+            offs.append(p[j + 1])
+            owner.append(i)
+        if bad_place:
+            log.warning("BatchGetLocations named a segment index out of range")
+        verify = self.verify
+        done, digests = data.move_many(TransferOp.READ, places, segs, offs, verify)
+        deadline = lease_deadline(started, loc.lease_ttl_ms)
+        late = time.monotonic() > deadline  # one clock read for the whole batch
+        sums = loc.checksums
+        for i, code, taken, dest in zip(owner, done, digests, places, strict=True):
+            want = sums[i]
+            if code == ok and (
+                not verify or want is None or digest_or_checksum(taken, dest) == want
+            ):
+                if late:
+                    codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
+                continue
+            codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH
+            # The rare path: the first choice failed; try the others one by one.
+            others = self._replica_list(loc, i, skip=first_of[i] if first_of else 0)
+            if others.replicas:
+                try:
+                    self.read(keys[i], others, dest, deadline, others.replicas)
+                    codes[i] = ok
+                except KVPoolError as exc:
+                    codes[i] = exc.code
+        return codes
+
+    @staticmethod
+    def _first_places(
+        loc: LocationsReply, is_local: Callable[[SegmentName], bool]
+    ) -> list[int] | None:
+        """Per key, the index in its places of the replica to read first (the first one on
+        this host, as `order_replicas`), or None when every key has at most one replica."""
+        if all(len(p) <= 2 for p in loc.places):
+            return None
+        segments = loc.segments
+        local = [is_local(SegmentName(name)) for name in segments]
+        first: list[int] = []
+        for p in loc.places:
+            j = 0
+            for k in range(0, len(p), 2):
+                if 0 <= p[k] < len(local) and local[p[k]]:
+                    j = k
+                    break
+            first.append(j)
+        return first
+
+    @staticmethod
+    def _replica_list(loc: LocationsReply, i: int, skip: int) -> ReplicaListReply:
+        """Key `i` of `loc` as a ReplicaListReply, without the replica at `skip` (the one that
+        failed), for the one-by-one retry through `_read`."""
+        p = loc.places[i]
+        descs = [
+            ReplicaDesc(
+                0,
+                ReplicaKind.MEMORY,
+                ReplicaStatus.COMPLETE,
+                loc.segments[p[k]],
+                p[k + 1],
+                loc.sizes[i],
+                loc.endpoints[p[k]],
+            )
+            for k in range(0, len(p), 2)
+            if k != skip and 0 <= p[k] < len(loc.segments) and p[k + 1] >= 0
+        ]
+        return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)

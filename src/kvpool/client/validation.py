@@ -1,0 +1,138 @@
+"""What the Store checks: its caller's input before anything is sent, and batch answers.
+
+Bad input raises `InvalidParams` naming the argument and the value; nothing reaches the master or
+a segment. Keys are non-empty `str` of at most MAX_KEY_BYTES bytes; values are non-empty buffers
+(anything with the buffer protocol); a write batch may not name a key twice; a `put_from` /
+`get_into` buffer must lie inside memory registered with `register_buffer`.
+
+A batch answer of the master with a number of entries other than the keys asked raises
+`RpcError` (RPC_FAIL): `check_count`, used wherever the Store pairs answers with keys.
+
+The batch checks run once per key of every batch, so they stay plain: one comprehension picks
+the suspicious keys, and only those take the full check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from kvpool.errors import ErrorCode, InvalidParams, RpcError
+from kvpool.transfer.registration import MemoryRegistry, buffer_address, byte_view
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "Buffer",
+    "batch_views",
+    "check_count",
+    "check_key",
+    "check_keys",
+    "check_name",
+    "check_names",
+    "check_pattern",
+    "registered",
+    "value_view",
+]
+
+MAX_KEY_BYTES: Final = 4096
+"""Longer keys are refused (INVALID_PARAMS): keys are names, not payloads."""
+
+Buffer = object
+"""Anything with the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap, ...)."""
+
+
+def check_key(key: object) -> str:
+    """`key` when it is a non-empty str of at most MAX_KEY_BYTES bytes."""
+    if not isinstance(key, str):
+        raise InvalidParams(f"key: expected a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidParams("key: the empty string is not a key")
+    if len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidParams(f"key: {len(key.encode())} bytes, over the {MAX_KEY_BYTES}-byte limit")
+    return key
+
+
+def check_keys(keys: object, *, unique: bool) -> list[str]:
+    """`keys` as a list, each a valid key; with `unique` (write batches) none twice."""
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise InvalidParams(f"keys: expected a list of str, got {type(keys).__name__}")
+    out = list(keys)
+    # One comprehension for the whole batch; only suspicious keys take the full check.
+    limit = MAX_KEY_BYTES // 4
+    for k in [k for k in out if type(k) is not str or not k or len(k) > limit]:
+        check_key(k)
+    if unique and len(set(out)) != len(out):
+        raise InvalidParams("keys: a write batch names the same key twice")
+    return out
+
+
+def value_view(value: object, what: str = "value") -> memoryview:
+    """The bytes of a value to put, as a flat memoryview (never empty)."""
+    if type(value) is bytes and value:  # flat bytes already: skip byte_view's checks
+        return memoryview(value)
+    mv = byte_view(value, what=what)
+    if mv.nbytes == 0:
+        raise InvalidParams(f"{what}: zero-length values are not stored")
+    return mv
+
+
+def registered(
+    registry: MemoryRegistry, buffer: Buffer, *, writable: bool, what: str
+) -> memoryview:
+    """The bytes of `buffer` when they lie inside memory registered in `registry`."""
+    mv = byte_view(buffer, writable=writable, what=what)
+    if mv.nbytes == 0:
+        raise InvalidParams(f"{what}: the buffer is empty")
+    if registry.find(buffer_address(mv), mv.nbytes) is None:
+        raise InvalidParams(
+            f"{what}: {mv.nbytes} bytes at {buffer_address(mv):#x} are not inside memory "
+            "registered with register_buffer()"
+        )
+    return mv
+
+
+def batch_views(
+    keys: list[str], values: Sequence[Buffer], view: Callable[[Buffer], memoryview]
+) -> list[memoryview]:
+    """One view per key (`view` of each value), when `values` pairs up with `keys`."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidParams(f"values: expected a list of buffers, got {type(values).__name__}")
+    if len(values) != len(keys):
+        raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
+    return [view(v) for v in values]
+
+
+def check_pattern(pattern: object) -> str:
+    """`pattern` when the master can compile it: the master matches keys with the `regex`
+    package (a time limit per chunk of keys), so it is `regex` that checks it here too
+    (`re` refuses valid patterns such as `\\p{L}`)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidParams(f"pattern: expected a non-empty regular expression, got {pattern!r}")
+    import regex  # type: ignore[import-untyped]  # only this call needs it: not at import
+
+    try:
+        regex.compile(pattern)
+    except (regex.error, ValueError, TypeError, OverflowError) as exc:
+        raise InvalidParams(f"pattern {pattern!r}: {exc}") from exc
+    return pattern
+
+
+def check_name(value: object, what: str) -> str:
+    """A non-empty str (a key or a segment name), else INVALID_PARAMS naming `what`."""
+    if not isinstance(value, str) or not value:
+        raise InvalidParams(f"{what}: expected non-empty str, got {value!r}")
+    return value
+
+
+def check_names(values: object, what: str) -> list[str]:
+    """A list of `check_name`s (a str itself is refused: it is not a list of names)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidParams(f"{what}: expected a list of str, got {type(values).__name__}")
+    return [check_name(v, what) for v in values]
+
+
+def check_count(what: str, got: int, want: int) -> None:
+    """A batch answer must have one entry per key asked: anything else is a fault of the master
+    or the connection (RPC_FAIL), never a value to zip with the keys."""
+    if got != want:
+        raise RpcError(f"{what} answered {got} results for {want} keys", ErrorCode.RPC_FAIL)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,15 @@ from typing import TypeVar
 from kvpool.children import READY_RE, Child, ChildError, free_port
 from kvpool.override import override
 
-__all__ = ["READY_RE", "Proc", "free_port", "kvpool_proc", "require_binary", "wait_until"]
+__all__ = [
+    "READY_RE",
+    "Proc",
+    "free_port",
+    "freeze",
+    "kvpool_proc",
+    "require_binary",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -36,6 +45,33 @@ def wait_until(
         time.sleep(interval)
         last = predicate()
     return last
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses and may hold spaces.
+                state = f.read().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # the thread ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and return once every one of its threads is stopped.
+
+    `kill` only queues the signal: a thread running on another core may go on serving for a
+    moment, so a test that freezes a peer and then expects it to answer nothing must wait here.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: _all_threads_stopped(pid), timeout, what=f"process {pid} to stop")
 
 
 class Proc(Child):

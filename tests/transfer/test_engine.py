@@ -26,7 +26,7 @@ from kvpool.transfer import (
     quarantined_count,
 )
 from kvpool.transfer.memory import retry_quarantined
-from kvtest.procs import wait_until
+from kvtest.procs import freeze, wait_until
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE
 Make = Callable[..., TransferEngine]
@@ -297,7 +297,7 @@ def test_a_frozen_peer_times_out_with_transfer_fail(
     peer = spawn_peer("frozen", "4MiB", fill=False)
     eng = make_engine({"frozen": peer.location}, "tcp", timeout=1.0, abort_grace=0.5)
     eng.transfer([R(bytearray(16), "frozen", 0)])
-    os.kill(peer.pid, signal.SIGSTOP)
+    freeze(peer.pid)
     try:
         t0 = time.monotonic()
         with pytest.raises(TransferError) as info:

@@ -410,17 +410,16 @@ class Scenario:
                     heartbeat_interval=min(1.0, plan.client_ttl_s / 4),
                 )
             self._start = time.monotonic()
-            mon = rpc
 
-            def spawn(name: str, fn: Callable[[], None]) -> None:
-                t = threading.Thread(target=fn, name=f"chaos-{name}", daemon=True)
+            def spawn(name: str, fn: Callable[..., None], *args: Any) -> None:
+                t = threading.Thread(target=fn, args=args, name=f"chaos-{name}", daemon=True)
                 t.start()
                 threads.append(t)
 
-            spawn("monitor", lambda: self._monitor(mon))
+            spawn("monitor", self._monitor, rpc)
             for path, store in stores.items():
-                spawn(f"write-{path}", lambda p=path, s=store: self._writer(p, s))  # type: ignore[misc]
-                spawn(f"read-{path}", lambda p=path, s=store: self._reader(p, s))  # type: ignore[misc]
+                spawn(f"write-{path}", self._writer, path, store)
+                spawn(f"read-{path}", self._reader, path, store)
             faults = self._timeline(pool, rpc, frozen)
             faults["address"] = address
             self._stop_all.set()
@@ -609,7 +608,10 @@ def _detail(r: dict[str, Any]) -> str:
     if m == "malformed_connections":
         return f"{r['outcomes']} in {r['seconds']} s"
     if m == "idle_sockets":
-        return f"opened {r['opened']}, closed by server {r['closed_by_server']}"
+        return (
+            f"opened {r['opened']}, connect failed {r['failed']}, "
+            f"closed by server {r['closed_by_server']} in {r['held_s']} s"
+        )
     if m == "get_errors_total":
         return f"during the run; {r['final']} at read-back"
     return ""

@@ -409,6 +409,7 @@ class Scenario:
                     transfer_timeout=plan.transfer_timeout_s,
                     heartbeat_interval=min(1.0, plan.client_ttl_s / 4),
                 )
+                stores[path].warm_up()  # map the segments now, not in the first puts' latency
             self._start = time.monotonic()
 
             def spawn(name: str, fn: Callable[..., None], *args: Any) -> None:
@@ -625,7 +626,7 @@ _COLUMNS = (
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    return render_table(_COLUMNS, rows)
+    return "\n".join(line.rstrip() for line in render_table(_COLUMNS, rows).splitlines())
 
 
 @click.command()

@@ -90,6 +90,7 @@ METRICS = (
     "master_rss_growth_mb",
     "time_to_full_replication_s",
     "under_replicated_at_end",
+    "segments_at_end",
     "malformed_connections",
     "master_answers_after_burst",
     "idle_sockets",
@@ -428,6 +429,7 @@ class Scenario:
                 t.join(timeout=plan.transfer_timeout_s + 10)
             self._event("read-back")
             self.under_replicated_at_end = self._under_replicated(rpc)
+            faults["stats_at_end"] = rpc.call_as(Stats(), StatsReply)
             self._read_back(stores)
             master = pool.master
             assert master is not None
@@ -493,6 +495,7 @@ class Scenario:
         burst = faults["burst"]
         flood: IdleFlood = faults["flood"]
         growth = (faults["rss_after"] - faults["rss_before"]) / MiB
+        end: StatsReply = faults["stats_at_end"]
         rows = [
             row(
                 "scenario_s",
@@ -530,6 +533,13 @@ class Scenario:
                 bound_s=round(plan.write_until + plan.settle_s - plan.kill_at, 1),
             ),
             row("under_replicated_at_end", self.under_replicated_at_end),
+            row(
+                "segments_at_end",
+                len(end.segments),
+                capacity=end.capacity,
+                used=end.used,
+                objects=end.objects,
+            ),
             row(
                 "malformed_connections",
                 burst.connections,
@@ -612,6 +622,11 @@ def _detail(r: dict[str, Any]) -> str:
         return (
             f"opened {r['opened']}, connect failed {r['failed']}, "
             f"closed by server {r['closed_by_server']} in {r['held_s']} s"
+        )
+    if m == "segments_at_end":
+        return (
+            f"mounted (2 when node 1 remounted); {r['objects']} objects, "
+            f"{format_size(r['used'])} of {format_size(r['capacity'])}"
         )
     if m == "get_errors_total":
         return f"during the run; {r['final']} at read-back"

@@ -562,7 +562,11 @@ class Scenario:
                 final=sum(self.final_get_errors.values()),
             ),
         ]
-        rows += [row("put_errors", n, code=c) for c, n in sorted(put_errors.items())]
+        for c, n in sorted(put_errors.items()):
+            ts = [p.t for p in rec.puts if p.code == c]
+            rows.append(
+                row("put_errors", n, code=c, first_s=round(min(ts), 2), last_s=round(max(ts), 2))
+            )
         rows += [
             row("get_errors", n, code=c, when="during") for c, n in sorted(rec.get_errors.items())
         ]

@@ -296,8 +296,10 @@ class Scenario:
                 and time.monotonic() >= next_replication
             ):
                 next_replication = time.monotonic() + 1.0
+                with self.rec.lock:
+                    any_acked = bool(self.rec.acked)
                 try:
-                    if self._under_replicated(rpc) == 0:
+                    if any_acked and self._under_replicated(rpc) == 0:  # not vacuously
                         self.rec.full_replication_s = self.now() - self._kill_t
                         self._event("full replication")
                 except Exception as exc:

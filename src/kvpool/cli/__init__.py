@@ -33,6 +33,7 @@ _BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "reclaim": ("kvpool.bench.reclaim", "command", "Reclaim: hit ratio, cost, tail latency."),
     "l2": ("kvpool.bench.l2", "command", "Engine-side L2 adapters: store/load throughput."),
     "compare": ("kvpool.bench.compare", "command", "kvpool next to Mooncake, Redis, limits."),
+    "chaos": ("kvpool.bench.chaos", "command", "Acked writes through crashes and bad frames."),
 }
 
 

@@ -45,6 +45,7 @@ from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import ReclaimConfig
 from kvpool.master.reclaim.engine import ReclaimEngine
+from kvpool.master.reclaim.fit import FreeMap, RangeReclaimer
 from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
 from kvpool.master.reclaim.softpin import SoftPinIndex
 from kvpool.protocol.messages import ReplicaKind
@@ -151,6 +152,7 @@ class MasterReclaimHooks:
         self._pins: SoftPinIndex[ObjectMeta] | None = None
         self._alignment = 1
         self._scheduled = False
+        self._ranges: RangeReclaimer[ObjectMeta] | None = None
 
     @property
     def engine(self) -> ReclaimEngine[ObjectMeta]:
@@ -182,6 +184,7 @@ class MasterReclaimHooks:
         service_target.engine = self._engine
         self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
+        self._ranges = RangeReclaimer(self._engine, _SegmentLayout())
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
         if replica.kind is not ReplicaKind.MEMORY:
@@ -240,6 +243,11 @@ class MasterReclaimHooks:
     def reclaim_for(self, bytes_needed: int) -> int:
         return self.engine.direct_reclaim(bytes_needed)
 
+    def reclaim_range(self, size: int) -> int:
+        ranges = self._ranges
+        assert ranges is not None, "MasterReclaimHooks is not attached to a service"
+        return ranges.reclaim_range(size)
+
     def tick(self, now: float) -> None:
         engine = self.engine
         self.soft_pins.expire(now, self._pin_expired)
@@ -266,6 +274,8 @@ class MasterReclaimHooks:
         out["resident_bytes"] = engine.resident_bytes
         out["migrating_bytes"] = engine.migrating_bytes
         out["soft_pins"] = len(self.soft_pins)
+        if self._ranges is not None:
+            out.update(self._ranges.stats.as_dict())
         return out
 
     def _wake(self) -> bool:
@@ -299,6 +309,20 @@ def _shard_of(obj: ObjectMeta) -> int:
 
 _STATE_REF = STATE_MASK | REF
 _ACTIVE_REF = ACTIVE_BITS | REF
+
+
+class _SegmentLayout:
+    """`fit.RangeLayout` over the master's replicas: a record's replica is its `Replica`, the
+    free map its segment's allocator."""
+
+    __slots__ = ()
+
+    def place(self, rec: EvictInfo[ObjectMeta]) -> tuple[FreeMap, int] | None:
+        replica: Replica = rec.replica_id
+        seg = replica.segment
+        if not seg.alive:
+            return None
+        return seg.allocator, replica.offset
 
 
 class _ObjectSlotIndex:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import random
 import time
 
-import pytest
-
 from kvpool.errors import ErrorCode
 from kvpool.master.config import MasterConfig
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
@@ -66,20 +64,28 @@ class Pool:
         return obj.replicas[0].offset
 
 
-def comb(pool: Pool, **kept: object) -> list[str]:
+SECOND = (3, 7, 11, 15)
+
+
+def comb(
+    pool: Pool, kept: dict[int, dict[str, object]] | None = None, *, read: bool = True
+) -> list[str]:
     """Fill 16 slots of 64 KiB in order, free the even ones, and leave the odd ones so that a
     byte pass for 256 KiB evicts slots 1, 5, 9, 13: four pieces of 192 KiB and no block of
-    256 KiB. Slots 3, 7, 11 and 15 (put with `kept`) are what a range reclaim may evict."""
+    256 KiB. Slots 3, 7, 11 and 15 (put with `kept[slot]`, if given) are what a range reclaim
+    may evict: any one of them makes the range."""
     for i in range(16):
-        cfg = kept if i % 4 == 3 else {}
-        assert pool.put(f"k{i}", **cfg) == OK
+        assert pool.put(f"k{i}", **(kept or {}).get(i, {})) == OK
         assert pool.offset(f"k{i}") == i * SLOT
     for i in range(0, 16, 2):
         pool.remove(f"k{i}")
-    for i in range(3, 16, 4):
+    for i in SECOND if read else ():
         pool.read(f"k{i}")  # referenced: the byte pass gives them a second chance
     pool.clock.advance(60.0)  # past every read lease
-    return [f"k{i}" for i in range(3, 16, 4)]
+    return [f"k{i}" for i in SECOND]
+
+
+SOFT: dict[str, object] = {"soft_pin_action": m.SoftPinAction.ENABLE, "soft_pin_ttl_ms": 3_600_000}
 
 
 def test_a_put_evicts_a_neighbour_when_the_freed_bytes_are_in_pieces() -> None:
@@ -94,19 +100,47 @@ def test_a_put_evicts_a_neighbour_when_the_freed_bytes_are_in_pieces() -> None:
     assert stats["range_found"] == 1 and stats["range_evicted"] == 1
 
 
-@pytest.mark.parametrize(
-    "kept",
-    [
-        {"with_hard_pin": True},
-        {"soft_pin_action": m.SoftPinAction.ENABLE, "soft_pin_ttl_ms": 3_600_000},
-    ],
-    ids=["hard-pinned", "soft-pinned"],
-)
-def test_range_reclaim_never_evicts_a_pinned_neighbour(kept: dict[str, object]) -> None:
+def test_range_reclaim_never_evicts_a_hard_pinned_neighbour() -> None:
     pool = Pool(16 * SLOT)
-    second = comb(pool, **kept)
+    second = comb(pool, {i: {"with_hard_pin": True} for i in SECOND})
     assert pool.put("big", 4 * SLOT) == NO_ROOM
     assert all(pool.exists(k) for k in second)
+
+
+def test_range_reclaim_keeps_soft_pinned_neighbours_when_they_may_not_go() -> None:
+    pool = Pool(16 * SLOT, allow_evict_soft_pinned_objects=False)
+    second = comb(pool, {i: SOFT for i in SECOND})
+    assert pool.put("big", 4 * SLOT) == NO_ROOM
+    assert all(pool.exists(k) for k in second)
+
+
+def test_range_reclaim_evicts_a_soft_pinned_neighbour_last() -> None:
+    # Slots 3 and 7 soft pinned, 11 and 15 not: the range comes from 11 or 15, although 3 is
+    # the first range in the segment.
+    pool = Pool(16 * SLOT)
+    comb(pool, {3: SOFT, 7: SOFT})
+    assert pool.put("big", 4 * SLOT) == OK
+    assert pool.exists("k3") and pool.exists("k7")
+    assert [pool.exists("k11"), pool.exists("k15")].count(False) == 1
+    # Only soft-pinned neighbours left: one of them goes (evicting them is allowed, last).
+    pool2 = Pool(16 * SLOT)
+    second = comb(pool2, {i: SOFT for i in SECOND})
+    assert pool2.put("big", 4 * SLOT) == OK
+    assert [pool2.exists(k) for k in second].count(False) == 1
+    assert pool2.hooks.stats()["soft_pinned_evicted"] == 1
+
+
+def test_range_reclaim_finds_soft_pinned_neighbours_parked_by_a_byte_pass() -> None:
+    # Unread, slots 3, 7 and 11 (soft pinned) are inspected by the byte pass, which parks them
+    # on the soft-pinned ring; 15 is hard pinned. Only the parked ones can make the range.
+    pool = Pool(16 * SLOT)
+    kept = {3: SOFT, 7: SOFT, 11: SOFT, 15: {"with_hard_pin": True}}
+    comb(pool, kept, read=False)
+    assert pool.put("big", 4 * SLOT) == OK
+    assert pool.exists("k15")
+    assert [pool.exists(f"k{i}") for i in (3, 7, 11)].count(False) == 1
+    stats = pool.hooks.stats()
+    assert stats["parked_soft_pinned"] >= 3 and stats["soft_pinned_evicted"] == 1
 
 
 def test_range_reclaim_never_evicts_a_leased_neighbour() -> None:

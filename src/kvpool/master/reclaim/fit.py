@@ -84,9 +84,31 @@ class RangeStats:
 # must also lie next to each other), and holds at least this many records.
 _WINDOW_COVER = 32
 _WINDOW_MIN = 256
+# A soft-pinned byte costs more than any number of unpinned ones (a segment's worth).
+_SOFT_WEIGHT = 1 << 48
 
 # One piece of a run: (length, evicted bytes, the record to evict or None for a free block).
 _Piece = tuple[int, int, "EvictInfo[K] | None"]
+
+
+@dataclass(slots=True)
+class _Batch(Generic[K]):
+    """Records one range reclaim isolated from one ring of one shard."""
+
+    lists: ReclaimLists[K]
+    epoch: int
+    records: list[EvictInfo[K]]
+    soft: bool  # from the soft-pinned ring (else from inactive)
+
+
+@dataclass(slots=True)
+class _Window(Generic[K]):
+    """What a range reclaim found in its window: evictable records placed on their segments,
+    unpinned ones and (cache mode) soft-pinned ones apart."""
+
+    placed: dict[int, tuple[FreeMap, list[tuple[int, EvictInfo[K], bool]]]]
+    unpinned: int = 0
+    soft: list[tuple[_Batch[K], EvictInfo[K]]] | None = None
 
 
 class RangeReclaimer(Generic[K]):
@@ -100,49 +122,46 @@ class RangeReclaimer(Generic[K]):
     def reclaim_range(self, size: int) -> int:
         """Evict the cheapest set of evictable inactive replicas that, with the free blocks
         between them, make one free range of at least `size` bytes on one segment; answer the
-        bytes freed (0: no such set in the window, nothing evicted)."""
+        bytes freed (0: no such set in the window, nothing evicted).
+
+        Soft-pinned replicas (cache mode, `allow_evict_soft_pinned`) are evicted last, as by a
+        byte pass: only when no range can be made of unpinned ones, and then the range with
+        the fewest soft-pinned bytes."""
         if size <= 0:
             return 0
         engine = self.engine
+        cfg = engine.config
         self.stats.range_calls += 1
-        isolated = self._isolate(self._window(size))
-        now = engine.clock()
-        freed = 0
+        limit = self._window(size)
+        batches = self._isolate(limit, soft=False)
+        window: _Window[K] = _Window({})
         try:
-            by_map: dict[int, tuple[FreeMap, list[tuple[int, EvictInfo[K]]]]] = {}
-            for lists, epoch, batch in isolated:
-                self.stats.range_scanned += len(batch)
-                for rec in batch:
-                    verdict = self._judge(lists, rec, epoch, now)
-                    if verdict is None:
-                        continue
-                    where = self.layout.place(rec)
-                    if where is None:
-                        continue
-                    free_map, offset = where
-                    entry = by_map.get(id(free_map))
-                    if entry is None:
-                        by_map[id(free_map)] = (free_map, [(offset, rec)])
-                    else:
-                        entry[1].append((offset, rec))
-            best: list[EvictInfo[K]] | None = None
-            best_cost = math.inf
-            for free_map, placed in by_map.values():
-                for run in _runs(free_map, placed):
-                    found = _cheapest(run, size)
-                    if found is not None and found[0] < best_cost:
-                        best_cost, best = found
+            self._judge_all(batches, window, engine.clock())
+            best = _best(window.placed, size, soft=False)
+            soft_last = cfg.mode is EvictionMode.CACHE and cfg.allow_evict_soft_pinned
+            if best is None and soft_last:
+                # Soft-pinned go last: also those parked on the soft-pinned rings earlier.
+                left = max(0, limit - sum(len(b.records) for b in batches))
+                more = self._isolate(left, soft=True) if left else []
+                batches += more
+                self._judge_all(more, window, engine.clock())
+                best = _best(window.placed, size, soft=True)
             if best is None:
                 self.stats.range_missed += 1
                 return 0
             self.stats.range_found += 1
-            freed = self._evict(best, isolated)
-            return freed
+            soft_ids = {id(rec) for _, rec in window.soft or ()}
+            return self._evict(best, batches, soft_ids)
         finally:
-            for lists, epoch, batch in isolated:
-                # Not evicted: back to the tail in the old order (not looked at, as far as the
-                # lists' ageing goes); records settled above are skipped by `putback`.
-                lists.putback(batch, epoch, ListState.INACTIVE, at_tail=True)
+            for rec_batch, rec in window.soft or ():
+                if rec.flags & STATE_MASK == ISOLATED_BITS and not rec_batch.soft:
+                    engine.stats.parked_soft_pinned += 1
+                    rec_batch.lists.park_soft_pinned(rec, rec_batch.epoch)
+            for b in batches:
+                # Not evicted: back to the tail of the ring it came from, in the old order
+                # (not looked at, as far as ageing goes); records settled are skipped.
+                where = ListState.SOFT_PINNED if b.soft else ListState.INACTIVE
+                b.lists.putback(b.records, b.epoch, where, at_tail=True)
 
     # ------------------------------------------------------------------ steps
 
@@ -156,37 +175,70 @@ class RangeReclaimer(Generic[K]):
         want = _WINDOW_COVER * -(-size // max(1, avg))
         return max(1, min(engine.config.range_scan_limit, max(_WINDOW_MIN, want)))
 
-    def _isolate(self, limit: int) -> list[tuple[ReclaimLists[K], int, list[EvictInfo[K]]]]:
+    def _isolate(self, limit: int, *, soft: bool) -> list[_Batch[K]]:
+        """Up to `limit` records off the tails of every shard's inactive (or soft-pinned)
+        ring, in proportion to the rings' lengths."""
         engine = self.engine
         shards = [engine.shard(i) for i in range(engine.num_shards)]
-        total = sum(lists.inactive_len for lists in shards)
-        out: list[tuple[ReclaimLists[K], int, list[EvictInfo[K]]]] = []
+
+        def length(lists: ReclaimLists[K]) -> int:
+            return lists.soft_pinned_len if soft else lists.inactive_len
+
+        total = sum(length(lists) for lists in shards)
+        out: list[_Batch[K]] = []
         if total <= 0:
             return out
         left = limit
-        for lists in sorted(shards, key=lambda x: x.inactive_len, reverse=True):
-            n = lists.inactive_len
+        for lists in sorted(shards, key=length, reverse=True):
+            n = length(lists)
             if n <= 0 or left <= 0:
                 break
             want = min(left, max(1, math.ceil(limit * n / total)))
-            epoch, batch = lists.isolate_inactive(want)
-            if batch:
-                engine.stats.isolated += len(batch)
-                out.append((lists, epoch, batch))
-                left -= len(batch)
+            if soft:
+                epoch, records = lists.isolate_soft_pinned(want)
+            else:
+                epoch, records = lists.isolate_inactive(want)
+            if records:
+                engine.stats.isolated += len(records)
+                self.stats.range_scanned += len(records)
+                out.append(_Batch(lists, epoch, records, soft))
+                left -= len(records)
         return out
 
-    def _judge(
-        self, lists: ReclaimLists[K], rec: EvictInfo[K], epoch: int, now: float
-    ) -> Verdict | None:
-        """The verdict of an evictable record, else None (after settling it as a pass would:
-        stale ones dropped, pinned ones parked; the rest stays isolated for the putback)."""
+    def _judge_all(self, batches: list[_Batch[K]], window: _Window[K], now: float) -> None:
+        """Ask about every record of `batches` and place the evictable ones in `window`."""
+        for b in batches:
+            for rec in b.records:
+                verdict = self._judge(b, rec, now)
+                if verdict is None:
+                    continue
+                soft = verdict is Verdict.SOFT_PINNED
+                if soft:
+                    if window.soft is None:
+                        window.soft = []
+                    window.soft.append((b, rec))
+                where = self.layout.place(rec)
+                if where is None:
+                    continue
+                free_map, offset = where
+                entry = window.placed.get(id(free_map))
+                if entry is None:
+                    window.placed[id(free_map)] = (free_map, [(offset, rec, soft)])
+                else:
+                    entry[1].append((offset, rec, soft))
+
+    def _judge(self, b: _Batch[K], rec: EvictInfo[K], now: float) -> Verdict | None:
+        """The verdict of a record a range may take (PRIMARY or DROPPABLE, or SOFT_PINNED for
+        the last stage), else None, after settling it as a pass would (stale ones dropped,
+        hard-pinned ones parked; the rest stays isolated for the putback)."""
         engine = self.engine
         stats = engine.stats
+        lists, epoch = b.lists, b.epoch
         flags = rec.flags
         if flags & STATE_MASK != ISOLATED_BITS or flags & REF:
             return None  # removed meanwhile, or referenced: its second chance is the byte pass's
         verdict = engine.target.inspect(rec, now)
+        cache = engine.config.mode is EvictionMode.CACHE
         if verdict is Verdict.STALE:
             stats.stale += 1
             lists.forget(rec)
@@ -194,23 +246,23 @@ class RangeReclaimer(Generic[K]):
             stats.parked_hard_pinned += 1
             lists.park_unevictable(rec, epoch)
         elif verdict is Verdict.SOFT_PINNED:
-            cfg = engine.config
-            if cfg.mode is EvictionMode.CACHE and cfg.allow_evict_soft_pinned:
-                stats.parked_soft_pinned += 1
-                lists.park_soft_pinned(rec, epoch)
-        elif verdict is Verdict.DROPPABLE or (
-            verdict is Verdict.PRIMARY and engine.config.mode is EvictionMode.CACHE
-        ):
+            if cache and engine.config.allow_evict_soft_pinned:
+                return verdict
+        elif verdict is Verdict.DROPPABLE or (verdict is Verdict.PRIMARY and cache):
+            if b.soft:
+                # Its pin ended before the tick said so: an unpinned record, back to inactive
+                # unless the range takes it.
+                stats.unparked_soft_pinned += 1
+                lists.putback([rec], epoch, ListState.INACTIVE)
+                return None
             return verdict
         return None  # leased, busy, or a primary pool mode would have to move
 
     def _evict(
-        self,
-        chosen: list[EvictInfo[K]],
-        isolated: list[tuple[ReclaimLists[K], int, list[EvictInfo[K]]]],
+        self, chosen: list[EvictInfo[K]], batches: list[_Batch[K]], soft_ids: set[int]
     ) -> int:
         engine = self.engine
-        lists_of = {id(rec): lists for lists, _, batch in isolated for rec in batch}
+        lists_of = {id(rec): b.lists for b in batches for rec in b.records}
         freed = 0
         for rec in chosen:
             if rec.flags & STATE_MASK != ISOLATED_BITS:
@@ -222,29 +274,53 @@ class RangeReclaimer(Generic[K]):
                 engine.stats.dropped += 1
                 engine.stats.evicted += 1
                 engine.stats.evicted_bytes += got
+                if id(rec) in soft_ids:
+                    engine.stats.soft_pinned_evicted += 1
                 self.stats.range_evicted += 1
                 self.stats.range_evicted_bytes += got
         return freed
 
 
-def _runs(free_map: FreeMap, placed: list[tuple[int, EvictInfo[K]]]) -> list[list[_Piece[K]]]:
-    """The runs of contiguous free-or-evictable pieces that `placed` (offset, record) make on
-    one segment, each with the free blocks at its ends."""
+def _best(
+    placed: dict[int, tuple[FreeMap, list[tuple[int, EvictInfo[K], bool]]]],
+    size: int,
+    *,
+    soft: bool,
+) -> list[EvictInfo[K]] | None:
+    """The records of the cheapest range of `size` bytes over every segment of `placed`:
+    unpinned records only, or (`soft`) soft-pinned ones too, the fewest soft-pinned bytes
+    first."""
+    best: list[EvictInfo[K]] | None = None
+    best_cost = math.inf
+    for free_map, items in placed.values():
+        usable = [(o, r, p) for o, r, p in items if soft or not p]
+        for run in _runs(free_map, usable):
+            found = _cheapest(run, size)
+            if found is not None and found[0] < best_cost:
+                best_cost, best = found
+    return best
+
+
+def _runs(free_map: FreeMap, placed: list[tuple[int, EvictInfo[K], bool]]) -> list[list[_Piece[K]]]:
+    """The runs of contiguous free-or-evictable pieces that `placed` (offset, record, soft
+    pinned) make on one segment, each with the free blocks at its ends. A piece's cost is its
+    bytes, times `_SOFT_WEIGHT` for a soft-pinned one."""
     placed.sort(key=lambda item: item[0])
     runs: list[list[_Piece[K]]] = []
     run: list[_Piece[K]] = []
     end = -1
-    for offset, rec in placed:
+    for offset, rec, soft in placed:
         size = rec.size
+        piece = (size, size * _SOFT_WEIGHT if soft else size, rec)
         if run:
             if offset == end:
-                run.append((size, size, rec))
+                run.append(piece)
                 end += size
                 continue
             gap = free_map.free_starting_at(end)
             if gap and end + gap == offset:
                 run.append((gap, 0, None))
-                run.append((size, size, rec))
+                run.append(piece)
                 end = offset + size
                 continue
             if gap:
@@ -252,7 +328,7 @@ def _runs(free_map: FreeMap, placed: list[tuple[int, EvictInfo[K]]]) -> list[lis
             runs.append(run)
         left = free_map.free_ending_at(offset)
         run = [(left, 0, None)] if left else []
-        run.append((size, size, rec))
+        run.append(piece)
         end = offset + size
     if run:
         gap = free_map.free_starting_at(end)

@@ -44,7 +44,7 @@ class ReclaimConfig:
     turn. A step's cost is per record, not per byte, so a step's length does not depend on
     the object size (docs/performance.md, reclaim section, has the measured step times)."""
 
-    range_scan_limit: int = 1024
+    range_scan_limit: int = 512
     """Records one range reclaim (`fit.RangeReclaimer`: a put that direct reclaim left without
     a free block large enough) isolates and looks at, at most: the oldest of every shard's
     inactive list, in proportion to its length. Bounds the cost of that slow path."""

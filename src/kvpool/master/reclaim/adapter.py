@@ -1,7 +1,7 @@
 """The reclaim engine plugged into the master service: `MasterReclaimHooks`.
 
 `MasterService` calls `kvpool.master.hooks.ReclaimHooks` (on_replica_complete, on_access,
-on_object_removed, reclaim_for, tick) and offers `kvpool.master.hooks.ReclaimTarget` back
+on_object_removed, reclaim_for, reclaim_range, tick) and offers `kvpool.master.hooks.ReclaimTarget` back
 (index, clock, memory usage, evictable, evict). This module turns those into the engine's
 terms, so that neither side knows the other's internals:
 
@@ -13,6 +13,9 @@ terms, so that neither side knows the other's internals:
   reclaim costs one 96-byte record per memory replica and nothing per object beside it;
 * a record's size is the replica's aligned allocation, the unit of `memory_usage()`;
 * the engine's shards are the service's metadata shards (`ObjectMeta.shard`);
+* `reclaim_range` is range reclaim (`fit.py`: evict the neighbours that make one free block
+  of a put's size when the bytes `reclaim_for` freed lie in smaller pieces); `_SegmentLayout`
+  tells it where a record's replica lies (its segment's allocator and offset);
 * `reclaim_for` is direct reclaim (inactive lists only, group commit); kswapd runs one bounded
   step per event-loop callback (see `MasterReclaimHooks`), and `tick` expires soft pins and
   restarts kswapd when it is wanted.

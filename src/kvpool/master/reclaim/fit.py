@@ -18,14 +18,19 @@ block:
 3. in every run at least `size` long, the stretch of consecutive pieces that covers `size`
    with the fewest evicted bytes (two pointers, O(pieces)) is a candidate; the cheapest one
    over all runs is evicted, and nothing else;
-4. every other record goes back to the tail of its inactive list in its old order, or is
-   settled as a normal pass settles it: stale dropped, hard-pinned parked unevictable,
-   soft-pinned parked on its ring (cache mode, `allow_evict_soft_pinned`: evicted last, by the
-   byte pass's round 4, never here).
+4. cache mode with `allow_evict_soft_pinned`: only when no run of unpinned candidates is long
+   enough, steps 2-3 again with the soft-pinned records of the window and of the shards'
+   soft-pinned rings (what is left of the window's budget), a soft-pinned byte costing more
+   than any number of unpinned ones: soft-pinned go last, pool-wide, as in a byte pass;
+5. every other record goes back to the tail of its list in its old order, or is settled as a
+   normal pass settles it: stale dropped, hard-pinned parked unevictable, soft-pinned parked
+   on its shard's soft-pinned ring.
 
-When no run is long enough it evicts nothing and answers 0; the caller then runs a byte pass
-(which also ages the lists) and may try again. Work per call is bounded by the window: one
-isolation and one `inspect` per record, a sort per segment, no walk of the metadata.
+When no run is long enough it evicts nothing and answers 0, and the put fails (having freed
+what the byte pass before it freed). Work per call is bounded by the window: one isolation and
+one `inspect` per record, a sort per segment, no walk of the metadata. The master's adapter
+(`adapter.py`) provides the layout; `src/kvpool/master/reclaim/README.md` ("Range reclaim")
+says what a window cannot do.
 """
 
 from __future__ import annotations

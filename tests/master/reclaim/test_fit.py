@@ -174,6 +174,25 @@ def test_pool_mode_direct_reclaim_moves_nothing_and_loses_nothing() -> None:
     assert all(pool.exists(f"k{i}") for i in range(1, 16, 2))
 
 
+def test_pool_mode_makes_a_range_of_extra_copies_and_loses_nothing() -> None:
+    # Two segments, every object on both: the copy that is not an object's primary may go
+    # (droppable), so a range can be made without a move, and no object is lost.
+    pool = Pool(16 * SLOT, eviction_mode="pool")
+    info = m.SegmentInfo(m.SegmentName("seg2"), 16 * SLOT, HOST, "127.0.0.1:2", "")
+    reply = pool.svc.handle(m.MountSegment(m.ClientId("node-2"), HOST, info))
+    assert isinstance(reply, m.Reply) and reply.code == OK
+    for i in range(16):
+        assert pool.put(f"k{i}", replica_num=2) == OK
+    for i in range(0, 16, 2):
+        pool.remove(f"k{i}")
+    for i in SECOND:
+        pool.read(f"k{i}")
+    pool.clock.advance(60.0)
+    assert pool.put("big", 4 * SLOT) == OK  # on main: NO_AVAILABLE_HANDLE
+    assert all(pool.exists(f"k{i}") for i in range(1, 16, 2))
+    assert pool.hooks.stats()["range_found"] == 1
+
+
 def test_mixed_sizes_ten_times_the_capacity_never_fail() -> None:
     """4 KiB-16 MiB (log-uniform, fixed seed) through a 64 MiB segment, ten times over, with
     nothing leased or pinned: every put succeeds. kswapd gets no turn here (no event loop

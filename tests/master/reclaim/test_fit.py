@@ -28,9 +28,9 @@ NO_ROOM = ErrorCode.NO_AVAILABLE_HANDLE
 class Pool:
     """One segment of `size` bytes, reclaim hooks, a hand clock, one shard (a fixed LRU)."""
 
-    def __init__(self, size: int, **cfg: object) -> None:
+    def __init__(self, size: int, hooks: MasterReclaimHooks | None = None, **cfg: object) -> None:
         self.clock = ManualClock()
-        self.hooks = MasterReclaimHooks()
+        self.hooks = hooks or MasterReclaimHooks()
         config = MasterConfig(num_shards=1, seed=1, **cfg)  # type: ignore[arg-type]
         self.svc = MasterService(config, clock=self.clock, hooks=self.hooks)
         info = m.SegmentInfo(m.SegmentName("seg"), size, HOST, "127.0.0.1:1", "")
@@ -145,9 +145,7 @@ def test_range_reclaim_finds_soft_pinned_neighbours_parked_by_a_byte_pass() -> N
 
 def test_range_reclaim_never_evicts_a_leased_neighbour() -> None:
     pool = Pool(16 * SLOT, default_kv_lease_ttl=3600.0)
-    second = comb(pool)
-    for k in second:
-        pool.read(k)  # a live lease (the hour-long TTL outlasts comb's minute)
+    second = comb(pool)  # its reads grant hour-long leases, still live after its minute
     assert pool.put("big", 4 * SLOT) == NO_ROOM
     assert all(pool.exists(k) for k in second)
 
@@ -191,6 +189,24 @@ def test_pool_mode_makes_a_range_of_extra_copies_and_loses_nothing() -> None:
     assert pool.put("big", 4 * SLOT) == OK  # on main: NO_AVAILABLE_HANDLE
     assert all(pool.exists(f"k{i}") for i in range(1, 16, 2))
     assert pool.hooks.stats()["range_found"] == 1
+
+
+def test_a_window_without_a_range_evicts_nothing_and_leaves_the_lists_as_they_were() -> None:
+    hooks = MasterReclaimHooks(range_scan_limit=64)
+    pool = Pool(256 * 4096, hooks, default_kv_lease_ttl=3600.0)
+    for i in range(256):
+        assert pool.put(f"s{i}", 4096) == OK
+    for i in range(0, 256, 2):
+        pool.remove(f"s{i}")
+    for i in range(1, 256, 4):
+        pool.read(f"s{i}")  # every other survivor leased (and referenced)
+    lists = hooks.engine.shard(0)
+    before = lists.inactive_order()
+    assert hooks.reclaim_range(3 * 4096 + 1) == 0  # every run is 3 pages at most
+    assert lists.inactive_order() == before
+    assert all(pool.exists(f"s{i}") for i in range(1, 256, 2))
+    stats = hooks.stats()
+    assert stats["range_missed"] == 1 and stats["range_scanned"] <= 64
 
 
 def test_mixed_sizes_ten_times_the_capacity_never_fail() -> None:

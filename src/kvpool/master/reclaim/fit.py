@@ -89,7 +89,7 @@ class RangeStats:
 # must also lie next to each other), and holds at least this many records.
 _WINDOW_COVER = 32
 _WINDOW_MIN = 256
-# A soft-pinned byte costs more than any number of unpinned ones (a segment's worth).
+# A soft-pinned byte costs more than all the unpinned bytes any segment could hold (256 TiB).
 _SOFT_WEIGHT = 1 << 48
 
 # One piece of a run: (length, evicted bytes, the record to evict or None for a free block).
@@ -112,7 +112,6 @@ class _Window(Generic[K]):
     unpinned ones and (cache mode) soft-pinned ones apart."""
 
     placed: dict[int, tuple[FreeMap, list[tuple[int, EvictInfo[K], bool]]]]
-    unpinned: int = 0
     soft: list[tuple[_Batch[K], EvictInfo[K]]] | None = None
 
 

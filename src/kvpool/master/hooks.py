@@ -25,11 +25,11 @@ service calls:
 * `reclaim_for(bytes_needed)` once when PutStart (or UpsertStart) found no room; the hook frees
   what it can (through `ReclaimTarget.evict`) and answers the bytes it freed; PutStart then
   retries its allocation once;
-* `reclaim_range(size)` when that retry failed too (the pool may have the bytes, but in pieces
-  smaller than `size`): the hook frees what makes one free range of `size` bytes on one
-  segment if it can (and else frees bytes as `reclaim_for` does) and answers the bytes freed;
-  PutStart retries after each call, for a small bounded number of calls, and stops at the
-  first that freed nothing;
+* `reclaim_range(size)` when PutStart still finds no room after `reclaim_for` (the pool may
+  have the bytes, but in pieces smaller than `size`): the hook evicts what makes one free
+  range of `size` bytes on one segment, if it can, and answers the bytes freed (0: it could
+  not, and freed nothing); PutStart retries after each call, for at most four calls, and
+  stops at the first that freed nothing;
 * `tick(now)` from a background task every `MasterConfig`-defined interval (kswapd's chance to
   reclaim above the high watermark).
 """

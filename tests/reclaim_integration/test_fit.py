@@ -3,7 +3,7 @@
 A real `kvpool master` and `kvpool node` (64 MiB segment); one Store puts values of 4 KiB to
 16 MiB (log-uniform, fixed seed, random order) until ten times the segment went through.
 Nothing is read (no leases) and nothing is pinned, so every put must succeed: before range
-reclaim (`kvpool.master.reclaim.fit`), about one in twenty failed with NO_AVAILABLE_HANDLE
+reclaim (`kvpool.master.reclaim.fit`), 3-4 % of them failed with NO_AVAILABLE_HANDLE
 although the pool had the bytes, in pieces. With arenas (the Store's default) and without,
 and as upserts (the soak of issue #13 lost upserts the same way).
 """

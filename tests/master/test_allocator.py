@@ -146,3 +146,18 @@ def test_alloc_at_takes_exactly_a_free_range_and_nothing_else() -> None:
     for o in got:
         alloc.free(o, 64)  # type: ignore[arg-type]
     assert alloc.free_blocks() == [(0, 64 * 100)] and alloc.allocated == 0
+
+
+def test_free_neighbours_are_found_by_their_edges() -> None:
+    alloc = OffsetAllocator(64 * 10, alignment=64)
+    offs = [alloc.alloc(64) for _ in range(10)]
+    assert offs == [i * 64 for i in range(10)]
+    alloc.free(64, 64)
+    alloc.free(128, 64)  # one free block [64, 192)
+    alloc.free(320, 64)  # [320, 384)
+    assert alloc.free_ending_at(64 * 3) == 128 and alloc.free_starting_at(64) == 128
+    assert alloc.free_ending_at(64 * 6) == 64 and alloc.free_starting_at(64 * 5) == 64
+    # Not an edge of a free block (inside one, an allocated edge, misaligned): nothing.
+    assert alloc.free_ending_at(128) == 0 and alloc.free_starting_at(128) == 0
+    assert alloc.free_ending_at(64 * 8) == 0 and alloc.free_starting_at(0) == 0
+    assert alloc.free_ending_at(100) == 0 and alloc.free_starting_at(100) == 0

@@ -197,6 +197,23 @@ class OffsetAllocator:
         top = self._bitmap.bit_length() - 1
         return max(self._by_start[s] for s in self._bins[top]) * self.alignment
 
+    def free_ending_at(self, offset: int) -> int:
+        """Bytes of the free block that ends exactly at `offset` (0 when there is none): what
+        freeing a block starting there would merge with on its left. O(1)."""
+        a = self.alignment
+        if offset % a:
+            return 0
+        start = self._by_end.get(offset // a)
+        return 0 if start is None else (offset // a - start) * a
+
+    def free_starting_at(self, offset: int) -> int:
+        """Bytes of the free block that starts exactly at `offset` (0 when there is none): what
+        freeing a block ending there would merge with on its right. O(1)."""
+        a = self.alignment
+        if offset % a:
+            return 0
+        return self._by_start.get(offset // a, 0) * a
+
     # ---------------------------------------------------------------- internals
 
     def _fit_in_own_bin(self, units: int) -> tuple[int, int] | None:

@@ -364,7 +364,9 @@ class MetadataCore:
 
     def allocate(self, size: int, plan: PutPlan) -> tuple[Replica, ...]:
         """PROCESSING replicas for a new object of `size` bytes, placed as `plan` says; when
-        nothing fits, one `reclaim_for` and one retry. () when there is no room."""
+        nothing fits, one `reclaim_for` and one retry, then up to four `reclaim_range` (one
+        free range large enough, where byte reclaim left the room in pieces), each followed by
+        a retry. () when there is no room."""
         if plan.simple:
             one = self.carve(size, plan) if plan.region_left else None
             if one is None:
@@ -389,17 +391,28 @@ class MetadataCore:
             aligned = self.aligned(size)
             if not any(s.allocator.capacity >= aligned for s in self.segments.live):
                 return ()
-            if self.hooks.reclaim_for(aligned * plan.replica_num) <= 0:
-                return ()
-            got = self.placement.allocate(
-                self.segments,
-                size,
-                plan.replica_num,
-                preferred=plan.preferred,
-                local_host=host,
-                local_first=plan.same_node,
-            )
+            if self.hooks.reclaim_for(aligned * plan.replica_num) > 0:
+                got = self._allocate_again(size, plan, host)
+            # The bytes freed may lie in pieces smaller than the object (issue #13): free one
+            # range large enough instead, a bounded number of times, within this request.
+            rounds = 4
+            while not got and rounds > 0 and self.hooks.reclaim_range(aligned) > 0:
+                rounds -= 1
+                got = self._allocate_again(size, plan, host)
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
+
+    def _allocate_again(
+        self, size: int, plan: PutPlan, host: HostId | None
+    ) -> list[tuple[Segment, int]]:
+        """`allocate`'s placement once more, after reclaim freed something."""
+        return self.placement.allocate(
+            self.segments,
+            size,
+            plan.replica_num,
+            preferred=plan.preferred,
+            local_host=host,
+            local_first=plan.same_node,
+        )
 
     def carve(self, size: int, plan: PutPlan) -> tuple[Segment, int] | None:
         """A range for one object of a batch, cut from the batch's region.

@@ -25,6 +25,11 @@ service calls:
 * `reclaim_for(bytes_needed)` once when PutStart (or UpsertStart) found no room; the hook frees
   what it can (through `ReclaimTarget.evict`) and answers the bytes it freed; PutStart then
   retries its allocation once;
+* `reclaim_range(size)` when PutStart still finds no room after `reclaim_for` (the pool may
+  have the bytes, but in pieces smaller than `size`): the hook evicts what makes one free
+  range of `size` bytes on one segment, if it can, and answers the bytes freed (0: it could
+  not, and freed nothing); PutStart retries after each call, for at most four calls, and
+  stops at the first that freed nothing;
 * `tick(now)` from a background task every `MasterConfig`-defined interval (kswapd's chance to
   reclaim above the high watermark).
 """
@@ -134,6 +139,11 @@ class ReclaimHooks(Protocol):
         """Free at least `bytes_needed` if possible; answer the bytes actually freed."""
         ...
 
+    def reclaim_range(self, size: int) -> int:
+        """Free what makes one free range of at least `size` bytes on one segment, if
+        possible; answer the bytes freed (0: nothing freed, the put stops asking)."""
+        ...
+
     def tick(self, now: float) -> None: ...
 
 
@@ -160,6 +170,9 @@ class NoopReclaimHooks:
         pass
 
     def reclaim_for(self, bytes_needed: int) -> int:
+        return 0
+
+    def reclaim_range(self, size: int) -> int:
         return 0
 
     def tick(self, now: float) -> None:

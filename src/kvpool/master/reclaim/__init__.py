@@ -8,6 +8,7 @@ direct reclaim, group commit, and the cache and pool eviction modes. Layers, bot
     base.py      ReclaimTarget (what the engine asks the metadata), Verdict
     config.py    ReclaimConfig, EvictionMode
     engine.py    ReclaimEngine: online hooks, kswapd_step, direct_reclaim (group commit)
+    fit.py       RangeReclaimer: evict the neighbours that make one free block of a put's size
     softpin.py   the deadline index that expires soft pins in order, shard by shard
     simulated.py SimulatedPool: an in-memory ReclaimTarget for tests and benchmarks
     adapter.py   MasterReclaimHooks: the master service's reclaim hooks over the engine
@@ -19,6 +20,7 @@ master's flags) import anything.
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import EvictionMode, ReclaimConfig
 from kvpool.master.reclaim.engine import ReclaimEngine, ReclaimResult, ReclaimStats
+from kvpool.master.reclaim.fit import RangeReclaimer
 from kvpool.master.reclaim.lists import ReclaimLists
 from kvpool.master.reclaim.records import EvictInfo, ListState
 from kvpool.master.reclaim.softpin import SoftPinIndex
@@ -27,6 +29,7 @@ __all__ = [
     "EvictInfo",
     "EvictionMode",
     "ListState",
+    "RangeReclaimer",
     "ReclaimConfig",
     "ReclaimEngine",
     "ReclaimLists",

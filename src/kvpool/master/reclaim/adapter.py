@@ -1,7 +1,7 @@
 """The reclaim engine plugged into the master service: `MasterReclaimHooks`.
 
 `MasterService` calls `kvpool.master.hooks.ReclaimHooks` (on_replica_complete, on_access,
-on_object_removed, reclaim_for, tick) and offers `kvpool.master.hooks.ReclaimTarget` back
+on_object_removed, reclaim_for, reclaim_range, tick) and offers `kvpool.master.hooks.ReclaimTarget` back
 (index, clock, memory usage, evictable, evict). This module turns those into the engine's
 terms, so that neither side knows the other's internals:
 
@@ -13,6 +13,9 @@ terms, so that neither side knows the other's internals:
   reclaim costs one 96-byte record per memory replica and nothing per object beside it;
 * a record's size is the replica's aligned allocation, the unit of `memory_usage()`;
 * the engine's shards are the service's metadata shards (`ObjectMeta.shard`);
+* `reclaim_range` is range reclaim (`fit.py`: evict the neighbours that make one free block
+  of a put's size when the bytes `reclaim_for` freed lie in smaller pieces); `_SegmentLayout`
+  tells it where a record's replica lies (its segment's allocator and offset);
 * `reclaim_for` is direct reclaim (inactive lists only, group commit); kswapd runs one bounded
   step per event-loop callback (see `MasterReclaimHooks`), and `tick` expires soft pins and
   restarts kswapd when it is wanted.
@@ -45,6 +48,7 @@ from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import ReclaimConfig
 from kvpool.master.reclaim.engine import ReclaimEngine
+from kvpool.master.reclaim.fit import FreeMap, RangeReclaimer
 from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
 from kvpool.master.reclaim.softpin import SoftPinIndex
 from kvpool.protocol.messages import ReplicaKind
@@ -151,6 +155,7 @@ class MasterReclaimHooks:
         self._pins: SoftPinIndex[ObjectMeta] | None = None
         self._alignment = 1
         self._scheduled = False
+        self._ranges: RangeReclaimer[ObjectMeta] | None = None
 
     @property
     def engine(self) -> ReclaimEngine[ObjectMeta]:
@@ -182,6 +187,7 @@ class MasterReclaimHooks:
         service_target.engine = self._engine
         self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
+        self._ranges = RangeReclaimer(self._engine, _SegmentLayout())
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
         if replica.kind is not ReplicaKind.MEMORY:
@@ -240,6 +246,11 @@ class MasterReclaimHooks:
     def reclaim_for(self, bytes_needed: int) -> int:
         return self.engine.direct_reclaim(bytes_needed)
 
+    def reclaim_range(self, size: int) -> int:
+        ranges = self._ranges
+        assert ranges is not None, "MasterReclaimHooks is not attached to a service"
+        return ranges.reclaim_range(size)
+
     def tick(self, now: float) -> None:
         engine = self.engine
         self.soft_pins.expire(now, self._pin_expired)
@@ -266,6 +277,8 @@ class MasterReclaimHooks:
         out["resident_bytes"] = engine.resident_bytes
         out["migrating_bytes"] = engine.migrating_bytes
         out["soft_pins"] = len(self.soft_pins)
+        if self._ranges is not None:
+            out.update(self._ranges.stats.as_dict())
         return out
 
     def _wake(self) -> bool:
@@ -299,6 +312,20 @@ def _shard_of(obj: ObjectMeta) -> int:
 
 _STATE_REF = STATE_MASK | REF
 _ACTIVE_REF = ACTIVE_BITS | REF
+
+
+class _SegmentLayout:
+    """`fit.RangeLayout` over the master's replicas: a record's replica is its `Replica`, the
+    free map its segment's allocator."""
+
+    __slots__ = ()
+
+    def place(self, rec: EvictInfo[ObjectMeta]) -> tuple[FreeMap, int] | None:
+        replica: Replica = rec.replica_id
+        seg = replica.segment
+        if not seg.alive:
+            return None
+        return seg.allocator, replica.offset
 
 
 class _ObjectSlotIndex:

@@ -44,6 +44,11 @@ class ReclaimConfig:
     turn. A step's cost is per record, not per byte, so a step's length does not depend on
     the object size (docs/performance.md, reclaim section, has the measured step times)."""
 
+    range_scan_limit: int = 512
+    """Records one range reclaim (`fit.RangeReclaimer`: a put that direct reclaim left without
+    a free block large enough) isolates and looks at, at most: the oldest of every shard's
+    inactive list, in proportion to its length. Bounds the cost of that slow path."""
+
     kswapd_backoff: float = 1.0
     """Seconds kswapd stays asleep above the high watermark after a step found nothing to
     reclaim (a failed allocation wakes it at once): without it every PutEnd above the
@@ -66,6 +71,8 @@ class ReclaimConfig:
             raise InvalidParams(f"inactive_ratio must be > 0, got {self.inactive_ratio}")
         if self.scan_limit < 1:
             raise InvalidParams(f"scan_limit must be >= 1, got {self.scan_limit}")
+        if self.range_scan_limit < 1:
+            raise InvalidParams(f"range_scan_limit must be >= 1, got {self.range_scan_limit}")
         if self.kswapd_backoff < 0:
             raise InvalidParams(f"kswapd_backoff must be >= 0 seconds, got {self.kswapd_backoff}")
         if self.kswapd_step_records < 1:

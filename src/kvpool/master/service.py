@@ -39,6 +39,7 @@ from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.planner import PutPlanner
 from kvpool.master.reads import ReadPath
+from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
@@ -110,10 +111,13 @@ class MasterService:
         # before a failing task parks any more (the order the rules were written in).
         core.observe(self._arenas)
         core.observe(self._tasks)
+        # After the tasks: a copy that fails with its object reports to the queue first.
+        self._repair = RepairQueue(core, self._tasks)
+        core.observe(self._repair)
         planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
-        self._admin = AdminPath(core, self._tasks, self._arenas)
+        self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks)
         self._arena_path = ArenaPath(core, planner, self._arenas)
         w, r, a, t, ar = self._writes, self._reads, self._admin, self._task_path, self._arena_path
@@ -225,7 +229,8 @@ class MasterService:
         return self._admin.check_liveness()
 
     def expire_clients(self) -> list[ClientId]:
-        """Expire every client silent for `client_ttl`; answers their ids."""
+        """Silence clients without a ping for `client_ttl`, drop those without one for
+        `client_dead_ttl`; answers the ids dropped."""
         return self._admin.expire_clients()
 
     def expire_client(self, client_id: ClientId) -> None:
@@ -240,6 +245,15 @@ class MasterService:
     def sweep_dead(self) -> Iterator[int]:
         """Drop replicas of unmounted segments from the metadata, in steps (`MetadataCore`)."""
         return self._core.sweep_dead()
+
+    def repair_tick(self) -> int:
+        """Start due repair copies (`RepairQueue.tick`); answers how many started."""
+        return self._repair.tick(self._core.clock())
+
+    @property
+    def repair(self) -> RepairQueue:
+        """The replica repair queue (for stats and tests)."""
+        return self._repair
 
     # ------------------------------------------------------------------ requests by name
 

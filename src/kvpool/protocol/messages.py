@@ -153,6 +153,7 @@ __all__ = [
     "QueryTaskReply",
     "ReMountSegment",
     "ReleaseArenas",
+    "RemountReply",
     "Remove",
     "RemoveAll",
     "RemoveByRegex",
@@ -404,6 +405,15 @@ class BatchReply(Message):
     codes: list[int]
 
 
+class RemountReply(Reply):
+    """The answer to a `ReMountSegment` that restored segments: `code` as a `Reply`, and the
+    segments the master had kept while the client was silent and now serves again with their
+    objects (name and generation matched); every other segment of the request was mounted
+    fresh (empty). A remount that restored nothing answers a plain `Reply`."""
+
+    restored: list[SegmentName] = []
+
+
 class PingReply(Message):
     code: int
     client_status: ClientStatus
@@ -513,6 +523,9 @@ class ClientStats(Message):
     segments: int
     ttl_left_s: float
     in_flight_puts: int = 0
+    silent: bool = False
+    """Silent past `client_ttl`: its segments take no new replicas and serve no reads until it
+    comes back; `ttl_left_s` is then the time left before it is dropped (`client_dead_ttl`)."""
 
 
 class StatsReply(Message):
@@ -529,6 +542,20 @@ class StatsReply(Message):
     arenas: int = 0
     """Arenas lent to clients for one-round-trip puts, and the bytes they hold (in `used`)."""
     arena_bytes: int = 0
+    silent_segments: list[SegmentStats] = []
+    """Segments of silent clients, kept (not in `segments`, `capacity`, `used`) until their
+    owner comes back or is dropped."""
+    silent_clients: list[ClientStats] = []
+    """Clients silent past `client_ttl` (not in `clients`), kept until `client_dead_ttl`."""
+    under_replicated: int = 0
+    """Objects known to have fewer replicas than they asked for (lost to a dropped segment),
+    being repaired or waiting for a source or a target."""
+    repair_queued: int = 0
+    repair_in_flight: int = 0
+    repair_done: int = 0
+    """Repair copies that succeeded since the master started."""
+    repair_failed: int = 0
+    """Repair copies that failed (each is retried with backoff, up to a limit)."""
 
 
 # ---------------------------------------------------------------- replica tasks
@@ -673,6 +700,7 @@ Response = (
     EchoReply
     | Reply
     | BatchReply
+    | RemountReply
     | PingReply
     | SegmentReply
     | PutStartReply

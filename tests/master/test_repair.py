@@ -184,3 +184,19 @@ def test_a_silent_replica_counts_and_is_never_a_source_or_target(
     assert svc.repair_tick() == 1
     (task,) = svc.handle(m.FetchTasks(NODES[2], 16)).tasks
     assert task.source.segment == SEGS[2] and [t.segment for t in task.targets] == [SEGS[3]]
+
+
+def test_an_object_put_with_fewer_replicas_than_asked_is_copied_up_later(
+    make_service: MakeService,
+) -> None:
+    svc = service(make_service, nodes=1)
+    cfg = m.ReplicateConfigMsg(replica_num=2)
+    assert len(svc.handle(m.PutStart(WRITER, "k", 4096, cfg)).replicas) == 1
+    assert svc.handle(m.PutEnd(WRITER, "k", 7)) == m.Reply(0)
+    assert svc.repair_tick() == 0  # nowhere to copy to yet
+    assert svc.handle(m.Stats()).under_replicated == 1
+    add_node(svc, 1)
+    assert svc.repair_tick() == 1
+    run_tasks(svc)
+    assert replicas(svc, "k") == [SEGS[0], SEGS[1]]
+    assert svc.handle(m.Stats()).under_replicated == 0

@@ -132,6 +132,9 @@ class MetadataCore:
         self.view_version = 1
         #: Set when a segment went away; the server then runs `sweep_dead`.
         self.sweep_needed = False
+        #: Told of each object that became readable with fewer replicas than its put asked
+        #: for (fewer segments had room): the repair queue, which copies it up later.
+        self.on_short: Callable[[ObjectMeta], None] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
@@ -190,6 +193,8 @@ class MetadataCore:
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             obj.soft_pin_deadline = now + obj.soft_pin_ttl
         self.clients.drop_in_flight(obj)
+        if len(obj.replicas) < obj.replica_num and self.on_short is not None:
+            self.on_short(obj)
 
     def commit_objects(
         self, done: list[tuple[ObjectMeta, Replica]], pin_deadline: float | None

@@ -114,6 +114,7 @@ class MasterService:
         # After the tasks: a copy that fails with its object reports to the queue first.
         self._repair = RepairQueue(core, self._tasks)
         core.observe(self._repair)
+        core.on_short = self._repair.note
         planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)

@@ -12,10 +12,15 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
 * **Registration and liveness.** A client makes its own `client_id` (uuid4 hex) and registers
   with `ReMountSegment(client_id, host_id, segments)` (the list may be empty for a pure client);
   a node mounts memory with `MountSegment` or `ReMountSegment` (both idempotent). Every client
-  sends `Ping(client_id)` every second. A client silent for `client_ttl` (10 s) is expired: its
-  segments are unmounted, replicas on them dropped, its in-flight PutStarts revoked. A `Ping`
-  from a client the master does not know (it restarted, or expired the client) answers
-  `ClientStatus.NEED_REMOUNT`; the client then sends `ReMountSegment` with all its segments.
+  sends `Ping(client_id)` every second. A client silent for `client_ttl` (10 s) is *silent*:
+  its segments are kept but serve no reads and take no new replicas, its in-flight PutStarts
+  are preempted; silent for `client_dead_ttl` it is dropped: its segments are unmounted,
+  replicas on them dropped (and repaired from other replicas). A `Ping` from a client the
+  master does not know (it restarted, or dropped the client) or holds as silent answers
+  `ClientStatus.NEED_REMOUNT`; the client then sends `ReMountSegment` with all its segments,
+  each with the `generation` drawn when its memory was made: a silent segment named with the
+  same generation is restored with its objects (`RemountReply.restored`), any other is mounted
+  fresh (docs/parts/reliability.md).
   `UnmountSegment` is allowed only to the owner (ILLEGAL_CLIENT otherwise).
 
 * **Put.** `PutStart(client_id, key, size, config)` validates, allocates `replica_num` memory

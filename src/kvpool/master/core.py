@@ -132,8 +132,8 @@ class MetadataCore:
         self.view_version = 1
         #: Set when a segment went away; the server then runs `sweep_dead`.
         self.sweep_needed = False
-        #: Told of each object that became readable with fewer replicas than its put asked
-        #: for (fewer segments had room): the repair queue, which copies it up later.
+        #: Told of each object created with fewer replicas than its put asked for (fewer
+        #: segments had room; `note_short`): the repair queue, which copies it up later.
         self.on_short: Callable[[ObjectMeta], None] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
@@ -193,7 +193,11 @@ class MetadataCore:
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             obj.soft_pin_deadline = now + obj.soft_pin_ttl
         self.clients.drop_in_flight(obj)
-        if len(obj.replicas) < obj.replica_num and self.on_short is not None:
+
+    def note_short(self, obj: ObjectMeta) -> None:
+        """`obj` was just created with fewer replicas than its put asked for: tell `on_short`
+        (the write path calls this only then, so a put that got its count pays nothing)."""
+        if self.on_short is not None:
             self.on_short(obj)
 
     def commit_objects(

@@ -129,7 +129,7 @@ class ObjectMeta:
         # `complete` (bit 0), `hard_pin` (bit 1) and the replica count asked for (above) share
         # one slot: 14 slots make a 144-byte record, 15 made a 160-byte one (allocations come
         # in 16-byte steps).
-        self._bits = (replica_num << _REPLICAS_SHIFT) | (_HARD_PIN if hard_pin else 0)
+        self._bits = (replica_num << 2) | (_HARD_PIN if hard_pin else 0)  # 2: _REPLICAS_SHIFT
         self.group_id = group_id
         self.checksum: int | None = None
         self.lease_deadline = 0.0

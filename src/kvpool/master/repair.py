@@ -4,8 +4,9 @@ An object loses a replica when the segment holding it is unmounted (its owner un
 was dropped after `client_dead_ttl`): the sweep (`MetadataCore.sweep_dead`) cuts the dead
 replicas out and tells its observers (`replicas_lost`). `RepairQueue` is such an observer: it
 queues each object left with fewer replicas on mounted segments than its put asked for
-(`ObjectMeta.replica_num`); so is an object that became readable with fewer replicas than it
-asked for (too few segments had room: `MetadataCore.on_short`, at PutEnd). Every `repair_interval` the server calls `tick`, which starts
+(`ObjectMeta.replica_num`); so is an object created with fewer replicas than it asked for
+(too few segments had room: `MetadataCore.note_short`, at PutStart; looked at once its
+PutEnd made it readable). Every `repair_interval` the server calls `tick`, which starts
 COPY tasks (`TaskTable.start(..., repair=True)`, executed by a node's `TaskExecutor` like any
 other copy) from a readable replica to new ranges on serving segments that hold none of the
 object, the emptiest first. A replica on a silent segment still counts (it may come back); it
@@ -22,7 +23,7 @@ segment to copy to waits until a segment is mounted or restored, and is looked a
 copy instead of waiting for it (`TaskTable.blocks`, `TaskTable.cancel_repair`).
 
 The queue holds each object at most once (dicts keyed by the record), so it is bounded by the
-index; the bookkeeping on the put path is one comparison at PutEnd, and on removal a test of
+index; the bookkeeping on the put path is one comparison at PutStart, and on removal a test of
 four dict sizes.
 """
 

@@ -145,6 +145,8 @@ class WritePath:
             plan.replica_num,
         )
         self._create(d, obj, plan.in_flight)
+        if len(replicas) < plan.replica_num:
+            self._core.note_short(obj)  # best effort: repair copies it up later
         return PutStartReply(OK, [r.desc(size) for r in replicas])
 
     def upsert_start(self, req: UpsertStart) -> PutStartReply:
@@ -202,6 +204,8 @@ class WritePath:
         obj = core.rewrite_object(
             obj, size, fresh, plan.client_id, now, plan.action, plan.soft_pin, plan.replica_num
         )
+        if fresh is not None and len(fresh) < plan.replica_num:
+            core.note_short(obj)
         return PutStartReply(OK, [r.desc(obj.size) for r in obj.replicas])
 
     def put_end(self, req: PutEnd) -> Reply:

@@ -200,3 +200,52 @@ def test_an_object_put_with_fewer_replicas_than_asked_is_copied_up_later(
     run_tasks(svc)
     assert replicas(svc, "k") == [SEGS[0], SEGS[1]]
     assert svc.handle(m.Stats()).under_replicated == 0
+
+
+def test_a_replica_reported_bad_is_dropped_and_repaired_from_a_good_one(
+    make_service: MakeService,
+) -> None:
+    svc = service(make_service)
+    put(svc, "k", SEGS[0], SEGS[1])
+    (bad,) = (d for d in svc.handle(m.GetReplicaList("k")).replicas if d.segment == SEGS[0])
+    assert svc.handle(m.ReportBadReplica("k", SEGS[0], bad.offset)) == m.Reply(0)
+    assert replicas(svc, "k") == [SEGS[1]]
+    assert svc.repair_tick() == 1
+    (task,) = svc.handle(m.FetchTasks(NODES[1], 16)).tasks
+    assert task.source.segment == SEGS[1]
+    assert svc.handle(m.MarkTaskComplete(NODES[1], task.task_id, True)).code == 0
+    assert len(replicas(svc, "k")) == 2 and SEGS[1] in replicas(svc, "k")
+    assert svc.handle(m.ReportBadReplica("k", SEGS[0], bad.offset + 64)).code in (
+        E.REPLICA_NOT_FOUND,
+        0,
+    )
+    assert svc.handle(m.ReportBadReplica("nope", SEGS[0], 0)).code == E.OBJECT_NOT_FOUND
+
+
+def test_the_last_readable_replica_reported_bad_is_kept(make_service: MakeService) -> None:
+    svc = service(make_service)
+    put(svc, "k", SEGS[0])
+    (d,) = svc.handle(m.GetReplicaList("k")).replicas
+    assert svc.handle(m.ReportBadReplica("k", SEGS[0], d.offset)) == m.Reply(0)
+    assert replicas(svc, "k") == [SEGS[0]]  # nothing better exists
+    assert svc.repair_tick() == 0
+
+
+def test_an_executor_whose_source_fails_the_checksum_gets_it_replaced(
+    make_service: MakeService, clock: Clock
+) -> None:
+    svc = service(make_service, nodes=4)
+    put(svc, "k", SEGS[0], SEGS[1], SEGS[2])
+    lose(svc, 2)
+    assert svc.repair_tick() == 1
+    (task,) = [t for n in NODES for t in svc.handle(m.FetchTasks(n, 16)).tasks]
+    src = task.source.segment
+    executor = NODES[SEGS.index(src)]
+    report = m.MarkTaskComplete(executor, task.task_id, False, "source bytes differ", True)
+    assert svc.handle(report) == m.Reply(0)
+    assert src not in replicas(svc, "k")  # the bad source is gone, the other one stays
+    clock.advance(5.0)
+    assert svc.repair_tick() == 1
+    assert run_tasks(svc) == 1
+    # Three again (the new copy may land on the bad source's segment: its range was freed).
+    assert len(replicas(svc, "k")) == 3

@@ -10,7 +10,7 @@ that a later operation log can record every call and a standby replay it:
 
     objects   create_object, create_committed, complete_object, commit_objects,
               rewrite_object, add_replicas, move_replica, release_moved_source,
-              drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
+              retire_replica, drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
               clear_holder, sweep_dead
     ranges    allocate, carve, release_region, allocate_on, reserve_range, free_range,
               free_replicas, park, park_range, take_range, release_parked
@@ -300,6 +300,12 @@ class MetadataCore:
             self.park(obj.lease_deadline, obj.size, (source,))
         else:
             self._free_replica(source, obj.size)
+
+    def retire_replica(self, obj: ObjectMeta, replica: Replica, now: float) -> None:
+        """`replica` leaves `obj`, which keeps others (one found bad): freed, or parked until
+        the read lease ends while one is live (a reader may still be copying from it)."""
+        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self.release_moved_source(obj, replica, now)
 
     def drop_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         """Drop one replica of `obj` (the object goes with its last one); bytes freed."""

@@ -78,6 +78,7 @@ from kvpool.protocol.messages import (
     Remove,
     RemoveAll,
     RemoveByRegex,
+    ReportBadReplica,
     ReserveArena,
     Stats,
     StatsReply,
@@ -119,7 +120,7 @@ class MasterService:
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
-        self._task_path = TaskPath(core, self._tasks)
+        self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
         w, r, a, t, ar = self._writes, self._reads, self._admin, self._task_path, self._arena_path
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
@@ -154,6 +155,7 @@ class MasterService:
             FetchTasks: t.fetch_tasks,
             MarkTaskComplete: t.mark_task_complete,
             BatchReplicaClear: t.batch_replica_clear,
+            ReportBadReplica: t.report_bad_replica,
             ReserveArena: ar.reserve_arena,
             ReleaseArenas: ar.release_arenas,
             PutCommit: ar.put_commit,

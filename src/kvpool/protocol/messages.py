@@ -169,6 +169,7 @@ __all__ = [
     "ReplicaTask",
     "ReplicateConfigMsg",
     "Reply",
+    "ReportBadReplica",
     "Request",
     "ReserveArena",
     "Response",
@@ -639,12 +640,27 @@ class FetchTasksReply(Message):
 
 
 class MarkTaskComplete(Message):
-    """The executor's report: `ok` when every target holds the bytes. Answered by `Reply`."""
+    """The executor's report: `ok` when every target holds the bytes. Answered by `Reply`.
+    `bad_source`: the task failed because the source's bytes do not match the object's
+    checksum (the master then treats the source as a `ReportBadReplica` would)."""
 
     client_id: ClientId
     task_id: str
     ok: bool
     message: str = ""
+    bad_source: bool = False
+
+
+class ReportBadReplica(Message):
+    """A reader (or executor) found the replica of `key` at `offset` of `segment` not matching
+    the object's checksum. Answered by `Reply`: OK (the replica is dropped and the object
+    repaired from another one; kept when it is the last readable replica: nothing better
+    exists), OBJECT_NOT_FOUND, REPLICA_NOT_FOUND (no such replica: already dropped)."""
+
+    key: str
+    segment: SegmentName
+    offset: int
+    tenant: TenantId = DEFAULT_TENANT
 
 
 class BatchReplicaClear(Message):
@@ -694,6 +710,7 @@ Request = (
     | FetchTasks
     | MarkTaskComplete
     | BatchReplicaClear
+    | ReportBadReplica
     | ReserveArena
     | ReleaseArenas
     | PutCommit

@@ -94,10 +94,6 @@ class ClientTable:
                     dead.append(c)
         return silent, dead
 
-    def expired(self, now: float) -> list[ClientRecord]:
-        """Clients whose deadline has passed (still in the table; `forget` removes them)."""
-        return [c for c in self._clients.values() if c.deadline <= now]
-
     def postpone(self, seconds: float) -> None:
         """Push every client's deadline `seconds` later (the master itself was not listening)."""
         for c in self._clients.values():

@@ -104,20 +104,24 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
         assert all(found == {seg0} for found in segments_of(p.address, list(pinned)))
 
 
-def test_a_node_frozen_past_client_dead_ttl_is_dropped_and_comes_back_empty(
+def test_a_node_frozen_past_client_dead_ttl_is_dropped_repaired_and_comes_back_empty(
     pool: PoolFactory,  # noqa: F811
 ) -> None:
     p = pool(
-        nodes=2,
+        nodes=3,
         segment_size="16MiB",
         client_ttl="1s",
         master_args=("--client-dead-ttl", "2s"),
     )
     seg0 = p.node_endpoints[0] + "/0"
     pinned = values("on0", 3, 4)
+    twice = values("twice", 40, 5)
     with Store(p.address) as s:
         for k, v in pinned.items():
             assert s.put(k, v, ReplicateConfig(preferred_segments=[seg0]))
+        for k, v in twice.items():
+            assert s.put(k, v, ReplicateConfig(replica_num=2))
+        assert any(seg0 in found for found in segments_of(p.address, list(twice)))
         with frozen(p, 0):
             wait_until(
                 lambda: (
@@ -129,11 +133,23 @@ def test_a_node_frozen_past_client_dead_ttl_is_dropped_and_comes_back_empty(
             )
             with pytest.raises(ObjectNotFound):
                 s.get("on0-0")
+            # Dropped, so what lost a replica there is copied back to 2 from the others.
+            wait_until(
+                lambda: all(
+                    len(found) == 2 and seg0 not in found
+                    for found in segments_of(p.address, list(twice))
+                ),
+                timeout=30,
+                interval=0.1,
+                what="every replicated object to have 2 replicas again",
+            )
         wait_until(
-            lambda: len(stats(p.address).segments) == 2,
+            lambda: len(stats(p.address).segments) == 3,
             timeout=20,
             what="the woken node to mount again",
         )
         for k in pinned:
             with pytest.raises(ObjectNotFound):
-                s.get(k)
+                s.get(k)  # it came back empty: its old memory is not trusted any more
+        for k, v in twice.items():
+            assert s.get(k) == v, k

@@ -13,8 +13,9 @@ engine), checks the bytes against the object's checksum (xxh3_64, when the write
 corrupt source must not be copied into a healthy-looking replica), writes them to every target
 through the `DataPath` (memcpy / mapped shm on this host, TCP to other hosts), and reports
 `MarkTaskComplete(ok, message, bad_source)` once (`bad_source`: the source failed the
-checksum, so the master may drop it and repair the object from another replica). A report the master answers with
-OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object removed) is normal.
+checksum, so the master may drop it and repair the object from another replica). A report the
+master answers with OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object
+removed) is normal.
 
 Creating and querying tasks is the Store's side, a plain control call (`kvpool.client.control`).
 """

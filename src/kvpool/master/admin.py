@@ -176,11 +176,11 @@ class AdminPath:
         return _OK_REPLY
 
     def check_liveness(self) -> list[ClientId]:
-        """The monitor's liveness step: `expire_clients` (silence, then drop), except that a gap since the previous
-        step well beyond `monitor_interval` (by more than half of `client_ttl`) means the
-        master's loop was stalled (a long request, a pause of the process), not that its
-        clients fell silent: their pings were waiting unread. Every deadline is then pushed
-        forward by the stall before anyone is expired."""
+        """The monitor's liveness step: `expire_clients` (silence, then drop), except that a
+        gap since the previous step well beyond `monitor_interval` (by more than half of
+        `client_ttl`) means the master's loop was stalled (a long request, a pause of the
+        process), not that its clients fell silent: their pings were waiting unread. Every
+        deadline is then pushed forward by the stall before anyone is expired."""
         now = self._clock()
         last, self._last_liveness = self._last_liveness, now
         if last is not None:

@@ -10,8 +10,8 @@ that a later operation log can record every call and a standby replay it:
 
     objects   create_object, create_committed, complete_object, commit_objects,
               rewrite_object, add_replicas, move_replica, release_moved_source,
-              retire_replica, drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
-              clear_holder, sweep_dead
+              retire_replica, drop_replica, free_object, remove_object, revoke, preempt,
+              forget_dead, clear_holder, sweep_dead
     ranges    allocate, carve, release_region, allocate_on, reserve_range, free_range,
               free_replicas, park, park_range, take_range, release_parked
     segments  mount_segment, unmount_segment, restore_segment

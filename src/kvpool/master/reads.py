@@ -4,8 +4,9 @@ A read answers the readable replicas (COMPLETE, on a serving segment: mounted an
 not silent) and grants a read lease: lease = max(lease, now + `default_kv_lease_ttl`), with one
 deadline float per request (shared by every key of a batch). REPLICA_IS_NOT_READY while only
 PROCESSING replicas exist, or only replicas on silent segments (the reader may retry: they
-come back if their owner does; docs/parts/reliability.md), OBJECT_NOT_FOUND otherwise. Each read that finds the object readable calls
-`hooks.on_access(obj)`. The batch loop does one xxh3 and one dict lookup per key.
+come back if their owner does; docs/parts/reliability.md), OBJECT_NOT_FOUND otherwise. Each
+read that finds the object readable calls `hooks.on_access(obj)`. The batch loop does one
+xxh3 and one dict lookup per key.
 
 A read changes no metadata but the lease it grants (`core.py` says why that one is set here);
 an object found with no live replica is forgotten through the core.

@@ -68,7 +68,9 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
 
 * **Replica tasks** (Mooncake's create_copy_task / create_move_task / query_task). Anyone asks
   `CreateCopyTask(key, targets)` or `CreateMoveTask(key, source, target)` and gets
-  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out).
+  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out)
+  and copy tasks (repair of objects that lost replicas; a replica that fails its checksum is
+  reported with `ReportBadReplica`, or by its executor with `MarkTaskComplete.bad_source`).
   The master allocates the destination ranges (PROCESSING, invisible to readers) and assigns
   the task to one executor: the client that owns the source segment if it is alive, else a live
   client with a segment on the source's host. The executor learns of work from

@@ -72,6 +72,7 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
     before = values("before", 30, 1)
     pinned = values("on0", 5, 2)
     during = values("during", 30, 3)
+    single = values("single", 30, 6)
     with Store(p.address) as s:
         for k, v in before.items():
             assert s.put(k, v, ReplicateConfig(replica_num=2))
@@ -91,7 +92,10 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
                 assert s.get(k) == v
             for k, v in during.items():
                 assert s.put(k, v, ReplicateConfig(replica_num=2))
-            assert all(seg0 not in found for found in segments_of(p.address, list(during)))
+            for k, v in single.items():  # one replica: the arena path (or its fallback)
+                assert s.put(k, v)
+            new = list(during) + list(single)
+            assert all(seg0 not in found for found in segments_of(p.address, new))
         # Awake: it remounts the same memory and the master restores its segment.
         wait_until(
             lambda: not stats(p.address).silent_segments and len(stats(p.address).segments) == 3,
@@ -99,7 +103,7 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
             what="the woken node to be served again",
         )
         assert seg0 in {x.name for x in stats(p.address).segments}
-        for k, v in {**before, **pinned, **during}.items():
+        for k, v in {**before, **pinned, **during, **single}.items():
             assert s.get(k) == v, k
         assert all(found == {seg0} for found in segments_of(p.address, list(pinned)))
 

@@ -246,3 +246,36 @@ def test_a_ping_announces_pending_tasks_and_run_once_executes_them(two_nodes: Po
     finally:
         node.close()
         data.close()
+
+
+def test_a_corrupt_source_with_a_good_replica_elsewhere_is_dropped_and_repaired(
+    two_nodes: Pool,
+) -> None:
+    """The executor reports that the source failed the checksum (`bad_source`); the master
+    drops that replica, since another one is readable, and repair copies the good one back up
+    to two replicas: the corrupt bytes are never read or copied."""
+    a, b = segments(two_nodes)
+    with Store(two_nodes.address, segment_size="4MiB") as owner:
+        (own,) = owner.segments
+        data = value(1 << 16, 5)
+        assert owner.put("twice", data, ReplicateConfig(replica_num=2, preferred_segments=[own, a]))
+        (r,) = (d for d in owner.get_replica_desc("twice") if d.segment == own)
+        mem, _ = owner._node.segments[own]
+        mem.buffer[r.offset + 100] ^= 0xFF
+        # A copy from the first readable replica (ours, corrupt) is refused by the executor...
+        info = finished(owner, owner.create_copy_task("twice", [b]))
+        assert info.status == TaskStatus.FAILED and "checksum" in info.message
+
+        # ...which drops it at the master; repair then copies the good one.
+        def repaired() -> bool:
+            descs = owner.get_replica_desc("twice")
+            ours = [d for d in descs if d.segment == own]
+            return (
+                len(descs) == 2
+                and a in {d.segment for d in descs}
+                and all(bytes(mem.buffer[d.offset : d.offset + len(data)]) == data for d in ours)
+            )
+
+        wait_until(repaired, timeout=20, what="the corrupt replica to be replaced by a good copy")
+        assert owner.get("twice") == data
+        owner.remove_all(force=True)

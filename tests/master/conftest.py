@@ -53,10 +53,15 @@ MakeService = Callable[..., MasterService]
 
 @pytest.fixture
 def make_service(clock: Clock) -> MakeService:
-    """`make_service(segments=2, **config)`: a service on the test clock, seeded placement."""
+    """`make_service(segments=2, **config)`: a service on the test clock, seeded placement.
+
+    A client silent for `client_ttl` is dropped at once here (`client_dead_ttl` defaults to
+    `client_ttl`), as these tests of the drop path expect; the tests of the silent state
+    (tests/master/test_silent.py) give `client_dead_ttl` themselves."""
 
     def make(segments: int = 2, size: int = 16 * MiB, **cfg: object) -> MasterService:
         cfg.setdefault("seed", 7)
+        cfg.setdefault("client_dead_ttl", cfg.get("client_ttl", 10.0))
         svc = MasterService(MasterConfig(**cfg), clock=clock)  # type: ignore[arg-type]
         for i in range(segments):
             mount(svc, f"seg-{i}", size)

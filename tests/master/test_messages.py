@@ -78,6 +78,8 @@ SAMPLES: list[m.Message] = [
     m.EchoReply(b"y"),
     m.Reply(-704),
     m.BatchReply([0, -704]),
+    m.RemountReply(0, [m.SegmentName("s1")]),
+    m.ReportBadReplica("k", m.SegmentName("s1"), 4096, m.TenantId("t")),
     m.PingReply(0, m.ClientStatus.NEED_REMOUNT, 3),
     m.SegmentReply(0, m.SegmentInfo(m.SegmentName("s"), 1)),
     m.PutStartReply(

@@ -32,7 +32,16 @@ def seg(name: str, size: int = 64 * MiB) -> m.SegmentInfo:
 
 @pytest.fixture(scope="module")
 def master() -> Iterator[str]:
-    proc = kvpool_proc("master", "--port", "0", "--client-ttl", "1s", name="kvpool master")
+    proc = kvpool_proc(
+        "master",
+        "--port",
+        "0",
+        "--client-ttl",
+        "1s",
+        "--client-dead-ttl",
+        "1s",  # silent and dropped at once: these tests are about the drop path
+        name="kvpool master",
+    )
     try:
         yield proc.wait_ready()
     finally:

@@ -175,6 +175,24 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Byte alignment of replicas in a segment (a power of two).",
 )
+# -- reliability (issue #13): silent clients, replica repair
+@click.option(
+    "--client-dead-ttl",
+    default=None,
+    metavar="DURATION",
+    callback=lambda ctx, param, value: None if value is None else _to_seconds(ctx, param, value),
+    help="A client silent this long is dropped: its segments unmounted, their objects "
+    "repaired from other replicas (until then it is only silent: kept, neither read nor "
+    "written). At least --client-ttl. [default: 10 x --client-ttl]",
+)
+@click.option(
+    "--repair-max-in-flight",
+    default=256,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Replica repair copies running at once at most; 0 turns repair off.",
+)
+# -- end reliability
 def master(
     *,
     host: str,
@@ -197,6 +215,8 @@ def master(
     num_shards: int,
     max_arena_size: int,
     alignment: int,
+    client_dead_ttl: float | None,
+    repair_max_in_flight: int,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     try:
@@ -220,6 +240,8 @@ def master(
             num_shards=num_shards,
             max_arena_size=max_arena_size,
             alignment=alignment,
+            client_dead_ttl=client_dead_ttl,
+            repair_max_in_flight=repair_max_in_flight,
         )
     except KVPoolError as exc:
         raise click.UsageError(exc.message) from exc

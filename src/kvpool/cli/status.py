@@ -1,7 +1,9 @@
 """`kvpool status`: ask a master for its Stats and print them as tables (or JSON).
 
 One Stats request: segments (capacity, used, objects), registered clients (segments, in-flight
-puts, time left before expiry), and the object count. `--json` prints one JSON object with the
+puts, time left before expiry), the object count, silent segments and clients (kept while their
+owner may come back; docs/parts/reliability.md) and replica repair (objects under-replicated,
+copies queued, running, done, failed). `--json` prints one JSON object with the
 same fields (named, not positional), for scripts.
 """
 
@@ -30,6 +32,8 @@ def stats_to_dict(reply: StatsReply) -> dict[str, Any]:
     out = named(reply)
     out["segments"] = [named(s) for s in reply.segments]
     out["clients"] = [named(c) for c in reply.clients]
+    out["silent_segments"] = [named(s) for s in reply.silent_segments]
+    out["silent_clients"] = [named(c) for c in reply.silent_clients]
     return out
 
 
@@ -59,6 +63,9 @@ def render_table(address: str, reply: StatsReply) -> str:
         f"{format_size(reply.capacity)} used ({_pct(reply.used, reply.capacity)}; "
         f"{reply.arenas} arenas hold {format_size(reply.arena_bytes)} of it for puts), "
         f"{reply.tasks_active} replica tasks running",
+        f"repair: {reply.under_replicated} objects under-replicated, "
+        f"{reply.repair_queued} queued, {reply.repair_in_flight} copying, "
+        f"{reply.repair_done} done, {reply.repair_failed} failed",
         "",
     ]
     seg_rows = [
@@ -81,6 +88,24 @@ def render_table(address: str, reply: StatsReply) -> str:
             seg_rows,
             right={4, 5, 6, 7},
         )
+    if reply.silent_segments:
+        n = len(reply.silent_segments)
+        lines += ["", f"silent segments (kept until their owner is back or dropped): {n}"]
+        lines += _table(
+            ["SEGMENT", "CLIENT", "HOST", "CAPACITY", "USED", "OBJECTS"],
+            [
+                [
+                    s.name,
+                    s.client_id,
+                    s.host_id,
+                    format_size(s.capacity),
+                    format_size(s.used),
+                    str(s.objects),
+                ]
+                for s in sorted(reply.silent_segments, key=lambda s: s.name)
+            ],
+            right={3, 4, 5},
+        )
     client_rows = [
         [c.client_id, c.host_id, str(c.segments), str(c.in_flight_puts), f"{c.ttl_left_s:.1f} s"]
         for c in sorted(reply.clients, key=lambda c: c.client_id)
@@ -89,6 +114,16 @@ def render_table(address: str, reply: StatsReply) -> str:
     if client_rows:
         lines += _table(
             ["CLIENT", "HOST", "SEGMENTS", "IN-FLIGHT", "TTL LEFT"], client_rows, right={2, 3, 4}
+        )
+    if reply.silent_clients:
+        lines += ["", f"silent clients: {len(reply.silent_clients)}"]
+        lines += _table(
+            ["CLIENT", "HOST", "SEGMENTS", "DROPPED IN"],
+            [
+                [c.client_id, c.host_id, str(c.segments), f"{c.ttl_left_s:.1f} s"]
+                for c in sorted(reply.silent_clients, key=lambda c: c.client_id)
+            ],
+            right={2, 3},
         )
     return "\n".join(lines)
 

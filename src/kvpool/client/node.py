@@ -7,7 +7,11 @@ may mount a segment with `segment_size > 0`) and the storage-only `kvpool node` 
 * the control-plane connection (`RpcClient`) and this process's `client_id` (uuid4 hex);
 * registration: `ReMountSegment(client_id, host_id, segments)`, sent at start (with no segments
   for a pure client), after every mount, and again whenever a Ping answers NEED_REMOUNT (the
-  master restarted or expired us), so the master's view of our segments heals itself;
+  master restarted, dropped us, or holds us as silent after a pause), so the master's view of
+  our segments heals itself. Every segment carries the random 64-bit `generation` drawn when
+  its memory was made: after a pause the master restores a segment it kept (with its objects)
+  only if name and generation match, and says which (`RemountReply.restored`, kept in
+  `restored`); the others were mounted fresh;
 * the segments (`SegmentMemory`, pre-faulted memfds) and the `TransferServer` that serves them
   to other hosts (started lazily with the first segment);
 * the heartbeat thread (`Heartbeat`): a Ping every `interval` (1 s, injectable for tests; a
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -48,6 +53,7 @@ from kvpool.protocol.messages import (
     MountSegment,
     Ping,
     PingReply,
+    RemountReply,
     ReMountSegment,
     Reply,
     Response,
@@ -206,6 +212,9 @@ class NodeRuntime:
         # segment was, and must not find another segment under its name.
         self._numbers = itertools.count()
         self._server: TransferServer | None = None
+        #: The segments the master kept, with their objects, at the last remount (it held
+        #: this client as silent and the generations matched); empty after a fresh mount.
+        self.restored: list[SegmentName] = []
         self.rpc = self._connect()
         self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
         self.on_pending_tasks: Callable[[], None] | None = None
@@ -257,6 +266,15 @@ class NodeRuntime:
             infos = [info for _, info in self.segments.values()]
             reply = self.rpc.call_as(ReMountSegment(self.client_id, self.host_id, infos), Reply)
         raise_for_code(reply.code, f"ReMountSegment of {len(infos)} segment(s)")
+        restored = reply.restored if isinstance(reply, RemountReply) else []
+        if restored:
+            log.info(
+                "master %s kept %d segment(s) with their objects: %s",
+                self.master,
+                len(restored),
+                ", ".join(restored),
+            )
+        self.restored = list(restored)
 
     def reconnect(self) -> None:
         """Replace the control-plane connection (calls in flight on the old one fail)."""
@@ -305,6 +323,8 @@ class NodeRuntime:
                     endpoint=server.endpoint,
                     shm_path=mem.shm_path,
                     client_id=self.client_id,
+                    # Names this memory: a pause is survived only by the same memory.
+                    generation=secrets.randbits(64) or 1,
                 )
                 reply = self.rpc.call_as(MountSegment(self.client_id, self.host_id, info), Reply)
                 raise_for_code(reply.code, f"MountSegment {name}")

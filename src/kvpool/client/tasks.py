@@ -12,8 +12,10 @@ host by the master's choice; a source it cannot map is first read into a buffer 
 engine), checks the bytes against the object's checksum (xxh3_64, when the writer recorded one: a
 corrupt source must not be copied into a healthy-looking replica), writes them to every target
 through the `DataPath` (memcpy / mapped shm on this host, TCP to other hosts), and reports
-`MarkTaskComplete(ok, message)` once. A report the master answers with
-OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object removed) is normal.
+`MarkTaskComplete(ok, message, bad_source)` once (`bad_source`: the source failed the
+checksum, so the master may drop it and repair the object from another replica). A report the
+master answers with OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object
+removed) is normal.
 
 Creating and querying tasks is the Store's side, a plain control call (`kvpool.client.control`).
 """
@@ -50,6 +52,11 @@ fetch), so that a batch of large copies does not hold back the first one's repor
 MAX_IDLE_BACKOFF_S: Final = 2.0
 """Longest wait between fetches while the master keeps refusing them (an older master without
 tasks, or one that is down); the heartbeat handles reconnects."""
+
+
+class _BadSource(Exception):
+    """The source's bytes do not match the object's checksum (ends `_copy`; the task fails
+    with `bad_source` set)."""
 
 
 @dataclass(slots=True)
@@ -164,8 +171,11 @@ class TaskExecutor:
             return len(reply.tasks)
 
     def _run_task(self, task: ReplicaTask) -> MarkTaskComplete:
+        bad_source = False
         try:
             message = self._copy(task)
+        except _BadSource as exc:
+            message, bad_source = str(exc), True
         except KVPoolError as exc:
             message = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a bug must fail the task, not kill the thread
@@ -184,7 +194,9 @@ class TaskExecutor:
                 task.key,
                 message,
             )
-        return MarkTaskComplete(self.node.client_id, task.task_id, ok, message)
+        # A source that fails its checksum is reported as such: the master drops it (when
+        # another replica is readable) and repairs the object from a good one.
+        return MarkTaskComplete(self.node.client_id, task.task_id, ok, message, bad_source)
 
     def _report(self, reports: list[MarkTaskComplete]) -> None:
         if not reports:
@@ -208,7 +220,8 @@ class TaskExecutor:
                 )
 
     def _copy(self, task: ReplicaTask) -> str:
-        """Copy the task's source to every target; returns "" on success, else why not."""
+        """Copy the task's source to every target; returns "" on success, else why not
+        (raises `_BadSource` for a source that fails the checksum)."""
         src = task.source
         size = task.size
         if src.size < size or any(t.size < size for t in task.targets):
@@ -242,7 +255,7 @@ class TaskExecutor:
             if self.verify_checksum and task.checksum is not None:
                 got = checksum(view)
                 if got != task.checksum:
-                    return (
+                    raise _BadSource(
                         f"source bytes on {src.segment} hash to {got:#018x}, the object's "
                         f"checksum is {task.checksum:#018x}"
                     )

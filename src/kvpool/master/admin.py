@@ -38,6 +38,7 @@ from kvpool.codes import (
 from kvpool.master.arena_table import ArenaTable
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import Replica
+from kvpool.master.repair import RepairQueue
 from kvpool.master.task_table import TaskTable
 from kvpool.protocol.messages import (
     BatchRemove,
@@ -52,6 +53,7 @@ from kvpool.protocol.messages import (
     MountSegment,
     Ping,
     PingReply,
+    RemountReply,
     ReMountSegment,
     Remove,
     RemoveAll,
@@ -81,10 +83,13 @@ class KeyPattern(Protocol):
 class AdminPath:
     """Segments, liveness, removal, stats, ping and echo."""
 
-    def __init__(self, core: MetadataCore, tasks: TaskTable, arenas: ArenaTable) -> None:
+    def __init__(
+        self, core: MetadataCore, tasks: TaskTable, arenas: ArenaTable, repair: RepairQueue
+    ) -> None:
         self._core = core
         self._tasks = tasks
         self._arenas = arenas
+        self._repair = repair
         self._config = core.config
         self._clock = core.clock
         self._index = core.index
@@ -98,6 +103,8 @@ class AdminPath:
         if not req.client_id:
             return PingReply(INVALID_PARAMS, ClientStatus.UNDEFINED, self._core.view_version)
         version = self._core.view_version
+        # A silent client (or one the master forgot) must remount: its segments come back
+        # with their objects only if it names the same memory (docs/parts/reliability.md).
         if self._core.ping_client(req.client_id, self._clock()):
             pending = self._tasks.pending(req.client_id)
             if pending:
@@ -115,6 +122,7 @@ class AdminPath:
         now = self._clock()
         core = self._core
         cap, used = core.segments.capacity()
+        repair = self._repair
         return StatsReply(
             OK,
             [s.stats() for s in core.segments.live],
@@ -126,6 +134,13 @@ class AdminPath:
             now - core.started,
             self._tasks.active,
             *self._arenas.stats(),
+            [s.stats() for s in core.segments.mounted() if s.silent],
+            core.clients.stats(now, silent=True),
+            repair.under_replicated,
+            repair.queued,
+            repair.in_flight,
+            repair.done,
+            repair.failed,
         )
 
     def mount_segment(self, req: MountSegment) -> Reply:
@@ -135,15 +150,21 @@ class AdminPath:
         return Reply(self._core.mount_segment(rec, req.segment))
 
     def remount_segment(self, req: ReMountSegment) -> Reply:
+        """Register the client and mount its segments; a silent client's segments named
+        with the same generation are restored with their objects, which a `RemountReply`
+        lists (a plain `Reply` when none was: what a node that sends no generations, or
+        one that never paused, always gets)."""
         if not req.client_id:
             return Reply(INVALID_PARAMS)
-        rec = self._core.register_client(req.client_id, req.host_id, self._clock())
+        core = self._core
+        rec = core.register_client(req.client_id, req.host_id, self._clock())
+        restored = core.revive_client(rec, req.segments) if rec.silent else []
         code = OK
         for info in req.segments:
-            c = self._core.mount_segment(rec, info)
+            c = core.mount_segment(rec, info)
             if c != OK and code == OK:
                 code = c  # the first failure is the answer; the others still get mounted
-        return Reply(code)
+        return RemountReply(code, restored) if restored else Reply(code)
 
     def unmount_segment(self, req: UnmountSegment) -> Reply:
         seg = self._core.segments.get(req.name)
@@ -155,11 +176,11 @@ class AdminPath:
         return _OK_REPLY
 
     def check_liveness(self) -> list[ClientId]:
-        """The monitor's liveness step: `expire_clients`, except that a gap since the previous
-        step well beyond `monitor_interval` (by more than half of `client_ttl`) means the
-        master's loop was stalled (a long request, a pause of the process), not that its
-        clients fell silent: their pings were waiting unread. Every deadline is then pushed
-        forward by the stall before anyone is expired."""
+        """The monitor's liveness step: `expire_clients` (silence, then drop), except that a
+        gap since the previous step well beyond `monitor_interval` (by more than half of
+        `client_ttl`) means the master's loop was stalled (a long request, a pause of the
+        process), not that its clients fell silent: their pings were waiting unread. Every
+        deadline is then pushed forward by the stall before anyone is expired."""
         now = self._clock()
         last, self._last_liveness = self._last_liveness, now
         if last is not None:
@@ -174,11 +195,17 @@ class AdminPath:
         return self.expire_clients()
 
     def expire_clients(self) -> list[ClientId]:
-        """Expire every client silent for `client_ttl`; answers their ids."""
+        """Clients without a ping for `client_ttl` turn silent (kept, neither read nor
+        written); those without one for `client_dead_ttl` are dropped. Answers the ids of
+        the clients dropped."""
         now = self._clock()
+        core = self._core
+        silent, dead = core.clients.due(now)
+        for rec in silent:
+            core.silence_client(rec.client_id)
         gone: list[ClientId] = []
-        for rec in self._core.clients.expired(now):
-            self._core.expire_client(rec.client_id)
+        for rec in dead:
+            core.expire_client(rec.client_id)
             gone.append(rec.client_id)
         return gone
 
@@ -230,7 +257,7 @@ class AdminPath:
                 return OBJECT_HAS_LEASE
             if not obj.complete:
                 return REPLICA_IS_NOT_READY
-            if self._tasks.has_task(obj):
+            if self._tasks.blocks(obj):
                 return OBJECT_HAS_REPLICATION_TASK
         self._core.remove_object(obj)  # (forced: a task on it fails, its destination is freed)
         return OK
@@ -264,7 +291,7 @@ class AdminPath:
             yield _count_reply(INVALID_PARAMS, 0)
             return
         core = self._core
-        has_task = self._tasks.has_task
+        has_task = self._tasks.blocks
         objs = self._index.snapshot(tenant)
         count = 0
         budget = self._config.regex_match_budget

@@ -221,6 +221,19 @@ class ArenaTable(MetadataObserver):
                     self._core.park_range(arena.segment, off, size, until)
 
     @override
+    def client_silenced(self, client_id: ClientId) -> None:
+        """A silent client's arenas are parked as an expired one's: it may still write."""
+        self.client_expired(client_id)
+
+    @override
+    def segment_restored(self, seg: Segment) -> None:
+        pass  # arenas of others on it were kept; commits into them are accepted again
+
+    @override
+    def replicas_lost(self, obj: ObjectMeta) -> None:
+        pass
+
+    @override
     def segment_unmounted(self, seg: Segment) -> None:
         """Forget the arenas on the unmounted segment (its allocator is gone), leaving ghosts of
         their uncommitted ranges for a mount of the same name (`arenas.py`); ranges parked

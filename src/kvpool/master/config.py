@@ -64,7 +64,12 @@ class MasterConfig:
     eviction_mode: EvictionMode = EvictionMode.CACHE
     """Drop evicted objects (cache) or keep them elsewhere (pool)."""
     client_ttl: float = 10.0
-    """Seconds without a Ping after which a client is expired."""
+    """Seconds without a Ping after which a client is *silent*: its segments take no new
+    replicas and serve no reads, but their metadata is kept (docs/parts/reliability.md)."""
+    client_dead_ttl: float | None = None
+    """Seconds without a Ping after which a silent client is dropped: its segments unmounted,
+    their objects repaired from other replicas. None: 10 * `client_ttl`; at least
+    `client_ttl` (equal: dropped as soon as silent)."""
     put_start_discard_timeout: float = 30.0
     """Age after which an unfinished PutStart may be preempted by a new PutStart of its key."""
     put_start_release_timeout: float = 600.0
@@ -95,6 +100,16 @@ class MasterConfig:
     destination is freed)."""
     task_retention: float = 600.0
     """Seconds an ended replica task stays answerable by QueryTask."""
+    repair_interval: float = 0.05
+    """Seconds between two rounds of replica repair (copies of objects that lost replicas)."""
+    repair_per_tick: int = 64
+    """Repair copies started per round at most (repair never starves foreground work)."""
+    repair_max_in_flight: int = 256
+    """Repair copies running at once at most (0 turns repair off)."""
+    repair_max_attempts: int = 8
+    """Failed copies of one object before its repair is given up (until its next loss)."""
+    repair_backoff: float = 1.0
+    """Seconds before a failed repair is tried again, doubled per failure (at most 60 s)."""
     regex_match_budget: float = 0.1
     """Seconds of RemoveByRegex pattern matching allowed per chunk of 5,000 keys (one
     event-loop turn); a request that overruns it stops with INVALID_PARAMS (the pattern is the
@@ -114,6 +129,20 @@ class MasterConfig:
             if not 0.0 <= v <= 1.0 or math.isnan(v):
                 raise InvalidParams(f"{name} must be within [0, 1], got {v!r}")
         _positive("client_ttl", self.client_ttl)
+        if self.client_dead_ttl is None:
+            object.__setattr__(self, "client_dead_ttl", 10.0 * self.client_ttl)
+        else:
+            _positive("client_dead_ttl", self.client_dead_ttl)
+            if self.client_dead_ttl < self.client_ttl:
+                raise InvalidParams(
+                    f"client_dead_ttl ({self.client_dead_ttl} s) must be at least client_ttl "
+                    f"({self.client_ttl} s)"
+                )
+        _positive("repair_interval", self.repair_interval)
+        _positive("repair_backoff", self.repair_backoff)
+        for name in ("repair_per_tick", "repair_max_in_flight", "repair_max_attempts"):
+            if getattr(self, name) < 0:
+                raise InvalidParams(f"{name} must be >= 0, got {getattr(self, name)}")
         _positive("put_start_discard_timeout", self.put_start_discard_timeout, allow_zero=True)
         _positive("put_start_release_timeout", self.put_start_release_timeout, allow_zero=True)
         if self.put_start_release_timeout < self.put_start_discard_timeout:
@@ -156,6 +185,12 @@ class MasterConfig:
             raise InvalidParams(
                 f"unknown eviction_mode {self.eviction_mode!r} (cache or pool)"
             ) from None
+
+    @property
+    def dead_ttl(self) -> float:
+        """`client_dead_ttl` resolved (seconds)."""
+        ttl = self.client_dead_ttl
+        return ttl if ttl is not None else 10.0 * self.client_ttl
 
 
 def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:

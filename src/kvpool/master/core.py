@@ -10,12 +10,13 @@ that a later operation log can record every call and a standby replay it:
 
     objects   create_object, create_committed, complete_object, commit_objects,
               rewrite_object, add_replicas, move_replica, release_moved_source,
-              drop_replica, free_object, remove_object, revoke, preempt, forget_dead,
-              clear_holder, sweep_dead
+              retire_replica, drop_replica, free_object, remove_object, revoke, preempt,
+              forget_dead, clear_holder, sweep_dead
     ranges    allocate, carve, release_region, allocate_on, reserve_range, free_range,
               free_replicas, park, park_range, take_range, release_parked
-    segments  mount_segment, unmount_segment
-    clients   register_client, ping_client, postpone_clients, expire_client, prune_clients
+    segments  mount_segment, unmount_segment, restore_segment
+    clients   register_client, ping_client, postpone_clients, silence_client, revive_client,
+              expire_client, prune_clients
 
 Allocation (`allocate`, `carve`, `allocate_on`, `reserve_range`) is a decision as well as a
 change (placement draws random numbers, and a batch's region lives in its `PutPlan`): a log
@@ -29,9 +30,14 @@ which belongs to the reclaim hooks.
 Objects whose replicas all sit on unmounted segments are gone: every lookup drops such an
 object on sight (O(replicas)), and `sweep_dead` clears the rest in the background.
 
-Observers (`MetadataObserver`: the task table, the arena table) are told when an object leaves
-the index, a segment is mounted or unmounted, and a client expires, in the order they were
-added; they may call back into the core.
+Objects with a replica on a *silent* segment (its owner missed `client_ttl`) are kept: the
+segment is still mounted, only not serving (`Segment.serving`), until its owner remounts it
+(`revive_client`) or is dropped (`expire_client`, past `client_dead_ttl`).
+
+Observers (`MetadataObserver`: the task table, the arena table, the repair queue) are told when
+an object leaves the index or loses replicas to a dropped segment, a segment is mounted,
+restored or unmounted, and a client falls silent or expires, in the order they were added;
+they may call back into the core.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from kvpool.protocol.messages import (
     HostId,
     ReplicaStatus,
     SegmentInfo,
+    SegmentName,
     SoftPinAction,
 )
 
@@ -85,8 +92,21 @@ class MetadataObserver(Protocol):
         ...
 
     def client_expired(self, client_id: ClientId) -> None:
-        """The client fell silent: its segments are unmounted and its PutStarts preempted
+        """The client is dropped: its segments are unmounted and its PutStarts preempted
         already; it is forgotten right after the observers return."""
+        ...
+
+    def client_silenced(self, client_id: ClientId) -> None:
+        """The client fell silent: its segments stopped serving (kept, not unmounted) and its
+        PutStarts are preempted already; it is kept for `client_dead_ttl`."""
+        ...
+
+    def segment_restored(self, seg: Segment) -> None:
+        """The silent `seg` serves again, with everything it held (its owner came back)."""
+        ...
+
+    def replicas_lost(self, obj: ObjectMeta) -> None:
+        """`obj` lost replicas to unmounted segments and still has at least one."""
         ...
 
 
@@ -106,12 +126,15 @@ class MetadataCore:
         self.parked = parked
         self.index = ObjectIndex(config.num_shards)
         self.segments = SegmentTable(config.alignment)
-        self.clients = ClientTable(config.client_ttl)
+        self.clients = ClientTable(config.client_ttl, config.dead_ttl)
         self.placement = Placement(config.allocation_strategy, random.Random(config.seed))
         self.started = clock()
         self.view_version = 1
         #: Set when a segment went away; the server then runs `sweep_dead`.
         self.sweep_needed = False
+        #: Told of each object created with fewer replicas than its put asked for (fewer
+        #: segments had room; `note_short`): the repair queue, which copies it up later.
+        self.on_short: Callable[[ObjectMeta], None] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
@@ -171,6 +194,12 @@ class MetadataCore:
             obj.soft_pin_deadline = now + obj.soft_pin_ttl
         self.clients.drop_in_flight(obj)
 
+    def note_short(self, obj: ObjectMeta) -> None:
+        """`obj` was just created with fewer replicas than its put asked for: tell `on_short`
+        (the write path calls this only then, so a put that got its count pays nothing)."""
+        if self.on_short is not None:
+            self.on_short(obj)
+
     def commit_objects(
         self, done: list[tuple[ObjectMeta, Replica]], pin_deadline: float | None
     ) -> None:
@@ -190,13 +219,15 @@ class MetadataCore:
         now: float,
         action: SoftPinAction,
         soft_pin: float | None,
+        replica_num: int = 0,
     ) -> ObjectMeta:
         """UpsertStart of the complete `obj`, as a write of `size` bytes by `client_id` from
         `now` with the put's soft-pin `action`: in place (`fresh` None: its live replicas go
         back to PROCESSING), or onto the `fresh` ranges as a new record (a new generation for
         the hooks, which see the old one removed) carrying over group, hard pin and pin; the
         old ranges are then freed, or parked until the lease ends while one is live. Answers
-        the record being written (unreadable until PutEnd)."""
+        the record being written (unreadable until PutEnd); a new record asks for
+        `replica_num` replicas (0: as many as the old one asked for)."""
         if fresh is None:
             live = tuple(r for r in obj.replicas if r.segment.alive)
             for r in live:
@@ -223,6 +254,7 @@ class MetadataCore:
                     obj.soft_pin_ttl,
                     obj.hard_pin,
                     obj.group_id,
+                    replica_num or obj.replica_num,
                 ),
             )
             obj.soft_pin_deadline = old.soft_pin_deadline
@@ -268,6 +300,12 @@ class MetadataCore:
             self.park(obj.lease_deadline, obj.size, (source,))
         else:
             self._free_replica(source, obj.size)
+
+    def retire_replica(self, obj: ObjectMeta, replica: Replica, now: float) -> None:
+        """`replica` leaves `obj`, which keeps others (one found bad): freed, or parked until
+        the read lease ends while one is live (a reader may still be copying from it)."""
+        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self.release_moved_source(obj, replica, now)
 
     def drop_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
@@ -343,6 +381,8 @@ class MetadataCore:
                 live = tuple(r for r in reps if r.segment.alive)
                 if live:
                     obj.replicas = live
+                    for o in self._observers:
+                        o.replicas_lost(obj)
                 elif self.index.get(obj.tenant, obj.key) is obj:
                     obj.replicas = ()
                     self._drop(obj)
@@ -554,7 +594,10 @@ class MetadataCore:
         if seg is not None:
             if seg.same_mount(info, rec.client_id, rec.host_id):
                 return OK  # idempotent: the same segment mounted again
-            return SEGMENT_ALREADY_EXISTS
+            if seg.client_id != rec.client_id or info.generation == seg.generation:
+                return SEGMENT_ALREADY_EXISTS
+            # Its owner made new memory under the old name: what the old one held is gone.
+            self.unmount_segment(seg)
         new = self.segments.mount(info, rec.client_id, rec.host_id)
         for o in self._observers:
             o.segment_mounted(new)
@@ -573,6 +616,61 @@ class MetadataCore:
         for o in self._observers:
             o.segment_unmounted(seg)
         log.info("unmounted segment %s of client %s", seg.name, seg.client_id)
+
+    def restore_segment(self, seg: Segment) -> None:
+        """Serve the silent `seg` again, with its objects (its owner remounted the same
+        memory: name and generation match)."""
+        self.segments.restore(seg)
+        for o in self._observers:
+            o.segment_restored(seg)
+        log.info("segment %s of client %s serves again with its objects", seg.name, seg.client_id)
+
+    def silence_client(self, client_id: ClientId) -> None:
+        """The client missed `client_ttl`: its segments stop serving (kept, with their
+        objects), its in-flight PutStarts are preempted (their ranges parked until their
+        release time: it may still be writing), it is kept for `client_dead_ttl`."""
+        rec = self.clients.get(client_id)
+        if rec is None or rec.silent:
+            return
+        rec.silent = True
+        for name in rec.segments:
+            seg = self.segments.get(name)
+            if seg is not None and seg.client_id == client_id:
+                self.segments.silence(seg)
+        for obj in self.clients.in_flight_of(client_id):
+            self.preempt(obj)
+        for o in self._observers:
+            o.client_silenced(client_id)
+        log.warning(
+            "client %s silent: %d segment(s) kept but not served, in-flight puts preempted",
+            client_id,
+            len(rec.segments),
+        )
+
+    def revive_client(self, rec: ClientRecord, infos: list[SegmentInfo]) -> list[SegmentName]:
+        """The silent client `rec` remounts `infos`: each of its silent segments named there
+        with the same generation (non-zero) serves again with its objects; the others are
+        unmounted (their memory is gone or new). Answers the names restored; the caller then
+        mounts `infos` as usual (restored ones are already mounted)."""
+        rec.silent = False
+        wanted = {info.name: info for info in infos}
+        restored: list[SegmentName] = []
+        for name in list(rec.segments):
+            seg = self.segments.get(name)
+            if seg is None or seg.client_id != rec.client_id or not seg.silent:
+                continue
+            info = wanted.get(name)
+            if (
+                info is not None
+                and info.generation
+                and seg.same_mount(info, rec.client_id, rec.host_id)
+            ):
+                self.restore_segment(seg)
+                restored.append(name)
+            else:
+                self.unmount_segment(seg)
+        log.info("client %s is back: %d segment(s) restored", rec.client_id, len(restored))
+        return restored
 
     def expire_client(self, client_id: ClientId) -> None:
         """Unmount the client's segments, preempt its in-flight PutStarts, forget it.

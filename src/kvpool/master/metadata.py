@@ -36,6 +36,7 @@ _COMPLETE = ReplicaStatus.COMPLETE
 _MEMORY = ReplicaKind.MEMORY
 _COMPLETE_BIT = 1
 _HARD_PIN = 2
+_REPLICAS_SHIFT = 2  # the replica count the put asked for lives above the two flags
 # Replica ids pack the segment's mount number above the offset (segments up to 2**44 bytes).
 REPLICA_ID_SHIFT = 44
 
@@ -58,8 +59,8 @@ class Replica:
         return (self.segment.number << REPLICA_ID_SHIFT) | self.offset
 
     def readable(self) -> bool:
-        """COMPLETE and on a segment that is still mounted."""
-        return self.status is _COMPLETE and self.segment.alive
+        """COMPLETE and on a serving segment (mounted, its owner not silent)."""
+        return self.status is _COMPLETE and self.segment.serving
 
     def desc(self, size: int) -> ReplicaDesc:
         seg = self.segment
@@ -114,6 +115,7 @@ class ObjectMeta:
         soft_pin_ttl: float | None,
         hard_pin: bool,
         group_id: str,
+        replica_num: int = 1,
     ) -> None:
         self.key = key
         self.tenant = tenant
@@ -124,9 +126,10 @@ class ObjectMeta:
         self.put_start_time = put_start_time
         self.soft_pin_ttl = soft_pin_ttl
         self.soft_pin_deadline: float | None = None
-        # `complete` (bit 0) and `hard_pin` (bit 1) share one slot: 14 slots make a 144-byte
-        # record, 15 made a 160-byte one (allocations come in 16-byte steps).
-        self._bits = _HARD_PIN if hard_pin else 0
+        # `complete` (bit 0), `hard_pin` (bit 1) and the replica count asked for (above) share
+        # one slot: 14 slots make a 144-byte record, 15 made a 160-byte one (allocations come
+        # in 16-byte steps).
+        self._bits = (replica_num << 2) | (_HARD_PIN if hard_pin else 0)  # 2: _REPLICAS_SHIFT
         self.group_id = group_id
         self.checksum: int | None = None
         self.lease_deadline = 0.0
@@ -145,8 +148,13 @@ class ObjectMeta:
         """Never evicted (still removable); fixed when the object is created."""
         return bool(self._bits & _HARD_PIN)
 
+    @property
+    def replica_num(self) -> int:
+        """The replicas the put asked for (what repair restores after a loss)."""
+        return self._bits >> _REPLICAS_SHIFT
+
     def readable_replicas(self) -> list[Replica]:
-        return [r for r in self.replicas if r.status is _COMPLETE and r.segment.alive]
+        return [r for r in self.replicas if r.status is _COMPLETE and r.segment.serving]
 
     def has_live_replica(self) -> bool:
         """Whether any replica (complete or still being written) is on a mounted segment."""

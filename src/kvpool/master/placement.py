@@ -55,7 +55,11 @@ class Placement:
         used: set[int] = set()
         for name in preferred:
             seg_or_none = table.get(name)
-            if seg_or_none is not None and seg_or_none.number not in used:
+            if (
+                seg_or_none is not None
+                and seg_or_none.serving  # a silent segment takes no new replica
+                and seg_or_none.number not in used
+            ):
                 self._try(seg_or_none, size, chosen, used)
                 if len(chosen) >= replica_num:
                     return chosen

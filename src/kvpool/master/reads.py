@@ -1,10 +1,12 @@
 """The read path of the master: GetReplicaList, ExistKey, GetSize and their batch forms.
 
-A read answers the readable replicas (COMPLETE, on a live segment) and grants a read lease:
-lease = max(lease, now + `default_kv_lease_ttl`), with one deadline float per request (shared
-by every key of a batch). REPLICA_IS_NOT_READY while only PROCESSING replicas exist,
-OBJECT_NOT_FOUND otherwise. Each read that finds the object readable calls
-`hooks.on_access(obj)`. The batch loop does one xxh3 and one dict lookup per key.
+A read answers the readable replicas (COMPLETE, on a serving segment: mounted and its owner
+not silent) and grants a read lease: lease = max(lease, now + `default_kv_lease_ttl`), with one
+deadline float per request (shared by every key of a batch). REPLICA_IS_NOT_READY while only
+PROCESSING replicas exist, or only replicas on silent segments (the reader may retry: they
+come back if their owner does; docs/parts/reliability.md), OBJECT_NOT_FOUND otherwise. Each
+read that finds the object readable calls `hooks.on_access(obj)`. The batch loop does one
+xxh3 and one dict lookup per key.
 
 A read changes no metadata but the lease it grants (`core.py` says why that one is set here);
 an object found with no live replica is forgotten through the core.
@@ -118,7 +120,7 @@ class ReadPath:
             readable = False
             for r in obj.replicas:
                 seg = r.segment
-                if r.status is _COMPLETE and seg.alive:
+                if r.status is _COMPLETE and seg.serving:
                     readable = True
                     if r.kind is _MEMORY:
                         i = index.get(seg.name)
@@ -127,11 +129,7 @@ class ReadPath:
                             endpoints.append(seg.endpoint)
                         where += (i, r.offset)
             if not readable:
-                code = (
-                    REPLICA_IS_NOT_READY
-                    if not obj.complete and obj.has_live_replica()
-                    else OBJECT_NOT_FOUND
-                )
+                code = REPLICA_IS_NOT_READY if obj.has_live_replica() else OBJECT_NOT_FOUND
                 if code == OBJECT_NOT_FOUND:
                     self._core.forget_dead(obj)
                 codes.append(code)
@@ -155,7 +153,7 @@ class ReadPath:
         descs: list[ReplicaDesc] = []
         for r in obj.replicas:
             seg = r.segment
-            if r.status is _COMPLETE and seg.alive:
+            if r.status is _COMPLETE and seg.serving:
                 descs.append(
                     ReplicaDesc(
                         (seg.number << REPLICA_ID_SHIFT) | r.offset,
@@ -168,7 +166,7 @@ class ReadPath:
                     )
                 )
         if not descs:
-            if not obj.complete and obj.has_live_replica():
+            if obj.has_live_replica():  # being written, or held by silent segments only
                 return _NOT_READY_LIST
             self._core.forget_dead(obj)
             return _NOT_FOUND_LIST

@@ -5,6 +5,12 @@ allocator; replicas keep pointing at the dead record, which is how every reader 
 that such a replica is gone (the master sweeps them out of the metadata in the background).
 Mounting the same name again creates a *new* record with a new `number`, so a replica of the
 old mount can never be mistaken for one of the new.
+
+A segment whose owner fell silent (past `client_ttl`) stays mounted, allocator and replicas
+kept, but stops *serving*: `serving` goes off and it leaves the `live` list, so placement,
+arenas and task targets skip it and readers are not offered its replicas; `restore` puts it
+back (docs/parts/reliability.md). `alive` means mounted (its allocator exists); `serving`
+means mounted and not silent, which is what a reader checks.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ class Segment:
         "allocator",
         "client_id",
         "endpoint",
+        "generation",
         "host_id",
         "name",
         "number",
         "objects",
+        "serving",
         "shm_path",
         "size",
     )
@@ -42,6 +50,7 @@ class Segment:
         endpoint: str,
         shm_path: str,
         alignment: int,
+        generation: int = 0,
     ) -> None:
         self.number = number
         self.name = name
@@ -51,8 +60,16 @@ class Segment:
         self.endpoint = endpoint
         self.shm_path = shm_path
         self.allocator = OffsetAllocator(size, alignment)
+        self.generation = generation
         self.alive = True
+        #: Mounted and its owner not silent: readers may be sent here, placement may use it.
+        self.serving = True
         self.objects = 0  # replicas currently allocated here
+
+    @property
+    def silent(self) -> bool:
+        """Mounted, but its owner is silent (kept, neither read nor written)."""
+        return self.alive and not self.serving
 
     def same_mount(self, info: SegmentInfo, client_id: ClientId, host_id: HostId) -> bool:
         """Whether mounting `info` again would describe exactly this segment (idempotence)."""
@@ -62,11 +79,18 @@ class Segment:
             and (info.host_id or host_id) == self.host_id
             and info.endpoint == self.endpoint
             and info.shm_path == self.shm_path
+            and info.generation == self.generation
         )
 
     def info(self) -> SegmentInfo:
         return SegmentInfo(
-            self.name, self.size, self.host_id, self.endpoint, self.shm_path, self.client_id
+            self.name,
+            self.size,
+            self.host_id,
+            self.endpoint,
+            self.shm_path,
+            self.client_id,
+            self.generation,
         )
 
     def stats(self) -> SegmentStats:
@@ -109,17 +133,36 @@ class SegmentTable:
             endpoint=info.endpoint,
             shm_path=info.shm_path,
             alignment=self._alignment,
+            generation=info.generation,
         )
         self._next_number += 1
         self._by_name[seg.name] = seg
         self.live.append(seg)
         return seg
 
+    def silence(self, seg: Segment) -> None:
+        """Stop serving `seg` (its owner fell silent); everything it holds is kept."""
+        if seg.serving:
+            seg.serving = False
+            self.live.remove(seg)
+
+    def restore(self, seg: Segment) -> None:
+        """Serve the silent `seg` again (its owner came back with the same memory)."""
+        if seg.alive and not seg.serving:
+            seg.serving = True
+            self.live.append(seg)
+
+    def mounted(self) -> list[Segment]:
+        """Every mounted segment, silent ones included."""
+        return list(self._by_name.values())
+
     def unmount(self, seg: Segment) -> None:
         """Take `seg` out of the pool: unreadable and unallocatable from now on."""
         seg.alive = False
         del self._by_name[seg.name]
-        self.live.remove(seg)
+        if seg.serving:
+            self.live.remove(seg)
+        seg.serving = False
         # Every range of the segment goes with it; nothing may be freed into it again.
         seg.allocator = OffsetAllocator(0, self._alignment)
         seg.objects = 0

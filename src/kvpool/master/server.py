@@ -1,7 +1,7 @@
 """`MasterServer`: the master service behind an `RpcServer`, plus its background tasks.
 
 Everything runs on the one event loop that called `start()`: requests are served inline by
-`MasterService` (a dict lookup on the request's type, then the handler), and three background
+`MasterService` (a dict lookup on the request's type, then the handler), and four background
 tasks take turns with them:
 
 * the **monitor**, every `monitor_interval` (1 s): freezes what the garbage collector has
@@ -11,6 +11,8 @@ tasks take turns with them:
   releases stale PutStarts and parked replicas, and, when a segment went away, sweeps the
   replicas of dead segments out of the metadata `sweep_batch` objects per loop turn;
 * the **reclaim tick**, every `reclaim_interval`: `hooks.tick(now)` (kswapd's chance to act);
+* the **repair tick**, every `repair_interval`: starts copies of objects that lost replicas
+  (`repair.py`), a bounded number per tick;
 * RemoveAll / RemoveByRegex run as tasks that give the loop a turn every few thousand objects,
   so a million-object removal never stalls the requests behind it; a batch request of more than
   `batch_chunk_keys` keys is served the same way, as sub-batches.
@@ -103,6 +105,7 @@ class MasterServer:
         self._tasks = [
             asyncio.create_task(self._monitor(), name="master-monitor"),
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
+            asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
         ]
 
     async def close(self) -> None:
@@ -190,6 +193,16 @@ class MasterServer:
                 svc.hooks.tick(svc.now())
             except Exception:
                 log.exception("reclaim tick failed")
+
+    async def _repair_ticks(self) -> None:
+        svc = self.service
+        interval = self.config.repair_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                svc.repair_tick()
+            except Exception:
+                log.exception("repair tick failed")
 
 
 _BATCH_TYPES = (

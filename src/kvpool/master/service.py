@@ -39,6 +39,7 @@ from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.planner import PutPlanner
 from kvpool.master.reads import ReadPath
+from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
@@ -77,6 +78,7 @@ from kvpool.protocol.messages import (
     Remove,
     RemoveAll,
     RemoveByRegex,
+    ReportBadReplica,
     ReserveArena,
     Stats,
     StatsReply,
@@ -110,11 +112,15 @@ class MasterService:
         # before a failing task parks any more (the order the rules were written in).
         core.observe(self._arenas)
         core.observe(self._tasks)
+        # After the tasks: a copy that fails with its object reports to the queue first.
+        self._repair = RepairQueue(core, self._tasks)
+        core.observe(self._repair)
+        core.on_short = self._repair.note
         planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
-        self._admin = AdminPath(core, self._tasks, self._arenas)
-        self._task_path = TaskPath(core, self._tasks)
+        self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
+        self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
         w, r, a, t, ar = self._writes, self._reads, self._admin, self._task_path, self._arena_path
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
@@ -149,6 +155,7 @@ class MasterService:
             FetchTasks: t.fetch_tasks,
             MarkTaskComplete: t.mark_task_complete,
             BatchReplicaClear: t.batch_replica_clear,
+            ReportBadReplica: t.report_bad_replica,
             ReserveArena: ar.reserve_arena,
             ReleaseArenas: ar.release_arenas,
             PutCommit: ar.put_commit,
@@ -225,7 +232,8 @@ class MasterService:
         return self._admin.check_liveness()
 
     def expire_clients(self) -> list[ClientId]:
-        """Expire every client silent for `client_ttl`; answers their ids."""
+        """Silence clients without a ping for `client_ttl`, drop those without one for
+        `client_dead_ttl`; answers the ids dropped."""
         return self._admin.expire_clients()
 
     def expire_client(self, client_id: ClientId) -> None:
@@ -240,6 +248,15 @@ class MasterService:
     def sweep_dead(self) -> Iterator[int]:
         """Drop replicas of unmounted segments from the metadata, in steps (`MetadataCore`)."""
         return self._core.sweep_dead()
+
+    def repair_tick(self) -> int:
+        """Start due repair copies (`RepairQueue.tick`); answers how many started."""
+        return self._repair.tick(self._core.clock())
+
+    @property
+    def repair(self) -> RepairQueue:
+        """The replica repair queue (for stats and tests)."""
+        return self._repair
 
     # ------------------------------------------------------------------ requests by name
 

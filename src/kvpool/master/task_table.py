@@ -54,6 +54,7 @@ class Task:
         "message",
         "obj",
         "on_done",
+        "repair",
         "source",
         "status",
         "targets",
@@ -72,6 +73,7 @@ class Task:
         executor: ClientId,
         now: float,
         on_done: TaskDone | None,
+        repair: bool = False,
     ) -> None:
         self.task_id = task_id
         self.task_type = task_type
@@ -84,6 +86,8 @@ class Task:
         self.created = now
         self.updated = now
         self.on_done = on_done
+        #: The master's own repair copy: a Remove or an upsert cancels it instead of waiting.
+        self.repair = repair
 
     @property
     def active(self) -> bool:
@@ -138,6 +142,20 @@ class TaskTable(MetadataObserver):
         """A task is running on `obj`."""
         return obj in self._task_of
 
+    def blocks(self, obj: ObjectMeta) -> bool:
+        """A task that a Remove or an upsert must wait for (a copy or move someone asked
+        for; the master's own repairs are cancelled instead) is running on `obj`."""
+        if not self._task_of:
+            return False
+        task = self._task_of.get(obj)
+        return task is not None and not task.repair
+
+    def cancel_repair(self, obj: ObjectMeta) -> None:
+        """Fail the repair copy running on `obj`, if any (its object is being rewritten)."""
+        task = self._task_of.get(obj) if self._task_of else None
+        if task is not None and task.repair:
+            self.fail(task, "cancelled: the object is being rewritten")
+
     @property
     def active(self) -> int:
         """Tasks running (PENDING or PROCESSING)."""
@@ -157,15 +175,18 @@ class TaskTable(MetadataObserver):
         source: Replica,
         targets: list[SegmentName],
         on_done: TaskDone | None,
+        *,
+        repair: bool = False,
     ) -> tuple[Task | None, int]:
         """A PENDING task copying `source` of `obj` to new ranges on `targets`, or (None,
-        the code that refuses it); nothing changes when refused."""
+        the code that refuses it); nothing changes when refused. A silent segment is no
+        target (SEGMENT_NOT_FOUND)."""
         core = self._core
         segs: list[Segment] = []
         held = {r.segment for r in obj.replicas if r.segment.alive}
         for name in targets:
             seg = core.segments.get(name)
-            if seg is None:
+            if seg is None or not seg.serving:
                 return None, SEGMENT_NOT_FOUND
             if seg in held:
                 return None, REPLICA_ALREADY_EXISTS
@@ -181,7 +202,9 @@ class TaskTable(MetadataObserver):
                 return None, NO_AVAILABLE_HANDLE
             got.append(r)
         now = self._clock()
-        task = Task(uuid.uuid4().hex, task_type, obj, source, tuple(got), executor, now, on_done)
+        task = Task(
+            uuid.uuid4().hex, task_type, obj, source, tuple(got), executor, now, on_done, repair
+        )
         self._tasks[task.task_id] = task
         self._task_of[obj] = task
         self._queues.setdefault(executor, {})[task.task_id] = task
@@ -189,12 +212,13 @@ class TaskTable(MetadataObserver):
         return task, OK
 
     def _executor_for(self, seg: Segment) -> ClientId | None:
-        """The source segment's owner when it is alive, else a live client with a segment on
-        the same host (it can map the source's memory)."""
+        """The source segment's owner when it is alive and not silent, else such a client
+        with a segment on the same host (it can map the source's memory)."""
         clients = self._core.clients
-        if clients.get(seg.client_id) is not None:
+        rec = clients.get(seg.client_id)
+        if rec is not None and not rec.silent:
             return seg.client_id
-        for other in self._core.segments.live:
+        for other in self._core.segments.live:  # serving segments: their owners answer
             if other.host_id == seg.host_id and clients.get(other.client_id) is not None:
                 return other.client_id
         return None
@@ -300,10 +324,11 @@ class TaskTable(MetadataObserver):
         timeout = self._config.replica_task_timeout
         clients = self._core.clients
         for task in list(self._task_of.values()):
+            rec = clients.get(task.executor)
             if now - task.created >= timeout:
                 self.fail(task, f"timed out after {timeout:g} s")
                 failed += 1
-            elif clients.get(task.executor) is None:
+            elif rec is None or rec.silent:
                 self.fail(task, f"executor {task.executor} is gone")
                 failed += 1
         keep = now - self._config.task_retention
@@ -337,3 +362,21 @@ class TaskTable(MetadataObserver):
         for task in list(self._task_of.values()):
             if task.executor == client_id:
                 self.fail(task, f"executor {client_id} expired")
+
+    @override
+    def client_silenced(self, client_id: ClientId) -> None:
+        """Fail the tasks the silent client executes or whose segments it owns: it cannot
+        copy now, and a silent segment is neither read nor written."""
+        for task in list(self._task_of.values()):
+            if task.executor == client_id or not task.source.segment.serving:
+                self.fail(task, f"client {client_id} fell silent")
+            elif any(not t.segment.serving for t in task.targets):
+                self.fail(task, f"a target's owner {client_id} fell silent")
+
+    @override
+    def segment_restored(self, seg: Segment) -> None:
+        pass
+
+    @override
+    def replicas_lost(self, obj: ObjectMeta) -> None:
+        pass

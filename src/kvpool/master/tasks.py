@@ -52,7 +52,8 @@ from kvpool.codes import (
     TASK_NOT_FOUND,
 )
 from kvpool.master.core import MetadataCore
-from kvpool.master.metadata import ObjectMeta
+from kvpool.master.metadata import ObjectMeta, Replica
+from kvpool.master.repair import RepairQueue
 from kvpool.master.task_table import TaskTable
 from kvpool.protocol.messages import (
     BatchReplicaClear,
@@ -66,6 +67,7 @@ from kvpool.protocol.messages import (
     QueryTaskReply,
     ReplicaKind,
     Reply,
+    ReportBadReplica,
     TaskReply,
     TaskType,
     TenantId,
@@ -80,9 +82,10 @@ _OK_REPLY = Reply(OK)
 class TaskPath:
     """Replica task requests (create, fetch, report, query) and BatchReplicaClear."""
 
-    def __init__(self, core: MetadataCore, tasks: TaskTable) -> None:
+    def __init__(self, core: MetadataCore, tasks: TaskTable, repair: RepairQueue) -> None:
         self._core = core
         self._tasks = tasks
+        self._repair = repair
         self._clock = core.clock
 
     def create_copy_task(self, req: CreateCopyTask) -> TaskReply:
@@ -147,6 +150,8 @@ class TaskPath:
             return Reply(OBJECT_NO_REPLICATION_TASK)  # it ended already (timed out, ...)
         if not req.ok:
             self._tasks.fail(task, req.message or "the executor reported a failure", reported=True)
+            if req.bad_source:
+                self._bad_replica(task.obj, task.source)
             return _OK_REPLY
         if not all(t.segment.alive for t in task.targets):
             self._tasks.fail(task, "a target segment was unmounted", reported=True)
@@ -184,6 +189,34 @@ class TaskPath:
                 core.drop_replica(obj, r)
             cleared.append(key)
         return BatchReplicaClearReply(OK, cleared)
+
+    def report_bad_replica(self, req: ReportBadReplica) -> Reply:
+        obj = self._core.lookup(req.tenant, req.key)
+        if obj is None:
+            return Reply(OBJECT_NOT_FOUND)
+        bad = next(
+            (r for r in obj.replicas if r.segment.name == req.segment and r.offset == req.offset),
+            None,
+        )
+        if bad is None:
+            return Reply(REPLICA_NOT_FOUND)
+        self._bad_replica(obj, bad)
+        return _OK_REPLY
+
+    def _bad_replica(self, obj: ObjectMeta, bad: Replica) -> None:
+        """Drop `bad`, a replica whose bytes do not match the object's checksum, and repair
+        the object from another one; the last readable replica is kept (nothing better
+        exists; a reader keeps getting CHECKSUM_MISMATCH, never wrong bytes), as is one
+        under a running task (the task ends first)."""
+        core = self._core
+        if core.index.get(obj.tenant, obj.key) is not obj or bad not in obj.replicas:
+            return
+        if self._tasks.has_task(obj) or not any(
+            r is not bad and r.readable() for r in obj.replicas
+        ):
+            return
+        core.retire_replica(obj, bad, self._clock())
+        self._repair.note(obj)
 
     def _task_object(self, tenant: TenantId, key: str) -> tuple[ObjectMeta | None, int]:
         if not key:

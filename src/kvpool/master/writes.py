@@ -142,8 +142,11 @@ class WritePath:
             plan.soft_pin,
             plan.hard_pin,
             group,
+            plan.replica_num,
         )
         self._create(d, obj, plan.in_flight)
+        if len(replicas) < plan.replica_num:
+            self._core.note_short(obj)  # best effort: repair copies it up later
         return PutStartReply(OK, [r.desc(size) for r in replicas])
 
     def upsert_start(self, req: UpsertStart) -> PutStartReply:
@@ -178,16 +181,19 @@ class WritePath:
         if group is not None and group != obj.group_id:
             # group_membership_is_immutable: a group is fixed for the object's lifetime.
             return PutStartReply(INVALID_PARAMS)
-        if self._tasks.has_task(obj):
+        if self._tasks.blocks(obj):
             return PutStartReply(OBJECT_HAS_REPLICATION_TASK)  # a copy or move is running
+        self._tasks.cancel_repair(obj)  # a repair copies bytes the rewrite replaces
         if not obj.complete:
             if self._planner.claim(obj, now) is _EXISTS:
                 return PutStartReply(OBJECT_REPLICA_BUSY)  # another write of it is in progress
             # `_put_one` claims the key again (the same verdict) and preempts only once it
             # holds new ranges.
             return self._put_one(plan, key, size, obj.group_id, now)
-        if size == obj.size and now >= obj.lease_deadline:
-            # Case B: rewrite in place; unreadable until PutEnd.
+        if size == obj.size and now >= obj.lease_deadline and not _on_silent(obj):
+            # Case B: rewrite in place; unreadable until PutEnd. (Not onto a silent segment:
+            # its owner cannot be written now, and the old bytes there must not come back
+            # under the new checksum.)
             fresh = None
         else:
             # Case C (and a same-size rewrite under a live read lease, which must not write
@@ -195,7 +201,11 @@ class WritePath:
             fresh = core.allocate(size, plan)
             if not fresh:
                 return PutStartReply(NO_AVAILABLE_HANDLE)
-        obj = core.rewrite_object(obj, size, fresh, plan.client_id, now, plan.action, plan.soft_pin)
+        obj = core.rewrite_object(
+            obj, size, fresh, plan.client_id, now, plan.action, plan.soft_pin, plan.replica_num
+        )
+        if fresh is not None and len(fresh) < plan.replica_num:
+            core.note_short(obj)
         return PutStartReply(OK, [r.desc(obj.size) for r in obj.replicas])
 
     def put_end(self, req: PutEnd) -> Reply:
@@ -254,3 +264,8 @@ class WritePath:
             return INVALID_WRITE  # nothing in flight to revoke
         self._core.revoke(obj)
         return OK
+
+
+def _on_silent(obj: ObjectMeta) -> bool:
+    """Whether a replica of `obj` sits on a silent segment (mounted, not serving)."""
+    return any(r.segment.alive and not r.segment.serving for r in obj.replicas)

@@ -12,10 +12,15 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
 * **Registration and liveness.** A client makes its own `client_id` (uuid4 hex) and registers
   with `ReMountSegment(client_id, host_id, segments)` (the list may be empty for a pure client);
   a node mounts memory with `MountSegment` or `ReMountSegment` (both idempotent). Every client
-  sends `Ping(client_id)` every second. A client silent for `client_ttl` (10 s) is expired: its
-  segments are unmounted, replicas on them dropped, its in-flight PutStarts revoked. A `Ping`
-  from a client the master does not know (it restarted, or expired the client) answers
-  `ClientStatus.NEED_REMOUNT`; the client then sends `ReMountSegment` with all its segments.
+  sends `Ping(client_id)` every second. A client silent for `client_ttl` (10 s) is *silent*:
+  its segments are kept but serve no reads and take no new replicas, its in-flight PutStarts
+  are preempted; silent for `client_dead_ttl` it is dropped: its segments are unmounted,
+  replicas on them dropped (and repaired from other replicas). A `Ping` from a client the
+  master does not know (it restarted, or dropped the client) or holds as silent answers
+  `ClientStatus.NEED_REMOUNT`; the client then sends `ReMountSegment` with all its segments,
+  each with the `generation` drawn when its memory was made: a silent segment named with the
+  same generation is restored with its objects (`RemountReply.restored`), any other is mounted
+  fresh (docs/parts/reliability.md).
   `UnmountSegment` is allowed only to the owner (ILLEGAL_CLIENT otherwise).
 
 * **Put.** `PutStart(client_id, key, size, config)` validates, allocates `replica_num` memory
@@ -63,7 +68,9 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
 
 * **Replica tasks** (Mooncake's create_copy_task / create_move_task / query_task). Anyone asks
   `CreateCopyTask(key, targets)` or `CreateMoveTask(key, source, target)` and gets
-  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out).
+  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out)
+  and copy tasks (repair of objects that lost replicas; a replica that fails its checksum is
+  reported with `ReportBadReplica`, or by its executor with `MarkTaskComplete.bad_source`).
   The master allocates the destination ranges (PROCESSING, invisible to readers) and assigns
   the task to one executor: the client that owns the source segment if it is alive, else a live
   client with a segment on the source's host. The executor learns of work from
@@ -153,6 +160,7 @@ __all__ = [
     "QueryTaskReply",
     "ReMountSegment",
     "ReleaseArenas",
+    "RemountReply",
     "Remove",
     "RemoveAll",
     "RemoveByRegex",
@@ -163,6 +171,7 @@ __all__ = [
     "ReplicaTask",
     "ReplicateConfigMsg",
     "Reply",
+    "ReportBadReplica",
     "Request",
     "ReserveArena",
     "Response",
@@ -404,6 +413,15 @@ class BatchReply(Message):
     codes: list[int]
 
 
+class RemountReply(Reply):
+    """The answer to a `ReMountSegment` that restored segments: `code` as a `Reply`, and the
+    segments the master had kept while the client was silent and now serves again with their
+    objects (name and generation matched); every other segment of the request was mounted
+    fresh (empty). A remount that restored nothing answers a plain `Reply`."""
+
+    restored: list[SegmentName] = []
+
+
 class PingReply(Message):
     code: int
     client_status: ClientStatus
@@ -513,6 +531,9 @@ class ClientStats(Message):
     segments: int
     ttl_left_s: float
     in_flight_puts: int = 0
+    silent: bool = False
+    """Silent past `client_ttl`: its segments take no new replicas and serve no reads until it
+    comes back; `ttl_left_s` is then the time left before it is dropped (`client_dead_ttl`)."""
 
 
 class StatsReply(Message):
@@ -529,6 +550,20 @@ class StatsReply(Message):
     arenas: int = 0
     """Arenas lent to clients for one-round-trip puts, and the bytes they hold (in `used`)."""
     arena_bytes: int = 0
+    silent_segments: list[SegmentStats] = []
+    """Segments of silent clients, kept (not in `segments`, `capacity`, `used`) until their
+    owner comes back or is dropped."""
+    silent_clients: list[ClientStats] = []
+    """Clients silent past `client_ttl` (not in `clients`), kept until `client_dead_ttl`."""
+    under_replicated: int = 0
+    """Objects known to have fewer replicas than they asked for (lost to a dropped segment),
+    being repaired or waiting for a source or a target."""
+    repair_queued: int = 0
+    repair_in_flight: int = 0
+    repair_done: int = 0
+    """Repair copies that succeeded since the master started."""
+    repair_failed: int = 0
+    """Repair copies that failed (each is retried with backoff, up to a limit)."""
 
 
 # ---------------------------------------------------------------- replica tasks
@@ -607,12 +642,27 @@ class FetchTasksReply(Message):
 
 
 class MarkTaskComplete(Message):
-    """The executor's report: `ok` when every target holds the bytes. Answered by `Reply`."""
+    """The executor's report: `ok` when every target holds the bytes. Answered by `Reply`.
+    `bad_source`: the task failed because the source's bytes do not match the object's
+    checksum (the master then treats the source as a `ReportBadReplica` would)."""
 
     client_id: ClientId
     task_id: str
     ok: bool
     message: str = ""
+    bad_source: bool = False
+
+
+class ReportBadReplica(Message):
+    """A reader (or executor) found the replica of `key` at `offset` of `segment` not matching
+    the object's checksum. Answered by `Reply`: OK (the replica is dropped and the object
+    repaired from another one; kept when it is the last readable replica: nothing better
+    exists), OBJECT_NOT_FOUND, REPLICA_NOT_FOUND (no such replica: already dropped)."""
+
+    key: str
+    segment: SegmentName
+    offset: int
+    tenant: TenantId = DEFAULT_TENANT
 
 
 class BatchReplicaClear(Message):
@@ -662,6 +712,7 @@ Request = (
     | FetchTasks
     | MarkTaskComplete
     | BatchReplicaClear
+    | ReportBadReplica
     | ReserveArena
     | ReleaseArenas
     | PutCommit
@@ -673,6 +724,7 @@ Response = (
     EchoReply
     | Reply
     | BatchReply
+    | RemountReply
     | PingReply
     | SegmentReply
     | PutStartReply

@@ -110,6 +110,9 @@ class SegmentInfo(Message):
     `endpoint` is the `host:port` of the owner's transfer server; `shm_path` is what a same-host
     peer opens and maps ("" when not shareable); `client_id` is the owner (filled in by the
     master in replies; ignored in mount requests, where the request's client_id counts).
+    `generation` is a random 64-bit number the node draws when it creates the segment's memory
+    (0: none given): a remount naming a segment the master holds as silent restores it, with
+    its objects, only when name and generation match (docs/parts/reliability.md).
     """
 
     name: SegmentName
@@ -118,6 +121,7 @@ class SegmentInfo(Message):
     endpoint: str = ""
     shm_path: str = ""
     client_id: ClientId = ClientId("")
+    generation: int = 0
 
 
 class ReplicaDesc(Message):

@@ -38,7 +38,9 @@ def replicas_of(address: str, key: str) -> ReplicaListReply:
 
 
 def test_kill_9_of_a_node_loses_only_what_it_alone_held(pool: PoolFactory) -> None:  # noqa: F811
-    p = pool(nodes=2, segment_size="16MiB", client_ttl="1s")
+    p = pool(
+        nodes=2, segment_size="16MiB", client_ttl="1s", master_args=("--client-dead-ttl", "1s")
+    )
     seg0, seg1 = (e + "/0" for e in p.node_endpoints)
     rng = np.random.default_rng(3)
     only0 = {

@@ -8,7 +8,8 @@ Rules (Mooncake's; the protocol module docstring has the whole lifecycle):
   client id or tenant. Then OBJECT_ALREADY_EXISTS for a complete object or one whose PutStart
   is younger than `put_start_discard_timeout`; an older PutStart is preempted (its space is
   parked until `put_start_release_timeout` after it started). No room: NO_AVAILABLE_HANDLE,
-  after one `reclaim_for` and one retry.
+  after one `reclaim_for` and one retry, then at most four `reclaim_range` calls, each
+  followed by a retry (`MetadataCore.allocate`).
 * UpsertStart: absent, a put; same size, the replicas are rewritten in place; another size,
   or the same size under a live read lease, new ranges first, then a new object record (the
   old ranges of a leased object stay parked until its lease ends: a reader may be copying).

@@ -41,7 +41,7 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
-from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, NodeRuntime
+from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor
@@ -52,6 +52,7 @@ from kvpool.client.validation import (
     check_key,
     check_keys,
     check_pattern,
+    check_segment_size,
     registered,
     value_view,
 )
@@ -294,15 +295,24 @@ class Store:
         (`offset` page-aligned), shared with the file; same-host peers reach it over TCP, and
         the file must not shrink while mounted (`SegmentMemory.map_file`)."""
         data = self._open()
-        return self._mount(data, size, path, offset)
+        nbytes = parse_size(size, name="size", minimum=MIN_SEGMENT_SIZE)
+        if path is None:
+            check_segment_size(nbytes, "size")
+        return self._mount(data, nbytes, path, offset)
 
     def _mount(
         self, data: DataPath, size: int | str, path: str | None = None, offset: int = 0
     ) -> str:
         with self._mount_lock:
-            mem = self._node.mount(
-                size, on_created=data.engine.attach_local, path=path, offset=offset
-            )
+            try:
+                mem = self._node.mount(
+                    size, on_created=data.engine.attach_local, path=path, offset=offset
+                )
+            except OSError as exc:  # the transfer server cannot bind `host`
+                raise InvalidParams(
+                    f"host: cannot serve this Store's segments on {self._config.host!r}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
             if self._tasks is None:
                 # Owning a segment makes this process the executor of the replica tasks
                 # whose source is here (pool-mode swap-out, copy/move tasks).

@@ -77,7 +77,16 @@ def _commands() -> list[tuple[str, click.Command]]:
     return out
 
 
-GARBAGE = ["", "abc", "-1", "1e999", "nan", "99999999999999999999999", "1XB", "\x01"]  # argv cannot hold NUL
+GARBAGE = [
+    "",
+    "abc",
+    "-1",
+    "1e999",
+    "nan",
+    "99999999999999999999999",
+    "1XB",
+    "\x01",
+]  # argv cannot hold NUL
 
 
 @pytest.mark.parametrize("name, cmd", _commands(), ids=lambda v: v if isinstance(v, str) else "")

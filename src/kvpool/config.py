@@ -53,6 +53,9 @@ _SIZE_UNITS: dict[str, int] = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 1 << 40,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pib": 1 << 50,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 

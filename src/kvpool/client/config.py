@@ -107,6 +107,6 @@ class StoreConfig:
                 or not 0 < value <= most  # False for nan
             ):
                 raise InvalidParams(
-                    f"{name}: {value!r} must be a number of seconds in (0, {most:g}]"
+                    f"{name}: {value!r} must be a number of seconds in (0, {most:.0f}]"
                 )
             object.__setattr__(self, name, float(value))

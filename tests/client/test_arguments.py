@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.client import ReplicateConfig, Store, StoreConfig
+from kvpool.client import AsyncStore, ReplicateConfig, Store, StoreConfig
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import InvalidParams
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
@@ -93,6 +93,12 @@ def test_a_bad_replicate_config_is_invalid_params_naming_it(
         assert word in info.value.message, info.value.message
 
 
+@pytest.mark.parametrize("workers", [0, "x", 1.5, True, 10**6])
+def test_async_store_workers_must_be_a_small_positive_int(workers: Any) -> None:
+    with pytest.raises(InvalidParams, match="workers"):
+        AsyncStore(workers=workers)
+
+
 def test_sizes_and_durations_have_sane_maxima() -> None:
     with pytest.raises(InvalidParams, match=r"--client-ttl.*maximum"):
         parse_duration("99999999999999999999h", name="--client-ttl")
@@ -116,6 +122,10 @@ def test_what_only_a_connected_store_can_refuse_names_the_argument(one_node: Poo
             s.put("k", b"v", config={"replica_num": 2})  # type: ignore[arg-type]
         with pytest.raises(InvalidParams, match=r"config.*int"):
             s.batch_put(["a"], [b"x"], config=5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidParams, match="path"):
+            s.mount_segment("1MiB", path=5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidParams, match="segment_name"):
+            s.batch_replica_clear(["k"], 5)  # type: ignore[arg-type]
         assert not s.exists("k")
         # The master refuses a soft pin above its --max-kv-soft-pin-ttl (24h): the message
         # says which value and which limit, not only the key.

@@ -40,8 +40,8 @@ class AsyncStore:
     `AsyncStore.from_config` takes a `StoreConfig` as `Store.from_config` does."""
 
     def __init__(self, *args: Any, workers: int = 4, **kwargs: Any) -> None:
-        if workers < 1:
-            raise InvalidParams(f"workers: {workers!r} must be >= 1")
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
+            raise InvalidParams(f"workers: {workers!r} must be an int in 1..1024")
         self._factory: Callable[[], Store] = functools.partial(Store, *args, **kwargs)
         self._workers = workers
         self._executor: ThreadPoolExecutor | None = None

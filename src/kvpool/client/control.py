@@ -217,6 +217,8 @@ class Control:
     def batch_replica_clear(self, keys: object, segment_name: str) -> list[str]:
         self._opened()
         ks = check_names(keys, "keys")
+        if not isinstance(segment_name, str):
+            raise InvalidParams(f"segment_name: expected a str, got {segment_name!r}")
         msg = BatchReplicaClear(
             ks, ClientId(self._node.client_id), SegmentName(segment_name), self.tenant
         )

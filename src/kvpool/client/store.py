@@ -300,6 +300,8 @@ class Store:
         the file must not shrink while mounted (`SegmentMemory.map_file`)."""
         data = self._open()
         nbytes = parse_size(size, name="size", minimum=MIN_SEGMENT_SIZE)
+        if path is not None and not isinstance(path, str):
+            raise InvalidParams(f"path: expected a str or None, got {path!r}")
         if path is None:
             check_segment_size(nbytes, "size")
         return self._mount(data, nbytes, path, offset)

@@ -90,6 +90,10 @@ def test_puts_keep_succeeding_when_a_node_is_killed(pool: PoolFactory) -> None: 
             except KVPoolError as exc:
                 failures.append(exc)
         codes = s.batch_put([f"b{i}" for i in range(40)], [b"b" * 500] * 40)
+        # Two replicas asked, one live segment: stored on it, and said so.
+        two = ReplicateConfig(replica_num=2)
+        pairs = [s.put_ex(f"r{i}", b"r" * 300, two) for i in range(10)]
+        assert all(r.stored and r.replicas == 1 and r.degraded for r in pairs), pairs
         assert not failures, f"{len(failures)} of 60 puts failed: {failures[0]}"
         assert codes == [ErrorCode.OK] * 40
         assert s.put_stats.retries > 0

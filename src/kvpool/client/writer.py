@@ -162,26 +162,43 @@ class Writer:
                 done = self._put_arena(arenas, key, mv, cfg)
                 if done is not None:
                     return done
+        avoid: dict[str, ErrorCode] = {}
+        got = self._put_started(key, mv, cfg, asked=cfg, upsert=upsert, avoid=avoid)
+        if got is None:
+            got = self._put_again(key, mv, cfg, upsert=upsert, avoid=avoid)
+        if got < cfg.replica_num and got:
+            self.stats.degraded(key, got, cfg.replica_num)
+        return got
+
+    def _put_again(
+        self,
+        key: str,
+        mv: memoryview,
+        cfg: ReplicateConfigMsg,
+        *,
+        upsert: bool,
+        avoid: dict[str, ErrorCode],
+    ) -> int:
+        """A put whose write to a replica's segment failed (its node died; the master will
+        expire it soon), started again elsewhere within the retry bounds; raises the last
+        failure when they are spent. A put that names its segments chose its placement: it
+        gets the failure at once."""
         deadline = time.monotonic() + self._retry_window
-        avoid: set[str] = set()
-        attempt = cfg
-        for tries in itertools.count():
-            got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
-            if got is not None:
-                if got < cfg.replica_num and got:
-                    self.stats.degraded(key, got, cfg.replica_num)
-                return got
-            # A replica's segment failed (its node died; the master will expire it soon).
-            # A put that names its segments chose its placement: it gets the failure.
-            if cfg.preferred_segments or tries >= MAX_PUT_RETRIES or time.monotonic() >= deadline:
-                self.stats.retry_failed()
+        for tries in itertools.count(1):
+            if cfg.preferred_segments or tries > MAX_PUT_RETRIES or time.monotonic() >= deadline:
+                if not cfg.preferred_segments:
+                    self.stats.retry_failed()
+                last = next(reversed(avoid.values()))
                 raise error_for_code(
-                    ErrorCode.TRANSFER_FAIL,
-                    f"{key!r}: writing its replicas failed on {sorted(avoid)} "
-                    f"({tries + 1} attempts); the put was revoked",
+                    last,
+                    f"{key!r}: writing its replicas failed on {sorted(avoid)} ({tries} "
+                    f"attempt{'s' if tries > 1 else ''}); the put was revoked",
                 )
             self.stats.retried()
-            attempt = self._avoiding(cfg, avoid)
+            attempt = self._avoiding(cfg, set(avoid))
+            got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
+            if got is not None:
+                return got
         raise AssertionError("unreachable")
 
     def _put_started(
@@ -192,11 +209,12 @@ class Writer:
         *,
         asked: ReplicateConfigMsg,
         upsert: bool,
-        avoid: set[str],
+        avoid: dict[str, ErrorCode],
     ) -> int | None:
         """One PutStart / write / PutEnd; the replicas written (0: the key existed), or None
-        when a write to a replica's segment failed (those segments are added to `avoid`; the
-        put was revoked and may start again). `asked` is the caller's config (for messages)."""
+        when a write to a replica's segment failed (those segments are added to `avoid` with
+        the failure; the put was revoked and may start again). `asked` is the caller's config
+        (for messages)."""
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
         rep = call_as(self._node, start, PutStartReply)
@@ -220,7 +238,8 @@ class Writer:
         if code != ErrorCode.OK:
             self._revoke([key])
             if code in _RETRYABLE and failed:
-                avoid.update(failed)
+                for seg in failed:
+                    avoid[seg] = code
                 return None
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         if end != OK:

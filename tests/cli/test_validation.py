@@ -52,6 +52,9 @@ def run(*args: str) -> click.testing.Result:
         (["demo", "--layers", "0"], "--layers", "0"),
         (["demo", "--segment-size", "1000TiB"], "--segment-size", "TiB"),
         (["demo", "--master", "x"], "--master", "'x'"),
+        # Checked in the command's body, not by click: still a usage error, no traceback.
+        (["bench", "store", "--segment-size", "abc"], "--segment-size", "abc"),
+        (["bench", "store", "--master", "nowhere"], "master", "nowhere"),
     ],
 )
 def test_a_bad_value_is_a_usage_error_naming_the_flag_and_the_value(

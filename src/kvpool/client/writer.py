@@ -19,6 +19,15 @@ One round trip instead of two (`kvpool.client.arena`)
     for nothing). When the master has no arena to give (a full pool) or forgot the arena, the
     put takes PutStart/PutEnd.
 
+A replica's node died (`_put_again`, `_put_batch_retrying`)
+    The master keeps placing replicas on a killed node's segments until it expires the node
+    (client_ttl). A put whose write fails there (TRANSFER_FAIL, SEGMENT_NOT_FOUND) is revoked
+    and started again, at most MAX_PUT_RETRIES times within the Store's rpc_timeout, with the
+    other live segments preferred and `replica_num` capped at them (then it is stored
+    degraded, which `Store.put_ex` and `PutStats` report). A put naming preferred segments
+    keeps its failure. The protocol has no field to exclude a segment; preferring the others
+    keeps a dead one out whenever enough live segments have room.
+
 A batch answer with a number of entries other than the keys asked is a fault of the master or
 of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
 are revoked (the master refuses for those it did complete).
@@ -249,11 +258,11 @@ class Writer:
 
     def _avoiding(self, cfg: ReplicateConfigMsg, avoid: set[str]) -> ReplicateConfigMsg:
         """`cfg` (which names no preferred segments) for a put started again: the live
-        segments other than those in `avoid` (and others of their nodes) preferred, in random
-        order, so the master places the replicas
-        elsewhere even before it notices that a node died. `replica_num` is capped at the
-        segments left (the master does the same once it knows): the put is then degraded
-        rather than failed. Unchanged when the master's segment list cannot be had."""
+        segments other than those in `avoid` (and the other segments of their nodes)
+        preferred, in random order, so that the master places the replicas elsewhere even
+        before it notices that a node died. `replica_num` is capped at the segments left (the
+        master does the same once it knows): the put is then degraded rather than failed.
+        Unchanged when the master's segment list cannot be had."""
         try:
             stats = call_as(self._node, Stats(), StatsReply)
         except KVPoolError as exc:

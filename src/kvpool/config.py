@@ -4,7 +4,8 @@ Each component keeps one frozen dataclass of its own settings next to its code (
 `kvpool.master.config.MasterConfig`); this module holds what they share:
 
 * `parse_size("4GiB")`, `parse_duration("30s")`: human units, validated, with the offending
-  value in the error.
+  value in the error; each has a sane maximum (MAX_SIZE, MAX_DURATION_S) so that a typo such
+  as "99999999999999999999h" is refused at once instead of overflowing a timer later.
 * `env(...)`: the only place kvpool reads environment variables (all named `KVPOOL_*`).
 
 Precedence, everywhere: command-line flag > environment variable > config file > default.
@@ -12,14 +13,30 @@ Precedence, everywhere: command-line flag > environment variable > config file >
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from typing import Final
 
 from kvpool.errors import InvalidParams
 
-__all__ = ["ENV_PREFIX", "env", "format_size", "parse_duration", "parse_size"]
+__all__ = [
+    "ENV_PREFIX",
+    "MAX_DURATION_S",
+    "MAX_SIZE",
+    "env",
+    "format_size",
+    "parse_duration",
+    "parse_size",
+]
 
 ENV_PREFIX = "KVPOOL_"
+
+MAX_SIZE: Final = 1 << 50
+"""1 PiB: no size kvpool takes (a segment, an arena, a cache) can be larger."""
+MAX_DURATION_S: Final = 365 * 24 * 3600.0
+"""One year: no duration kvpool takes (a TTL, a timeout, an interval) can be longer; timers
+(`threading.Event.wait`, SO_RCVTIMEO) overflow not far above that."""
 
 _SIZE_UNITS: dict[str, int] = {
     "": 1,
@@ -36,6 +53,9 @@ _SIZE_UNITS: dict[str, int] = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 1 << 40,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pib": 1 << 50,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -51,12 +71,14 @@ _DURATION_UNITS: dict[str, float] = {
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(value: str | int, *, name: str = "size", minimum: int = 0) -> int:
+def parse_size(
+    value: str | int, *, name: str = "size", minimum: int = 0, maximum: int = MAX_SIZE
+) -> int:
     """Bytes from an int or a string such as "4GiB", "512MB", "16 MiB", "1024".
 
     Decimal units (KB, MB, GB) are powers of 1000 and binary units (KiB, MiB, GiB) powers of
     1024, as written. Raises `InvalidParams` naming `name` and the value when it is malformed,
-    negative or below `minimum`.
+    negative, below `minimum` or above `maximum`.
     """
     if isinstance(value, bool):
         raise InvalidParams(f"{name}: expected a size, got {value!r}")
@@ -71,11 +93,24 @@ def parse_size(value: str | int, *, name: str = "size", minimum: int = 0) -> int
         raise InvalidParams(f"{name}: expected a size, got {type(value).__name__} {value!r}")
     if n < minimum:
         raise InvalidParams(f"{name}: {value!r} is below the minimum of {minimum} bytes")
+    if n > maximum:
+        raise InvalidParams(
+            f"{name}: {value!r} is above the maximum of {maximum} bytes ({format_size(maximum)})"
+        )
     return n
 
 
-def parse_duration(value: str | float, *, name: str = "duration", minimum: float = 0.0) -> float:
-    """Seconds from a number (seconds) or a string such as "30s", "500ms", "10min", "24h"."""
+def parse_duration(
+    value: str | float,
+    *,
+    name: str = "duration",
+    minimum: float = 0.0,
+    maximum: float = MAX_DURATION_S,
+) -> float:
+    """Seconds from a number (seconds) or a string such as "30s", "500ms", "10min", "24h".
+
+    Raises `InvalidParams` naming `name` and the value when it is malformed, not finite,
+    below `minimum` or above `maximum`."""
     if isinstance(value, bool):
         raise InvalidParams(f"{name}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
@@ -87,9 +122,17 @@ def parse_duration(value: str | float, *, name: str = "duration", minimum: float
         s = float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
     else:
         raise InvalidParams(f"{name}: expected a duration, got {type(value).__name__} {value!r}")
+    if math.isnan(s):
+        raise InvalidParams(f"{name}: {value!r} is not a duration")
     if s < minimum:
-        raise InvalidParams(f"{name}: {value!r} is below the minimum of {minimum} s")
+        raise InvalidParams(f"{name}: {value!r} is below the minimum of {minimum:g} s")
+    if s > maximum:
+        raise InvalidParams(f"{name}: {value!r} is above the maximum of {_seconds(maximum)}")
     return s
+
+
+def _seconds(x: float) -> str:
+    return f"{x:g} s" if x < 1e6 else f"{x / 86400:g} days"
 
 
 def format_size(n: int | float) -> str:

@@ -227,6 +227,22 @@ def test_close_is_idempotent_and_later_calls_raise_store_closed(
     wait_until(lambda: server.server.connection_count == 0, what="server saw the close")
 
 
+def test_reconnect_replaces_the_connection_and_keeps_the_client_open(
+    server: ServerThread, client: RpcClient
+) -> None:
+    assert client.call(Add(1, 1)) == Sum(2)
+    client.reconnect()
+    assert not client.closed and not client.connected
+    assert client.call(Add(2, 2)) == Sum(4)  # connects anew
+    assert client.connected
+    client.close()
+    assert client.closed
+    client.reconnect()  # a no-op once closed
+    with pytest.raises(StoreClosed):
+        client.call(Add(1, 1))
+    wait_until(lambda: server.server.connection_count == 0, what="server saw the close")
+
+
 def test_close_fails_calls_in_flight(client: RpcClient) -> None:
     out: list[BaseException] = []
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from typing import Any
 
 import click
+
+from kvpool.errors import InvalidParams, KVPoolError
 
 __all__ = ["main"]
 
@@ -61,6 +64,18 @@ class _LazyGroup(click.Group):
         cmd = getattr(module, attr)
         assert isinstance(cmd, click.Command)
         return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; a kvpool error that escapes it (a check in a command's body,
+        such as a benchmark's own size parsing) is click's error, not a traceback:
+        `InvalidParams` a usage error (exit 2, its message names the flag or argument), any
+        other `KVPoolError` exit 1 with its message."""
+        try:
+            return super().invoke(ctx)
+        except InvalidParams as exc:
+            raise click.UsageError(exc.message) from exc
+        except KVPoolError as exc:
+            raise click.ClickException(exc.message) from exc
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, row[2]) for name, row in sorted(self._table.items())]

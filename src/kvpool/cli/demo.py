@@ -19,13 +19,19 @@ from typing import Any
 
 import click
 
+from kvpool.cli.params import Address, Size
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
-from kvpool.config import format_size, parse_size
+from kvpool.client.node import MIN_SEGMENT_SIZE
+from kvpool.client.validation import check_segment_size
+from kvpool.config import format_size
 from kvpool.demo.workload import WorkloadSpec, decode_prompts
+from kvpool.errors import KVPoolError
 
 __all__ = ["demo"]
 
 _D = WorkloadSpec()
+_COUNT = click.IntRange(1, 1 << 20)
+_COUNT0 = click.IntRange(0, 1 << 20)
 
 
 def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> dict[str, Any]:
@@ -48,23 +54,38 @@ def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> di
 
 @click.command()
 @click.option(
-    "--segment-size", default="1GiB", show_default=True, help="Memory of the pool's node."
+    "--segment-size",
+    default="1GiB",
+    show_default=True,
+    type=Size(minimum=MIN_SEGMENT_SIZE),
+    help="Memory of the pool's node.",
 )
-@click.option("--master", default=None, help="Use this running pool instead of starting one.")
+@click.option(
+    "--master",
+    default=None,
+    type=Address(),
+    help="Use this running pool instead of starting one.",
+)
 @click.option(
     "--protocol", default="auto", show_default=True, type=click.Choice(["auto", "shm", "tcp"])
 )
-@click.option("--layers", default=_D.layers, show_default=True)
-@click.option("--chunk-tokens", default=_D.chunk_tokens, show_default=True)
-@click.option("--kv-heads", default=_D.kv_heads, show_default=True)
-@click.option("--head-dim", default=_D.head_dim, show_default=True)
-@click.option("--prompts", default=_D.prompts, show_default=True)
-@click.option("--prompt-chunks", default=_D.prompt_chunks, show_default=True)
-@click.option("--new-prompts", default=_D.new_prompts, show_default=True)
-@click.option("--json", "json_path", default=None, help="Also write the report as JSON rows.")
+@click.option("--layers", default=_D.layers, show_default=True, type=_COUNT)
+@click.option("--chunk-tokens", default=_D.chunk_tokens, show_default=True, type=_COUNT)
+@click.option("--kv-heads", default=_D.kv_heads, show_default=True, type=_COUNT)
+@click.option("--head-dim", default=_D.head_dim, show_default=True, type=_COUNT)
+@click.option("--prompts", default=_D.prompts, show_default=True, type=_COUNT)
+@click.option("--prompt-chunks", default=_D.prompt_chunks, show_default=True, type=_COUNT)
+@click.option("--new-prompts", default=_D.new_prompts, show_default=True, type=_COUNT0)
+@click.option(
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write the report as JSON rows.",
+)
 def demo(
     *,
-    segment_size: str,
+    segment_size: int,
     master: str | None,
     protocol: str,
     layers: int,
@@ -77,16 +98,23 @@ def demo(
     json_path: str | None,
 ) -> None:
     """Prefill writes KV cache into the pool; another process reuses the cached prefixes."""
-    spec = WorkloadSpec(
-        layers=layers,
-        chunk_tokens=chunk_tokens,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        prompts=prompts,
-        prompt_chunks=prompt_chunks,
-        new_prompts=new_prompts,
-    )
-    size = parse_size(segment_size, name="--segment-size")
+    try:
+        spec = WorkloadSpec(
+            layers=layers,
+            chunk_tokens=chunk_tokens,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            prompts=prompts,
+            prompt_chunks=prompt_chunks,
+            new_prompts=new_prompts,
+        )
+        size = (
+            segment_size
+            if master is not None
+            else check_segment_size(segment_size, "--segment-size")
+        )
+    except KVPoolError as exc:
+        raise click.UsageError(exc.message) from exc
     if master is None and spec.prefill_bytes > size:
         raise click.BadParameter(
             f"the workload writes {format_size(spec.prefill_bytes)}, more than the "
@@ -98,7 +126,10 @@ def demo(
     try:
         if pool is not None:
             click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
-            master = pool.start()
+            try:
+                master = pool.start()
+            except KVPoolError as exc:
+                raise click.ClickException(f"cannot start the embedded pool: {exc}") from exc
             assert pool.master is not None
             pids = [pool.master.pid] + [n.pid for n in pool.nodes]
             click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
@@ -153,8 +184,11 @@ def demo(
             for op, r in (("put", pre), ("get", dec))
         ]
         out.append({"system": "kvpool", "metric": "hit_ratio", "value": hit_ratio})
-        with open(json_path, "w") as fh:
-            json.dump(out, fh, indent=1)
+        try:
+            with open(json_path, "w") as fh:
+                json.dump(out, fh, indent=1)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --json {json_path}: {exc}") from exc
     ok = (
         checksum_failures == 0
         and dec["mismatches"] == 0

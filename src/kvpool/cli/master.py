@@ -11,11 +11,13 @@ connection and exits 0. Reclaim (`kvpool.master.reclaim`, plugged in through
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 
 import click
 
+from kvpool.cli.params import Name
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
@@ -28,18 +30,28 @@ __all__ = ["master"]
 
 
 def _to_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    flag = f"--{(param.name or '').replace('_', '-')}"
     try:
-        return parse_size(value, name=f"--{(param.name or '').replace('_', '-')}")
+        return parse_size(value, name=flag)
     except KVPoolError as exc:
-        raise click.BadParameter(exc.message) from exc
+        raise click.BadParameter(exc.message.removeprefix(f"{flag}: ")) from exc
 
 
 def _to_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
     """Click callback: a duration flag ("10s", "500ms", a bare number of seconds) in seconds."""
+    flag = f"--{(param.name or '').replace('_', '-')}"
     try:
-        return parse_duration(value, name=f"--{(param.name or '').replace('_', '-')}")
+        return parse_duration(value, name=flag)
     except KVPoolError as exc:
-        raise click.BadParameter(exc.message) from exc
+        raise click.BadParameter(exc.message.removeprefix(f"{flag}: ")) from exc
+
+
+def _with_flag_names(message: str) -> str:
+    """A `MasterConfig` message led by the flags whose fields it names."""
+    fields = {p.name for p in master.params if p.name}
+    named = [w for w in re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", message) if w in fields]
+    flags = ", ".join(dict.fromkeys("--" + w.replace("_", "-") for w in named))
+    return f"{flags}: {message}" if flags else message
 
 
 def _ratio() -> click.FloatRange:
@@ -47,11 +59,15 @@ def _ratio() -> click.FloatRange:
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, type=Name(), help="Address to bind."
+)
 @click.option(
     "--port", default=50051, show_default=True, type=click.IntRange(0, 65535), help="RPC port."
 )
-@click.option("--cluster-id", default="kvpool", show_default=True, help="Pool identity.")
+@click.option(
+    "--cluster-id", default="kvpool", show_default=True, type=Name(), help="Pool identity."
+)
 @click.option(
     "--unix-socket/--no-unix-socket",
     default=True,
@@ -157,7 +173,11 @@ def _ratio() -> click.FloatRange:
     "short; with --no-reclaim a full pool answers NO_AVAILABLE_HANDLE.",
 )
 @click.option(
-    "--num-shards", default=64, show_default=True, type=click.IntRange(1), help="Metadata shards."
+    "--num-shards",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 1 << 16),
+    help="Metadata shards.",
 )
 @click.option(
     "--max-arena-size",
@@ -172,7 +192,7 @@ def _ratio() -> click.FloatRange:
     "--alignment",
     default=64,
     show_default=True,
-    type=click.IntRange(1),
+    type=click.IntRange(1, 1 << 30),
     help="Byte alignment of replicas in a segment (a power of two).",
 )
 # -- reliability (issue #13): silent clients, replica repair
@@ -244,11 +264,13 @@ def master(
             repair_max_in_flight=repair_max_in_flight,
         )
     except KVPoolError as exc:
-        raise click.UsageError(exc.message) from exc
+        raise click.UsageError(_with_flag_names(exc.message)) from exc
     try:
         run(_serve(config, reclaim))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
+    except KVPoolError as exc:
+        raise click.ClickException(exc.message) from exc
 
 
 async def _serve(config: MasterConfig, reclaim: bool) -> None:

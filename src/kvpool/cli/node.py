@@ -18,11 +18,13 @@ from types import FrameType
 
 import click
 
+from kvpool.cli.params import Address, Duration, Name, Size
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
-from kvpool.client.node import NodeRuntime
+from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
-from kvpool.config import format_size, parse_duration, parse_size
+from kvpool.client.validation import check_segment_size
+from kvpool.config import format_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.transfer.memory import SegmentMemory
@@ -84,32 +86,48 @@ def mount_with_progress(
 
 
 @click.command()
-@click.option("--master", required=True, help="HOST:PORT of the master.")
-@click.option("--segment-size", default="1GiB", show_default=True, help="Memory to contribute.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve on.")
-@click.option("--cluster-id", default="kvpool", show_default=True)
-@click.option("--heartbeat-interval", default="1s", show_default=True, hidden=True)
+@click.option("--master", required=True, type=Address(), help="HOST:PORT of the master.")
+@click.option(
+    "--segment-size",
+    default="1GiB",
+    show_default=True,
+    type=Size(minimum=MIN_SEGMENT_SIZE),
+    help="Memory to contribute.",
+)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, type=Name(), help="Address to serve on."
+)
+@click.option("--cluster-id", default="kvpool", show_default=True, type=Name())
+@click.option(
+    "--heartbeat-interval", default="1s", show_default=True, type=Duration(0.01, 3600), hidden=True
+)
 @click.option(
     "--task-poll-interval",
     default="50ms",
     show_default=True,
+    type=Duration(0.001, 3600),
     help="How often to ask the master for replica copy/move tasks to execute.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar while pre-faulting.")
 def node(
     *,
     master: str,
-    segment_size: str,
+    segment_size: int,
     host: str,
     cluster_id: str,
-    heartbeat_interval: str,
-    task_poll_interval: str,
+    heartbeat_interval: float,
+    task_poll_interval: float,
     no_progress: bool,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
-    size = parse_size(segment_size, name="--segment-size", minimum=4096)
-    interval = parse_duration(heartbeat_interval, name="--heartbeat-interval", minimum=0.01)
-    poll = parse_duration(task_poll_interval, name="--task-poll-interval", minimum=0.001)
+    try:
+        size = check_segment_size(segment_size, "--segment-size")
+    except KVPoolError as exc:
+        raise click.BadParameter(
+            exc.message.removeprefix("--segment-size: "), param_hint="'--segment-size'"
+        ) from exc
+    interval = heartbeat_interval
+    poll = task_poll_interval
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -140,6 +158,8 @@ def node(
             )
         except KVPoolError as exc:
             raise click.ClickException(f"cannot join the pool at {master}: {exc}") from exc
+        except OSError as exc:  # the transfer server cannot bind --host
+            raise click.ClickException(f"cannot serve on --host {host}: {exc.strerror}") from exc
         executor = TaskExecutor(runtime, data, poll_interval=poll).start()
         runtime.on_pending_tasks = executor.wake
         click.echo(

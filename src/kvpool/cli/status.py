@@ -15,6 +15,7 @@ from typing import Any
 import click
 import msgspec
 
+from kvpool.cli.params import Address, Duration, Name
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import Response, Stats, StatsReply
@@ -134,15 +135,16 @@ def render_table(address: str, reply: StatsReply) -> str:
     "address",
     default="127.0.0.1:50051",
     show_default=True,
+    type=Address(),
     help="HOST:PORT of the master.",
 )
-@click.option("--cluster-id", default="kvpool", show_default=True)
+@click.option("--cluster-id", default="kvpool", show_default=True, type=Name())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option(
     "--timeout",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Duration(0.1, 3600),
     help="Seconds to wait for the master.",
 )
 def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> None:

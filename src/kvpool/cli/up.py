@@ -16,9 +16,12 @@ from types import FrameType
 
 import click
 
+from kvpool.cli.params import Duration, Name, Size
 from kvpool.cli.status import render_table
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
-from kvpool.config import format_size, parse_duration, parse_size
+from kvpool.client.node import MIN_SEGMENT_SIZE
+from kvpool.client.validation import check_segment_size
+from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import Response, Stats, StatsReply
 from kvpool.rpc.client import RpcClient
@@ -38,16 +41,48 @@ def status_line(address: str, reply: StatsReply) -> str:
 
 
 @click.command()
-@click.option("--segment-size", default="1GiB", show_default=True, help="Memory of the node.")
-@click.option("--port", default=50051, show_default=True, help="Master port (0: any free one).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--client-ttl", default=None, help="Expire silent clients after this (e.g. 10s).")
-@click.option("--refresh", default="1s", show_default=True, help="Status line refresh period.")
-def up(*, segment_size: str, port: int, host: str, client_ttl: str | None, refresh: str) -> None:
+@click.option(
+    "--segment-size",
+    default="1GiB",
+    show_default=True,
+    type=Size(minimum=MIN_SEGMENT_SIZE),
+    help="Memory of the node.",
+)
+@click.option(
+    "--port",
+    default=50051,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Master port (0: any free one).",
+)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, type=Name(), help="Address to bind."
+)
+@click.option(
+    "--client-ttl",
+    default=None,
+    type=Duration(minimum=0.1),
+    help="Expire silent clients after this (e.g. 10s).",
+)
+@click.option(
+    "--refresh",
+    default="1s",
+    show_default=True,
+    type=Duration(0.05, 3600),
+    help="Status line refresh period.",
+)
+def up(
+    *, segment_size: int, port: int, host: str, client_ttl: float | None, refresh: float
+) -> None:
     """Run a master and one node here until Ctrl-C."""
-    size = parse_size(segment_size, name="--segment-size")
-    period = parse_duration(refresh, name="--refresh", minimum=0.05)
-    ttl = parse_duration(client_ttl, name="--client-ttl") if client_ttl else None
+    try:
+        size = check_segment_size(segment_size, "--segment-size")
+    except KVPoolError as exc:
+        raise click.BadParameter(
+            exc.message.removeprefix("--segment-size: "), param_hint="'--segment-size'"
+        ) from exc
+    period = refresh
+    ttl = client_ttl
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

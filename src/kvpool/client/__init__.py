@@ -11,7 +11,8 @@ Layers inside the package (each module imports only those above it)::
     tasks.py       TaskExecutor: runs the replica copy/move tasks the master assigns to a node
     config.py      StoreConfig: the Store's settings, frozen and validated
     validation.py  what the Store checks of its input (and of batch answers' lengths)
-    writer.py      Writer: the put paths (PutStart/PutEnd/PutRevoke, arenas, batches)
+    result.py      PutResult, PutStats: what a put achieved (replicas), a Store's put counters
+    writer.py      Writer: the put paths (PutStart/PutEnd/PutRevoke, arenas, batches, retries)
     reader.py      Reader: the get paths (replica choice, batches, the mapped fast path)
     control.py     Control: queries, removal, replica tasks and descriptors (no bytes move)
     store.py       Store: the public API, a façade over the parts above
@@ -28,11 +29,14 @@ from __future__ import annotations
 from kvpool.client.aio import AsyncStore
 from kvpool.client.config import StoreConfig
 from kvpool.client.replicate import ReplicateConfig, SoftPinAction
+from kvpool.client.result import PutResult, PutStats
 from kvpool.client.store import HealthStatus, Store
 
 __all__ = [
     "AsyncStore",
     "HealthStatus",
+    "PutResult",
+    "PutStats",
     "ReplicateConfig",
     "SoftPinAction",
     "Store",

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from kvpool.client.config import StoreConfig
 from kvpool.client.control import TaskInfo
 from kvpool.client.replicate import ReplicateConfig
+from kvpool.client.result import PutResult, PutStats
 from kvpool.client.store import Buffer, HealthStatus, Store
 from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
 from kvpool.protocol.messages import ReplicaDesc
@@ -39,8 +40,8 @@ class AsyncStore:
     `AsyncStore.from_config` takes a `StoreConfig` as `Store.from_config` does."""
 
     def __init__(self, *args: Any, workers: int = 4, **kwargs: Any) -> None:
-        if workers < 1:
-            raise InvalidParams(f"workers: {workers!r} must be >= 1")
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
+            raise InvalidParams(f"workers: {workers!r} must be an int in 1..1024")
         self._factory: Callable[[], Store] = functools.partial(Store, *args, **kwargs)
         self._workers = workers
         self._executor: ThreadPoolExecutor | None = None
@@ -105,6 +106,15 @@ class AsyncStore:
     async def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> bool:
         return await self._run(self.store.put, key, value, config)
 
+    async def put_ex(
+        self, key: str, value: Buffer, config: ReplicateConfig | None = None
+    ) -> PutResult:
+        return await self._run(self.store.put_ex, key, value, config)
+
+    @property
+    def put_stats(self) -> PutStats:
+        return self.store.put_stats
+
     async def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> None:
         await self._run(self.store.upsert, key, value, config)
 
@@ -136,6 +146,9 @@ class AsyncStore:
 
     async def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:
         return await self._run(self.store.batch_get, keys)
+
+    async def batch_get_ex(self, keys: Sequence[str]) -> list[bytearray | ErrorCode]:
+        return await self._run(self.store.batch_get_ex, keys)
 
     async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Buffer]) -> list[int]:
         return await self._run(self.store.batch_get_into, keys, buffers)

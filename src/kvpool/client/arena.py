@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Final
 
+from kvpool.client.link import HasRpc, call, call_as
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.messages import (
     ArenaReply,
@@ -42,7 +42,6 @@ from kvpool.protocol.messages import (
     ReserveArena,
     SegmentName,
 )
-from kvpool.rpc.client import RpcClient
 
 __all__ = ["Arena", "Arenas"]
 
@@ -73,8 +72,8 @@ class Arena:
 class Arenas:
     """This Store's arenas (see the module docstring). Thread-safe."""
 
-    def __init__(self, rpc: Callable[[], RpcClient], client_id: ClientId, size: int) -> None:
-        self._rpc = rpc  # the node's current client: a reconnect replaces it
+    def __init__(self, node: HasRpc, client_id: ClientId, size: int) -> None:
+        self._node = node  # its current client: a reconnect replaces it
         self._client_id = client_id
         self.size = size
         #: What an arena holds: `size`, or less once the master granted less (its caps, a
@@ -188,7 +187,7 @@ class Arenas:
 
     def _release(self, ids: list[int]) -> None:
         try:
-            self._rpc().call(ReleaseArenas(self._client_id, ids))
+            call(self._node, ReleaseArenas(self._client_id, ids))
         except KVPoolError as exc:
             log.debug("ReleaseArenas of %d arena(s) failed: %s", len(ids), exc)
 
@@ -204,8 +203,8 @@ class Arenas:
         retire = self._retire
         self._retire = []
         try:
-            reply = self._rpc().call_as(
-                ReserveArena(self._client_id, self.size, need, retire), ArenaReply
+            reply = call_as(
+                self._node, ReserveArena(self._client_id, self.size, need, retire), ArenaReply
             )
         except BaseException as exc:
             self._retire = retire + self._retire  # not released: try again next time

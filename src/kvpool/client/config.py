@@ -3,7 +3,10 @@
 `Store(master, segment_size=..., ...)` builds one from its keyword arguments (the Mooncake-like
 form); `Store.from_config(config)` takes one made elsewhere (a config file, a test's fixture).
 Sizes are bytes (an int, or a string such as "4GiB", converted when the config is made),
-durations seconds. Validation raises `InvalidParams` naming the field and the offending value.
+durations seconds. Validation raises `InvalidParams` naming the field and the offending value:
+sizes within `kvpool.config.MAX_SIZE` (a segment at least a page and at most this machine's
+memory), durations positive and finite (at most a year; the heartbeat and task poll at most an
+hour), names non-empty strs, `master` "host:port".
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S
+from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
-from kvpool.config import parse_size
+from kvpool.client.validation import check_segment_size
+from kvpool.config import MAX_DURATION_S, parse_size
 from kvpool.errors import InvalidParams
+from kvpool.rpc.client import parse_address
 
 __all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "Protocol", "StoreConfig"]
 
@@ -22,6 +27,16 @@ DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
 """Seconds before one transfer (a batch's copies, a TCP read or write) gives up."""
 Protocol = Literal["auto", "shm", "tcp"]
 PROTOCOLS: Final = ("auto", "shm", "tcp")
+MAX_NAME_CHARS: Final = 255
+"""Longest tenant, cluster id or host a Store takes."""
+_DURATIONS: Final = {
+    "rpc_timeout": MAX_DURATION_S,
+    "transfer_timeout": MAX_DURATION_S,
+    "heartbeat_interval": 3600.0,
+    "task_poll_interval": 3600.0,
+}
+"""The duration fields and their maxima (seconds; a heartbeat slower than an hour would let
+every master expire the Store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +79,34 @@ class StoreConfig:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
         for name in ("segment_size", "arena_size", "local_buffer_size"):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
-        if self.protocol not in PROTOCOLS:
+        if self.segment_size:
+            parse_size(self.segment_size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
+            check_segment_size(self.segment_size)
+        if not isinstance(self.protocol, str) or self.protocol not in PROTOCOLS:
             raise InvalidParams(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        if not isinstance(self.tenant, str) or not self.tenant:
-            raise InvalidParams(f"tenant: expected a non-empty str, got {self.tenant!r}")
-        if not isinstance(self.master, str) or ":" not in self.master:
-            raise InvalidParams(f"master: expected 'host:port', got {self.master!r}")
-        for name in ("rpc_timeout", "transfer_timeout", "heartbeat_interval", "task_poll_interval"):
+        for name in ("tenant", "cluster_id", "host"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise InvalidParams(f"{name}: {value!r} must be > 0 s")
-        object.__setattr__(self, "transfer_timeout", float(self.transfer_timeout))
+            if not isinstance(value, str) or not value or len(value) > MAX_NAME_CHARS:
+                raise InvalidParams(
+                    f"{name}: expected a non-empty str of at most {MAX_NAME_CHARS} characters, "
+                    f"got {value!r:.80}"
+                )
+        if not isinstance(self.master, str):
+            raise InvalidParams(f"master: expected 'host:port', got {self.master!r}")
+        try:
+            parse_address(self.master)
+        except InvalidParams:
+            raise InvalidParams(f"master: expected 'host:port', got {self.master!r}") from None
+        if not isinstance(self.verify_checksum, bool):
+            raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        for name, most in _DURATIONS.items():
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value <= most  # False for nan
+            ):
+                raise InvalidParams(
+                    f"{name}: {value!r} must be a number of seconds in (0, {most:.0f}]"
+                )
+            object.__setattr__(self, name, float(value))

@@ -13,13 +13,15 @@ entries other than the keys asked raises `RpcError` (RPC_FAIL).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.client.datapath import DataPath
+from kvpool.client.link import call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.validation import check_count, check_name, check_names
-from kvpool.codes import OBJECT_NOT_FOUND, OK
+from kvpool.codes import OBJECT_NOT_FOUND, OK, REPLICA_IS_NOT_READY
 from kvpool.errors import ErrorCode, InvalidParams, raise_for_code
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -55,6 +57,11 @@ from kvpool.protocol.messages import (
 )
 
 __all__ = ["Control", "TaskInfo"]
+
+log = logging.getLogger(__name__)
+
+_NO_FAULT = frozenset({OK, OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY})
+"""Per-key answers of BatchExistKey that are outcomes, not faults."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +115,7 @@ class Control:
 
     def exists(self, key: str) -> bool:
         self._opened()
-        rep = self._node.rpc.call_as(ExistKey(key, self.tenant), ExistReply)
+        rep = call_as(self._node, ExistKey(key, self.tenant), ExistReply)
         raise_for_code(rep.code, key)
         return rep.exists
 
@@ -116,18 +123,25 @@ class Control:
         self._opened()
         if not ks:
             return []
-        rep = self._node.rpc.call_as(BatchExistKey(ks, self.tenant), BatchExistReply)
+        rep = call_as(self._node, BatchExistKey(ks, self.tenant), BatchExistReply)
         check_count("BatchExistKey", len(rep.results), len(ks))
-        out = []
-        for k, r in zip(ks, rep.results, strict=True):
-            if r.code not in (OK, OBJECT_NOT_FOUND):
-                raise_for_code(r.code, k)
-            out.append(r.exists and r.code == OK)
+        # One key's fault never sinks the batch: a key the master could not answer for does
+        # not exist as far as a reader is concerned (it has no readable value now).
+        out = [r.exists and r.code == OK for r in rep.results]
+        bad = [(k, r.code) for k, r in zip(ks, rep.results, strict=True) if r.code not in _NO_FAULT]
+        if bad:
+            log.warning(
+                "batch_exists: %d of %d keys answered an error (%r: %s); they answer False",
+                len(bad),
+                len(ks),
+                bad[0][0],
+                ErrorCode.of(bad[0][1]).name,
+            )
         return out
 
     def get_size(self, key: str) -> int:
         self._opened()
-        rep = self._node.rpc.call_as(GetSize(key, self.tenant), SizeReply)
+        rep = call_as(self._node, GetSize(key, self.tenant), SizeReply)
         raise_for_code(rep.code, key)
         return rep.size
 
@@ -135,27 +149,27 @@ class Control:
 
     def remove(self, key: str, force: bool) -> None:
         self._opened()
-        rep = self._node.rpc.call_as(Remove(key, bool(force), self.tenant), Reply)
+        rep = call_as(self._node, Remove(key, bool(force), self.tenant), Reply)
         raise_for_code(rep.code, key)
 
     def batch_remove(self, ks: list[str], force: bool) -> list[ErrorCode]:
         self._opened()
         if not ks:
             return []
-        rep = self._node.rpc.call_as(BatchRemove(ks, bool(force), self.tenant), BatchReply)
+        rep = call_as(self._node, BatchRemove(ks, bool(force), self.tenant), BatchReply)
         check_count("BatchRemove", len(rep.codes), len(ks))
         return [_code(c) for c in rep.codes]
 
     def remove_all(self, force: bool) -> int:
         self._opened()
-        rep = self._node.rpc.call_as(RemoveAll(bool(force), self.tenant), CountReply)
+        rep = call_as(self._node, RemoveAll(bool(force), self.tenant), CountReply)
         raise_for_code(rep.code, "RemoveAll")
         return rep.count
 
     def remove_by_regex(self, pattern: str, force: bool) -> int:
         self._opened()
         msg = RemoveByRegex(pattern, bool(force), self.tenant)
-        rep = self._node.rpc.call_as(msg, CountReply)
+        rep = call_as(self._node, msg, CountReply)
         raise_for_code(rep.code, f"RemoveByRegex {pattern!r}")
         return rep.count
 
@@ -165,7 +179,7 @@ class Control:
         self._opened()
         key = check_name(key, "key")
         names = [SegmentName(t) for t in check_names(targets, "targets")]
-        rep = self._node.rpc.call_as(CreateCopyTask(key, names, self.tenant), TaskReply)
+        rep = call_as(self._node, CreateCopyTask(key, names, self.tenant), TaskReply)
         raise_for_code(rep.code, f"copy task for {key!r}")
         return rep.task_id
 
@@ -177,7 +191,7 @@ class Control:
             SegmentName(check_name(target, "target")),
             self.tenant,
         )
-        rep = self._node.rpc.call_as(msg, TaskReply)
+        rep = call_as(self._node, msg, TaskReply)
         raise_for_code(rep.code, f"move task for {key!r}")
         return rep.task_id
 
@@ -185,7 +199,7 @@ class Control:
         self._opened()
         if not isinstance(task_id, str) or not task_id:
             raise InvalidParams(f"task_id: expected a non-empty str, got {task_id!r}")
-        rep = self._node.rpc.call_as(QueryTask(task_id), QueryTaskReply)
+        rep = call_as(self._node, QueryTask(task_id), QueryTaskReply)
         raise_for_code(rep.code, f"task {task_id}")
         return TaskInfo(
             task_id=rep.task_id,
@@ -203,10 +217,12 @@ class Control:
     def batch_replica_clear(self, keys: object, segment_name: str) -> list[str]:
         self._opened()
         ks = check_names(keys, "keys")
+        if not isinstance(segment_name, str):
+            raise InvalidParams(f"segment_name: expected a str, got {segment_name!r}")
         msg = BatchReplicaClear(
             ks, ClientId(self._node.client_id), SegmentName(segment_name), self.tenant
         )
-        rep = self._node.rpc.call_as(msg, BatchReplicaClearReply)
+        rep = call_as(self._node, msg, BatchReplicaClearReply)
         raise_for_code(rep.code, "BatchReplicaClear")
         return list(rep.cleared)
 
@@ -215,7 +231,7 @@ class Control:
     def get_replica_desc(self, key: str) -> list[ReplicaDesc]:
         self._opened()
         key = check_name(key, "key")
-        rep = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
+        rep = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
         return _descs(key, rep)
 
     def batch_get_replica_desc(self, keys: object) -> dict[str, list[ReplicaDesc]]:
@@ -223,6 +239,6 @@ class Control:
         ks = check_names(keys, "keys")
         if not ks:
             return {}
-        rep = self._node.rpc.call_as(BatchGetReplicaList(ks, self.tenant), BatchReplicaListReply)
+        rep = call_as(self._node, BatchGetReplicaList(ks, self.tenant), BatchReplicaListReply)
         check_count("BatchGetReplicaList", len(rep.results), len(ks))
         return {k: _descs(k, r) for k, r in zip(ks, rep.results, strict=True)}

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.link import call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
     digest_or_checksum,
@@ -71,6 +72,9 @@ __all__ = ["Reader"]
 
 log = logging.getLogger(__name__)
 
+_ABSENT = frozenset({ErrorCode.OBJECT_NOT_FOUND, ErrorCode.REPLICA_IS_NOT_READY})
+"""What `batch_get` answers None for: no readable value (yet). Other failures raise."""
+
 
 class Reader:
     """The get paths of one Store (module docstring). Thread-safe: it keeps no state of its own
@@ -97,7 +101,7 @@ class Reader:
         """The value of `key` in a bytearray allocated once for it; raises `ObjectNotFound`."""
         self._opened()
         started = time.monotonic()
-        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
+        rl = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         out = bytearray(rl.size)
         self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
@@ -107,7 +111,7 @@ class Reader:
         """Read `key` into `mv`; returns the value's size. A buffer smaller than the value is
         INVALID_PARAMS and nothing is read."""
         started = time.monotonic()
-        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
+        rl = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         if rl.size > mv.nbytes:
             raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
@@ -159,9 +163,14 @@ class Reader:
 
     # ------------------------------------------------------------------ batches
 
-    def batch_get(self, ks: list[str]) -> list[bytearray | None]:
-        """The values of `ks`, None for each key that does not exist. Any other per-key
-        failure (transfer, checksum, lease) raises once the whole batch is done."""
+    def batch_get(
+        self, ks: list[str], codes: list[ErrorCode] | None = None
+    ) -> list[bytearray | None]:
+        """The values of `ks`, None for each key without a readable value (missing, or still
+        being written). Any other per-key failure (transfer, checksum, lease) raises once the
+        whole batch is done, unless `codes` (an empty list) is given: then nothing raises for
+        one key, the key answers None and each key's outcome is appended to `codes` (OK,
+        OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, TRANSFER_FAIL, CHECKSUM_MISMATCH, ...)."""
         self._opened()
         if not ks:
             return []
@@ -169,6 +178,8 @@ class Reader:
         loc = self._locations(ks)
         fast = self._batch_get_mapped(loc, started)
         if fast is not None:
+            if codes is not None:
+                codes.extend(ErrorCode.of(c) if c else ErrorCode.OK for c in loc.codes)
             return fast
         out: list[bytearray | None] = []
         dests: list[memoryview | None] = []
@@ -180,15 +191,16 @@ class Reader:
             else:
                 out.append(None)
                 dests.append(None)
-        codes = self._read_batch(ks, loc, dests, started)
+        got = self._read_batch(ks, loc, dests, started)
         first: KVPoolError | None = None
-        for i, code in enumerate(codes):
-            if code == ErrorCode.OBJECT_NOT_FOUND:
+        for i, code in enumerate(got):
+            if code != ErrorCode.OK:
                 out[i] = None
-            elif code != ErrorCode.OK:
-                out[i] = None
-                first = first or error_for_code(code, f"{ks[i]!r}")
-        if first is not None:
+                if code not in _ABSENT and first is None:
+                    first = error_for_code(code, f"{ks[i]!r}")
+        if codes is not None:
+            codes.extend(got)
+        elif first is not None:
             raise first
         return out
 
@@ -259,7 +271,7 @@ class Reader:
         return out
 
     def _locations(self, keys: list[str]) -> LocationsReply:
-        loc = self._node.rpc.call_as(BatchGetLocations(keys, self.tenant), LocationsReply)
+        loc = call_as(self._node, BatchGetLocations(keys, self.tenant), LocationsReply)
         n = len(keys)
         check_count("BatchGetLocations", len(loc.codes), n)
         if not len(loc.sizes) == len(loc.checksums) == len(loc.places) == n:

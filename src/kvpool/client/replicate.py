@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpool.config import MAX_DURATION_S
 from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicateConfigMsg, SegmentName, SoftPinAction
 
@@ -29,6 +30,8 @@ __all__ = ["ReplicateConfig", "SoftPinAction"]
 
 MAX_REPLICAS = 64
 """More replicas than this is certainly a mistake (a pool has far fewer segments)."""
+MAX_SOFT_PIN_TTL_MS = int(MAX_DURATION_S * 1000)
+"""No master takes a longer soft pin (`kvpool.config.MAX_DURATION_S`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,11 @@ class ReplicateConfig:
         if ttl is not None:
             if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
                 raise InvalidParams(f"soft_pin_ttl_ms: expected an int >= 0 or None, got {ttl!r}")
+            if ttl > MAX_SOFT_PIN_TTL_MS:
+                raise InvalidParams(
+                    f"soft_pin_ttl_ms: {ttl} ms is above the maximum of {MAX_SOFT_PIN_TTL_MS} ms "
+                    "(a year; the master's own limit, --max-kv-soft-pin-ttl, is 24h by default)"
+                )
             if action is not SoftPinAction.ENABLE:
                 raise InvalidParams(
                     f"soft_pin_ttl_ms={ttl} needs soft_pin_action=ENABLE, not {action.name}"

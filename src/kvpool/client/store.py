@@ -41,9 +41,11 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
-from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, NodeRuntime
+from kvpool.client.link import call_as
+from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
+from kvpool.client.result import PutResult, PutStats
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor
 from kvpool.client.validation import (
     MAX_KEY_BYTES,
@@ -52,6 +54,7 @@ from kvpool.client.validation import (
     check_key,
     check_keys,
     check_pattern,
+    check_segment_size,
     registered,
     value_view,
 )
@@ -65,6 +68,8 @@ __all__ = [
     "MAX_KEY_BYTES",
     "Buffer",
     "HealthStatus",
+    "PutResult",
+    "PutStats",
     "Store",
     "StoreConfig",
 ]
@@ -171,11 +176,11 @@ class Store:
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)
             self._node.start()
             node = self._node
-            self._arenas = Arenas(lambda: node.rpc, node.client_id, config.arena_size)
+            self._arenas = Arenas(node, node.client_id, config.arena_size)
             node.on_heartbeat = self._arenas.on_heartbeat
             tenant = TenantId(config.tenant)
             opened = self._gate.open
-            self._writer = Writer(node, opened, self._arenas, tenant)
+            self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
             self._reader = Reader(node, opened, tenant, config.verify_checksum)
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
@@ -294,15 +299,26 @@ class Store:
         (`offset` page-aligned), shared with the file; same-host peers reach it over TCP, and
         the file must not shrink while mounted (`SegmentMemory.map_file`)."""
         data = self._open()
-        return self._mount(data, size, path, offset)
+        nbytes = parse_size(size, name="size", minimum=MIN_SEGMENT_SIZE)
+        if path is not None and not isinstance(path, str):
+            raise InvalidParams(f"path: expected a str or None, got {path!r}")
+        if path is None:
+            check_segment_size(nbytes, "size")
+        return self._mount(data, nbytes, path, offset)
 
     def _mount(
         self, data: DataPath, size: int | str, path: str | None = None, offset: int = 0
     ) -> str:
         with self._mount_lock:
-            mem = self._node.mount(
-                size, on_created=data.engine.attach_local, path=path, offset=offset
-            )
+            try:
+                mem = self._node.mount(
+                    size, on_created=data.engine.attach_local, path=path, offset=offset
+                )
+            except OSError as exc:  # the transfer server cannot bind `host`
+                raise InvalidParams(
+                    f"host: cannot serve this Store's segments on {self._config.host!r}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
             if self._tasks is None:
                 # Owning a segment makes this process the executor of the replica tasks
                 # whose source is here (pool-mode swap-out, copy/move tasks).
@@ -328,7 +344,7 @@ class Store:
         others), so that the first transfers do not pay for it: mapping a large peer segment
         takes time in proportion to its size. Returns how many segments were opened."""
         engine = self._open().engine
-        stats = self._node.rpc.call_as(Stats(), StatsReply)
+        stats = call_as(self._node, Stats(), StatsReply)
         raise_for_code(stats.code, "Stats")
         opened = 0
         for seg in stats.segments:
@@ -363,8 +379,23 @@ class Store:
 
     def put(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> bool:
         """Store `value` under `key` unless the key exists. True: stored; False: the key
-        already existed and nothing was overwritten."""
-        return self._writer.put_one(check_key(key), value_view(value), config, upsert=False)
+        already existed and nothing was overwritten. A put stored with fewer replicas than
+        `config.replica_num` (too few live segments) is True too: `put_ex` says how many."""
+        return self._writer.put_one(check_key(key), value_view(value), config, upsert=False) > 0
+
+    def put_ex(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> PutResult:
+        """`put`, answering a `PutResult`: truthy when stored, with the replicas written and
+        asked for (`.degraded` when fewer were written than asked)."""
+        got = self._writer.put_one(check_key(key), value_view(value), config, upsert=False)
+        want = 1 if config is None else config.replica_num
+        return PutResult(got > 0, got, want)
+
+    @property
+    def put_stats(self) -> PutStats:
+        """This Store's put counters (`kvpool.client.result`): keys stored with fewer replicas
+        than asked, puts started again after a replica's segment failed, and those that
+        failed even so."""
+        return self._writer.stats.snapshot()
 
     def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> None:
         """Store `value` under `key`, replacing any value it had."""
@@ -373,7 +404,7 @@ class Store:
     def put_from(self, key: str, buffer: Buffer, config: ReplicateConfig | None = None) -> bool:
         """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
         key = check_key(key)
-        return self._writer.put_one(key, self._put_from_view(buffer), config, upsert=False)
+        return self._writer.put_one(key, self._put_from_view(buffer), config, upsert=False) > 0
 
     def batch_put(
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -415,9 +446,18 @@ class Store:
         return self._reader.get_into(key, mv)
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:
-        """The values of `keys`, None for each key that does not exist. Any other per-key
-        failure (transfer, checksum, lease) raises once the whole batch is done."""
+        """The values of `keys`, None for each key that does not exist or is still being
+        written. Any other per-key failure (transfer, checksum, lease) raises once the whole
+        batch is done; `batch_get_ex` answers every key's outcome and never raises for one."""
         return self._reader.batch_get(check_keys(keys, unique=False))
+
+    def batch_get_ex(self, keys: Sequence[str]) -> list[bytearray | ErrorCode]:
+        """Per key its value, or the `ErrorCode` saying why there is none: OBJECT_NOT_FOUND,
+        REPLICA_IS_NOT_READY (being written), TRANSFER_FAIL, CHECKSUM_MISMATCH,
+        LEASE_EXPIRED, ... Never raises for one key."""
+        codes: list[ErrorCode] = []
+        values = self._reader.batch_get(check_keys(keys, unique=False), codes)
+        return [v if v is not None else c for v, c in zip(values, codes, strict=True)]
 
     def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Buffer]) -> list[int]:
         """Read each key into its registered buffer; per key the bytes read, or a negative

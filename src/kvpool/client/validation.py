@@ -14,9 +14,12 @@ the suspicious keys, and only those take the full check.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.config import format_size
 from kvpool.errors import ErrorCode, InvalidParams, RpcError
 from kvpool.transfer.registration import MemoryRegistry, buffer_address, byte_view
 
@@ -30,6 +33,9 @@ __all__ = [
     "check_name",
     "check_names",
     "check_pattern",
+    "check_replicate_config",
+    "check_segment_size",
+    "physical_memory",
     "registered",
     "value_view",
 ]
@@ -129,6 +135,37 @@ def check_names(values: object, what: str) -> list[str]:
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise InvalidParams(f"{what}: expected a list of str, got {type(values).__name__}")
     return [check_name(v, what) for v in values]
+
+
+def check_replicate_config(config: object) -> ReplicateConfig | None:
+    """`config` when it is a `ReplicateConfig` or None (a dict or anything else is refused:
+    `ReplicateConfig(**d)` builds one from a dict)."""
+    if config is None or type(config) is ReplicateConfig or isinstance(config, ReplicateConfig):
+        return config
+    raise InvalidParams(
+        f"config: expected a kvpool.ReplicateConfig or None, got {type(config).__name__} "
+        f"{config!r:.80}"
+    )
+
+
+def physical_memory() -> int:
+    """Bytes of RAM of this machine (0 when the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def check_segment_size(size: int, what: str = "segment_size") -> int:
+    """`size` when this machine can hold a memory segment that large: a segment is pre-faulted
+    memory (`kvpool.transfer.memory`), so one larger than the RAM can never be created."""
+    total = physical_memory()
+    if total and size > total:
+        raise InvalidParams(
+            f"{what}: {format_size(size)} ({size} bytes) is more than this machine's memory "
+            f"({format_size(total)}); a segment is memory, pre-faulted when it is created"
+        )
+    return size
 
 
 def check_count(what: str, got: int, want: int) -> None:

@@ -19,6 +19,15 @@ One round trip instead of two (`kvpool.client.arena`)
     for nothing). When the master has no arena to give (a full pool) or forgot the arena, the
     put takes PutStart/PutEnd.
 
+A replica's node died (`_put_again`, `_put_batch_retrying`)
+    The master keeps placing replicas on a killed node's segments until it expires the node
+    (client_ttl). A put whose write fails there (TRANSFER_FAIL, SEGMENT_NOT_FOUND) is revoked
+    and started again, at most MAX_PUT_RETRIES times within the Store's rpc_timeout, with the
+    other live segments preferred and `replica_num` capped at them (then it is stored
+    degraded, which `Store.put_ex` and `PutStats` report). A put naming preferred segments
+    keeps its failure. The protocol has no field to exclude a segment; preferring the others
+    keeps a dead one out whenever enough live segments have room.
+
 A batch answer with a number of entries other than the keys asked is a fault of the master or
 of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
 are revoked (the master refuses for those it did complete).
@@ -28,19 +37,25 @@ The inputs are checked by the Store (`kvpool.client.validation`); the Writer tak
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
+import msgspec
+
 from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.link import call, call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
-from kvpool.client.validation import check_count
-from kvpool.codes import INVALID_WRITE, OBJECT_ALREADY_EXISTS, OK
-from kvpool.errors import ErrorCode, KVPoolError, error_for_code, raise_for_code
+from kvpool.client.result import PutStatsRecorder
+from kvpool.client.validation import check_count, check_replicate_config
+from kvpool.codes import INVALID_PARAMS, INVALID_WRITE, OBJECT_ALREADY_EXISTS, OK
+from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, error_for_code, raise_for_code
 from kvpool.protocol.messages import (
     BatchPutCommit,
     BatchPutEnd,
@@ -59,6 +74,9 @@ from kvpool.protocol.messages import (
     ReplicaStatus,
     ReplicateConfigMsg,
     Reply,
+    SegmentName,
+    Stats,
+    StatsReply,
     TenantId,
     UpsertStart,
 )
@@ -71,12 +89,42 @@ log = logging.getLogger(__name__)
 _DEFAULT_MSG: Final = DEFAULT_CONFIG.to_msg()
 """The wire form of the default config (frozen), made once rather than on every put."""
 _MEMORY: Final = ReplicaKind.MEMORY
+MAX_PUT_RETRIES: Final = 3
+"""A put whose write to a replica's segment failed is started again at most this many times
+(within the Store's rpc_timeout of its first start)."""
+_RETRYABLE: Final = frozenset({ErrorCode.TRANSFER_FAIL, ErrorCode.SEGMENT_NOT_FOUND})
+"""Write failures that another segment may not have: the segment's owner died or left."""
 _PROCESSING: Final = ReplicaStatus.PROCESSING
 
 
 def _arena_config(cfg: ReplicateConfigMsg) -> bool:
     """Whether a put with `cfg` may take an arena: one replica, placed by the master."""
     return cfg.replica_num == 1 and not cfg.preferred_segments and not cfg.prefer_alloc_in_same_node
+
+
+def _config_msg(config: object) -> ReplicateConfigMsg:
+    """The wire form of a put's `config`, which must be a `ReplicateConfig` (InvalidParams
+    naming the argument otherwise: a dict has no `to_msg`)."""
+    checked = check_replicate_config(config)
+    return _DEFAULT_MSG if checked is None else checked.to_msg()
+
+
+def _refused(code: int, key: str, cfg: ReplicateConfigMsg) -> KVPoolError:
+    """The exception for the master's refusal `code` of a put of `key` with `cfg`. The master
+    answers INVALID_PARAMS without saying why; the config's values it checks against its own
+    limits are named, so the caller can tell which one."""
+    if code != INVALID_PARAMS:
+        return error_for_code(ErrorCode.of(code), key)
+    limits = [f"replica_num={cfg.replica_num} (the master's maximum: max_replicas)"]
+    if cfg.soft_pin_ttl_ms is not None:
+        limits.append(
+            f"soft_pin_ttl_ms={cfg.soft_pin_ttl_ms} ({cfg.soft_pin_ttl_ms / 3.6e6:g} h; the "
+            "master's maximum: kvpool master --max-kv-soft-pin-ttl, 24h by default)"
+        )
+    return InvalidParams(
+        f"{key!r}: the master refused the put's config as invalid; it checks "
+        + " and ".join(limits)
+    )
 
 
 def _check_replicas(replicas: Sequence[ReplicaDesc], size: int) -> ErrorCode:
@@ -92,7 +140,7 @@ class Writer:
     """The put paths of one Store (module docstring). Thread-safe: it keeps no state of its
     own between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`."""
 
-    __slots__ = ("_arenas", "_node", "_opened", "tenant")
+    __slots__ = ("_arenas", "_node", "_opened", "_retry_window", "stats", "tenant")
 
     def __init__(
         self,
@@ -100,38 +148,94 @@ class Writer:
         opened: Callable[[], DataPath],
         arenas: Arenas | None,
         tenant: TenantId,
+        retry_window: float = 10.0,
     ) -> None:
         self._node = node
         self._opened = opened
         self._arenas = arenas
         self.tenant = tenant
+        self._retry_window = retry_window
+        self.stats = PutStatsRecorder()
 
     # ------------------------------------------------------------------ one value
 
     def put_one(
         self, key: str, mv: memoryview, config: ReplicateConfig | None, *, upsert: bool
-    ) -> bool:
-        """Put (or upsert) one value; True stored, False the key existed (put only)."""
+    ) -> int:
+        """Put (or upsert) one value; the replicas written, 0 when the key existed (put only)."""
         self._opened()
-        cfg = _DEFAULT_MSG if config is None else config.to_msg()
+        cfg = _DEFAULT_MSG if config is None else _config_msg(config)
         if not upsert and _arena_config(cfg):
             arenas = self._arenas
             if arenas is not None and mv.nbytes <= arenas.max_value:
                 done = self._put_arena(arenas, key, mv, cfg)
                 if done is not None:
                     return done
-        rpc = self._node.rpc
+        avoid: dict[str, ErrorCode] = {}
+        got = self._put_started(key, mv, cfg, asked=cfg, upsert=upsert, avoid=avoid)
+        if got is None:
+            got = self._put_again(key, mv, cfg, upsert=upsert, avoid=avoid)
+        if got < cfg.replica_num and got:
+            self.stats.degraded(key, got, cfg.replica_num)
+        return got
+
+    def _put_again(
+        self,
+        key: str,
+        mv: memoryview,
+        cfg: ReplicateConfigMsg,
+        *,
+        upsert: bool,
+        avoid: dict[str, ErrorCode],
+    ) -> int:
+        """A put whose write to a replica's segment failed (its node died; the master will
+        expire it soon), started again elsewhere within the retry bounds; raises the last
+        failure when they are spent. A put that names its segments chose its placement: it
+        gets the failure at once."""
+        deadline = time.monotonic() + self._retry_window
+        for tries in itertools.count(1):
+            if cfg.preferred_segments or tries > MAX_PUT_RETRIES or time.monotonic() >= deadline:
+                if not cfg.preferred_segments:
+                    self.stats.retry_failed()
+                last = next(reversed(avoid.values()))
+                raise error_for_code(
+                    last,
+                    f"{key!r}: writing its replicas failed on {sorted(avoid)} ({tries} "
+                    f"attempt{'s' if tries > 1 else ''}); the put was revoked",
+                )
+            self.stats.retried()
+            attempt = self._avoiding(cfg, set(avoid))
+            got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
+            if got is not None:
+                return got
+        raise AssertionError("unreachable")
+
+    def _put_started(
+        self,
+        key: str,
+        mv: memoryview,
+        cfg: ReplicateConfigMsg,
+        *,
+        asked: ReplicateConfigMsg,
+        upsert: bool,
+        avoid: dict[str, ErrorCode],
+    ) -> int | None:
+        """One PutStart / write / PutEnd; the replicas written (0: the key existed), or None
+        when a write to a replica's segment failed (those segments are added to `avoid` with
+        the failure; the put was revoked and may start again). `asked` is the caller's config
+        (for messages)."""
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
-        rep = rpc.call_as(start, PutStartReply)
+        rep = call_as(self._node, start, PutStartReply)
         if rep.code == OBJECT_ALREADY_EXISTS and not upsert:
-            return False
-        raise_for_code(rep.code, key)
+            return 0
+        if rep.code:
+            raise _refused(rep.code, key, asked)
         try:
-            code, csum = self._write_replicas(rep.replicas, mv)
+            code, csum, failed = self._write_replicas(rep.replicas, mv)
             end = OK
             if code == ErrorCode.OK:
-                end = rpc.call_as(PutEnd(cid, key, csum, self.tenant), Reply).code
+                end = call_as(self._node, PutEnd(cid, key, csum, self.tenant), Reply).code
         except BaseException:
             # Whatever escaped (a concurrent close(), KeyboardInterrupt, a fault of the data
             # path or of the PutEnd), the PutStart must not linger: for
@@ -142,16 +246,44 @@ class Writer:
             raise
         if code != ErrorCode.OK:
             self._revoke([key])
+            if code in _RETRYABLE and failed:
+                for seg in failed:
+                    avoid[seg] = code
+                return None
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         if end != OK:
             self._revoke([key])
             raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
-        return True
+        return len(rep.replicas)
+
+    def _avoiding(self, cfg: ReplicateConfigMsg, avoid: set[str]) -> ReplicateConfigMsg:
+        """`cfg` (which names no preferred segments) for a put started again: the live
+        segments other than those in `avoid` (and the other segments of their nodes)
+        preferred, in random order, so that the master places the replicas elsewhere even
+        before it notices that a node died. `replica_num` is capped at the segments left (the
+        master does the same once it knows): the put is then degraded rather than failed.
+        Unchanged when the master's segment list cannot be had."""
+        try:
+            stats = call_as(self._node, Stats(), StatsReply)
+        except KVPoolError as exc:
+            log.debug("Stats for a put's retry failed: %s", exc)
+            return cfg
+        dead = {s.endpoint for s in stats.segments if s.name in avoid}
+        live = [s.name for s in stats.segments if s.name not in avoid and s.endpoint not in dead]
+        random.shuffle(live)
+        if not live:
+            return cfg
+        return msgspec.structs.replace(
+            cfg,
+            preferred_segments=[SegmentName(n) for n in live],
+            replica_num=min(cfg.replica_num, len(live)),
+        )
 
     def _put_arena(
         self, arenas: Arenas, key: str, mv: memoryview, cfg: ReplicateConfigMsg
-    ) -> bool | None:
-        """`put` through an arena: True / False as `put`, None when it must take PutStart."""
+    ) -> int | None:
+        """`put` through an arena: 1 stored, 0 the key existed, None when it must take
+        PutStart."""
         got = arenas.take([mv.nbytes])
         if got is None:
             return None
@@ -160,7 +292,7 @@ class Writer:
             place = ReplicaDesc(
                 0, _MEMORY, _PROCESSING, arena.segment, off, mv.nbytes, arena.endpoint
             )
-            code, csum = self._write_replicas([place], mv)
+            code, csum, _ = self._write_replicas([place], mv)
             if code != ErrorCode.OK:
                 log.debug("write into arena %s failed (%s); using PutStart", arena.segment, code)
                 arenas.abandon(arena)
@@ -169,27 +301,28 @@ class Writer:
                 self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
             )
             sent = time.monotonic()
-            answer = self._node.rpc.call_as(commit, Reply).code
+            answer = call_as(self._node, commit, Reply).code
             if answer in (OK, OBJECT_ALREADY_EXISTS):  # the master renewed the lease
                 arenas.confirm(arena, sent)
         finally:
             arenas.done(arena)
         if answer == OK:
-            return True
+            return 1
         if answer == OBJECT_ALREADY_EXISTS:
-            return False
+            return 0
         if answer == INVALID_WRITE:  # the master no longer knows the arena
             arenas.drop(arena)
             return None
-        raise error_for_code(ErrorCode.of(answer), key)
+        raise _refused(answer, key, cfg)
 
     def _write_replicas(
         self, replicas: Sequence[ReplicaDesc], mv: memoryview
-    ) -> tuple[ErrorCode, int | None]:
-        """Write `mv` into every replica; the first failure (or OK) and the value's checksum."""
+    ) -> tuple[ErrorCode, int | None, list[str]]:
+        """Write `mv` into every replica; the first failure (or OK), the value's checksum and
+        the segments whose write failed."""
         code = _check_replicas(replicas, mv.nbytes)
         if code != ErrorCode.OK:
-            return code, None
+            return code, None, []
         csum: int | None = None
         codes: list[ErrorCode] = []
         if len(replicas) == 1 and mv.nbytes < CHUNKED_MIN:
@@ -199,29 +332,34 @@ class Writer:
             got, digests = self._opened().move_many(
                 TransferOp.WRITE, [mv], [r.segment], [r.offset], True
             )
-            return got[0], digest_or_checksum(digests[0], mv)
+            if got[0] != ErrorCode.OK:
+                return got[0], None, [str(r.segment)]
+            return got[0], digest_or_checksum(digests[0], mv), []
+        rest = replicas
         if mv.nbytes >= CHUNKED_MIN:
             # Hash while writing the first replica, when it is mapped here.
             first = replicas[0]
             done = self._opened().copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
             if done is not None:
-                codes, csum, replicas = [done[0]], done[1], replicas[1:]
-        reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in replicas]
+                codes, csum, rest = [done[0]], done[1], replicas[1:]
+        reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in rest]
         codes += self._opened().transfer(reqs)
+        failed = [str(r.segment) for r, c in zip(replicas, codes, strict=True) if c != ErrorCode.OK]
+        if failed:
+            return next(c for c in codes if c != ErrorCode.OK), None, failed
         if csum is None:
             csum = checksum(mv)
-        return next((c for c in codes if c != ErrorCode.OK), ErrorCode.OK), csum
+        return ErrorCode.OK, csum, []
 
     def _revoke(self, keys: list[str]) -> None:
         """Best effort: free what PutStart took. If the master cannot be reached it revokes
         the put itself (put_start_discard_timeout, or when this client expires); what it
         answers for each key (a key already complete, already revoked) changes nothing."""
-        rpc = self._node.rpc
         try:
             if len(keys) == 1:
-                rpc.call(PutRevoke(self._node.client_id, keys[0], self.tenant))
+                call(self._node, PutRevoke(self._node.client_id, keys[0], self.tenant))
             elif keys:
-                rpc.call(BatchPutRevoke(self._node.client_id, keys, self.tenant))
+                call(self._node, BatchPutRevoke(self._node.client_id, keys, self.tenant))
         except KVPoolError as exc:
             log.warning("PutRevoke of %d key(s) failed: %s", len(keys), exc)
 
@@ -242,8 +380,8 @@ class Writer:
         if config is None:
             cfg = _DEFAULT_MSG
         else:
+            cfg = _config_msg(config)
             config.check_batch(len(keys))
-            cfg = config.to_msg()
         arenas = self._arenas
         if (
             not upsert
@@ -254,7 +392,45 @@ class Writer:
             done = self._put_batch_arena(arenas, keys, views, cfg)
             if done is not None:
                 return done
-        return self._put_batch_started(keys, views, cfg, upsert=upsert)
+        return self._put_batch_retrying(keys, views, cfg, upsert=upsert)
+
+    def _put_batch_retrying(
+        self,
+        keys: list[str],
+        views: list[memoryview],
+        cfg: ReplicateConfigMsg,
+        *,
+        upsert: bool,
+    ) -> list[ErrorCode]:
+        """`_put_batch_started`, then the keys whose write to a replica's segment failed are
+        started again on other segments, as `put_one` does, within the same bounds."""
+        avoid: set[str] = set()
+        out = self._put_batch_started(keys, views, cfg, cfg.replica_num, upsert=upsert, avoid=avoid)
+        if not avoid or cfg.preferred_segments:  # a placement the caller chose is kept
+            return out
+        deadline = time.monotonic() + self._retry_window
+        for _ in range(MAX_PUT_RETRIES):
+            again = [i for i, c in enumerate(out) if c in _RETRYABLE]
+            if not again or time.monotonic() >= deadline:
+                break
+            self.stats.retried(len(again))
+            part = cfg
+            if cfg.group_ids is not None:
+                part = msgspec.structs.replace(cfg, group_ids=[cfg.group_ids[i] for i in again])
+            redo = self._put_batch_started(
+                [keys[i] for i in again],
+                [views[i] for i in again],
+                self._avoiding(part, avoid),
+                cfg.replica_num,
+                upsert=upsert,
+                avoid=avoid,
+            )
+            for i, c in zip(again, redo, strict=True):
+                out[i] = c
+        left = sum(1 for c in out if c in _RETRYABLE)
+        if left:
+            self.stats.retry_failed(left)
+        return out
 
     def _put_batch_arena(
         self,
@@ -296,7 +472,7 @@ class Writer:
                     self.tenant,
                 )
                 sent = time.monotonic()
-                got_codes = self._node.rpc.call_as(commit, BatchReply).codes
+                got_codes = call_as(self._node, commit, BatchReply).codes
                 if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
                     arenas.confirm(arena, sent)
                 check_count("BatchPutCommit", len(got_codes), len(good))
@@ -311,7 +487,7 @@ class Writer:
         if any(out[i] == forgot for i in again):
             arenas.drop(arena)
         if again:
-            redo = self._put_batch_started(
+            redo = self._put_batch_retrying(
                 [keys[i] for i in again], [views[i] for i in again], cfg, upsert=False
             )
             for i, c in zip(again, redo, strict=True):
@@ -323,15 +499,18 @@ class Writer:
         keys: list[str],
         views: list[memoryview],
         cfg: ReplicateConfigMsg,
+        want: int,
         *,
         upsert: bool,
+        avoid: set[str],
     ) -> list[ErrorCode]:
-        """`batch_put` / `batch_upsert` through BatchPutStart and BatchPutEnd."""
-        rpc = self._node.rpc
+        """`batch_put` / `batch_upsert` through BatchPutStart and BatchPutEnd. Keys stored
+        with fewer replicas than `want` are counted (`stats`); the segments whose writes
+        failed in a way a retry elsewhere may cure are added to `avoid`."""
         cid = self._node.client_id
         sizes = [mv.nbytes for mv in views]
         kind = BatchUpsertStart if upsert else BatchPutStart
-        rep = rpc.call_as(kind(cid, keys, sizes, cfg, self.tenant), BatchPutStartReply)
+        rep = call_as(self._node, kind(cid, keys, sizes, cfg, self.tenant), BatchPutStartReply)
         check_count("BatchPutStart", len(rep.results), len(keys))
         # One pass over the results builds the places to write (parallel lists: this loop
         # runs once per key of every batch); `want` marks each key's first replica, whose copy
@@ -343,7 +522,8 @@ class Writer:
         segs: list[str] = []
         offs: list[int] = []
         owner: list[int] = []
-        want: list[bool] = []
+        first: list[bool] = []
+        short: list[int] = []
         for i, r in enumerate(rep.results):
             if r.code:
                 out[i] = ErrorCode.of(r.code)
@@ -360,11 +540,15 @@ class Writer:
                 segs.append(d.segment)
                 offs.append(d.offset)
                 owner.append(i)
-                want.append(True)
+                first.append(True)
+                if want > 1:
+                    short.append(i)
                 continue
             if not replicas or any(d.size != size for d in replicas):
                 out[i] = _check_replicas(replicas, size)
                 continue
+            if len(replicas) < want:
+                short.append(i)
             view = views[i]
             head = True
             for d in replicas:
@@ -372,25 +556,34 @@ class Writer:
                 segs.append(d.segment)
                 offs.append(d.offset)
                 owner.append(i)
-                want.append(head)
+                first.append(head)
                 head = False
         try:
-            codes, digests = self._opened().move_many(TransferOp.WRITE, places, segs, offs, want)
+            codes, digests = self._opened().move_many(TransferOp.WRITE, places, segs, offs, first)
             sums: dict[int, int] = {}
-            for i, first, taken in zip(owner, want, digests, strict=True):
-                if first:
+            for i, head, taken in zip(owner, first, digests, strict=True):
+                if head:
                     sums[i] = digest_or_checksum(taken, views[i])
         except BaseException:
             self._revoke([keys[i] for i in started])
             raise
-        for i, code in zip(owner, codes, strict=True):
-            if code != ok and out[i] == ok:
-                out[i] = code
+        for i, code, seg in zip(owner, codes, segs, strict=True):
+            if code != ok:
+                if out[i] == ok:
+                    out[i] = code
+                if code in _RETRYABLE:
+                    avoid.add(seg)
         good = [i for i in started if out[i] == ok]
         if len(good) != len(started):
             self._revoke([keys[i] for i in started if out[i] != ok])
         if good:
             self._end_batch(keys, good, sums, out)
+        if short:
+            stored = [i for i in short if out[i] == ok]
+            if stored:
+                i = stored[0]
+                got = len(rep.results[i].replicas)
+                self.stats.degraded(keys[i], got, want, len(stored))
         return out
 
     def _end_batch(
@@ -401,7 +594,7 @@ class Writer:
         good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
         end = BatchPutEnd(self._node.client_id, good_keys, [sums[i] for i in good], self.tenant)
         try:
-            codes = self._node.rpc.call_as(end, BatchReply).codes
+            codes = call_as(self._node, end, BatchReply).codes
             check_count("BatchPutEnd", len(codes), len(good))
         except BaseException:
             self._revoke(good_keys)  # the complete ones refuse it: only the others go

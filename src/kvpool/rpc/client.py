@@ -374,6 +374,24 @@ class RpcClient:
             self._connect(time.monotonic() + self.timeout)
 
     @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (calls then raise `StoreClosed`)."""
+        return self._closed
+
+    def reconnect(self) -> None:
+        """Drop the current connection, keeping the client: calls in flight on it fail with
+        `RpcError` (RPC_FAIL), and the next call connects anew (handshake included), while
+        concurrent callers wait for that connection (`_connect` is serialised). Unlike
+        replacing the client with a new one and closing this one, no caller can meet a
+        closed client. No-op after `close()`."""
+        with self._connect_lock:
+            if self._closed:
+                return
+            conn = self._conn
+        if conn is not None:
+            self._fail(conn, RpcError(f"connection to {self.address} replaced"))
+
+    @property
     def connected(self) -> bool:
         conn = self._conn
         return conn is not None and conn.broken is None

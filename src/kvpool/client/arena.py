@@ -31,9 +31,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Final
+from typing import Final, Protocol
 
-from kvpool.client.link import HasRpc, call, call_as
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.messages import (
     ArenaReply,
@@ -42,8 +41,16 @@ from kvpool.protocol.messages import (
     ReserveArena,
     SegmentName,
 )
+from kvpool.rpc.client import RpcClient
 
 __all__ = ["Arena", "Arenas"]
+
+
+class HasRpc(Protocol):
+    """Whatever holds the Store's master connection (`NodeRuntime`)."""
+
+    rpc: RpcClient
+
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +194,7 @@ class Arenas:
 
     def _release(self, ids: list[int]) -> None:
         try:
-            call(self._node, ReleaseArenas(self._client_id, ids))
+            self._node.rpc.call(ReleaseArenas(self._client_id, ids))
         except KVPoolError as exc:
             log.debug("ReleaseArenas of %d arena(s) failed: %s", len(ids), exc)
 
@@ -203,8 +210,8 @@ class Arenas:
         retire = self._retire
         self._retire = []
         try:
-            reply = call_as(
-                self._node, ReserveArena(self._client_id, self.size, need, retire), ArenaReply
+            reply = self._node.rpc.call_as(
+                ReserveArena(self._client_id, self.size, need, retire), ArenaReply
             )
         except BaseException as exc:
             self._retire = retire + self._retire  # not released: try again next time

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvpool.client.datapath import DataPath
-from kvpool.client.link import call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.validation import check_count, check_name, check_names
 from kvpool.codes import OBJECT_NOT_FOUND, OK, REPLICA_IS_NOT_READY
@@ -115,7 +114,7 @@ class Control:
 
     def exists(self, key: str) -> bool:
         self._opened()
-        rep = call_as(self._node, ExistKey(key, self.tenant), ExistReply)
+        rep = self._node.rpc.call_as(ExistKey(key, self.tenant), ExistReply)
         raise_for_code(rep.code, key)
         return rep.exists
 
@@ -123,7 +122,7 @@ class Control:
         self._opened()
         if not ks:
             return []
-        rep = call_as(self._node, BatchExistKey(ks, self.tenant), BatchExistReply)
+        rep = self._node.rpc.call_as(BatchExistKey(ks, self.tenant), BatchExistReply)
         check_count("BatchExistKey", len(rep.results), len(ks))
         # One key's fault never sinks the batch: a key the master could not answer for does
         # not exist as far as a reader is concerned (it has no readable value now).
@@ -141,7 +140,7 @@ class Control:
 
     def get_size(self, key: str) -> int:
         self._opened()
-        rep = call_as(self._node, GetSize(key, self.tenant), SizeReply)
+        rep = self._node.rpc.call_as(GetSize(key, self.tenant), SizeReply)
         raise_for_code(rep.code, key)
         return rep.size
 
@@ -149,27 +148,27 @@ class Control:
 
     def remove(self, key: str, force: bool) -> None:
         self._opened()
-        rep = call_as(self._node, Remove(key, bool(force), self.tenant), Reply)
+        rep = self._node.rpc.call_as(Remove(key, bool(force), self.tenant), Reply)
         raise_for_code(rep.code, key)
 
     def batch_remove(self, ks: list[str], force: bool) -> list[ErrorCode]:
         self._opened()
         if not ks:
             return []
-        rep = call_as(self._node, BatchRemove(ks, bool(force), self.tenant), BatchReply)
+        rep = self._node.rpc.call_as(BatchRemove(ks, bool(force), self.tenant), BatchReply)
         check_count("BatchRemove", len(rep.codes), len(ks))
         return [_code(c) for c in rep.codes]
 
     def remove_all(self, force: bool) -> int:
         self._opened()
-        rep = call_as(self._node, RemoveAll(bool(force), self.tenant), CountReply)
+        rep = self._node.rpc.call_as(RemoveAll(bool(force), self.tenant), CountReply)
         raise_for_code(rep.code, "RemoveAll")
         return rep.count
 
     def remove_by_regex(self, pattern: str, force: bool) -> int:
         self._opened()
         msg = RemoveByRegex(pattern, bool(force), self.tenant)
-        rep = call_as(self._node, msg, CountReply)
+        rep = self._node.rpc.call_as(msg, CountReply)
         raise_for_code(rep.code, f"RemoveByRegex {pattern!r}")
         return rep.count
 
@@ -179,7 +178,7 @@ class Control:
         self._opened()
         key = check_name(key, "key")
         names = [SegmentName(t) for t in check_names(targets, "targets")]
-        rep = call_as(self._node, CreateCopyTask(key, names, self.tenant), TaskReply)
+        rep = self._node.rpc.call_as(CreateCopyTask(key, names, self.tenant), TaskReply)
         raise_for_code(rep.code, f"copy task for {key!r}")
         return rep.task_id
 
@@ -191,7 +190,7 @@ class Control:
             SegmentName(check_name(target, "target")),
             self.tenant,
         )
-        rep = call_as(self._node, msg, TaskReply)
+        rep = self._node.rpc.call_as(msg, TaskReply)
         raise_for_code(rep.code, f"move task for {key!r}")
         return rep.task_id
 
@@ -199,7 +198,7 @@ class Control:
         self._opened()
         if not isinstance(task_id, str) or not task_id:
             raise InvalidParams(f"task_id: expected a non-empty str, got {task_id!r}")
-        rep = call_as(self._node, QueryTask(task_id), QueryTaskReply)
+        rep = self._node.rpc.call_as(QueryTask(task_id), QueryTaskReply)
         raise_for_code(rep.code, f"task {task_id}")
         return TaskInfo(
             task_id=rep.task_id,
@@ -222,7 +221,7 @@ class Control:
         msg = BatchReplicaClear(
             ks, ClientId(self._node.client_id), SegmentName(segment_name), self.tenant
         )
-        rep = call_as(self._node, msg, BatchReplicaClearReply)
+        rep = self._node.rpc.call_as(msg, BatchReplicaClearReply)
         raise_for_code(rep.code, "BatchReplicaClear")
         return list(rep.cleared)
 
@@ -231,7 +230,7 @@ class Control:
     def get_replica_desc(self, key: str) -> list[ReplicaDesc]:
         self._opened()
         key = check_name(key, "key")
-        rep = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
+        rep = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         return _descs(key, rep)
 
     def batch_get_replica_desc(self, keys: object) -> dict[str, list[ReplicaDesc]]:
@@ -239,6 +238,6 @@ class Control:
         ks = check_names(keys, "keys")
         if not ks:
             return {}
-        rep = call_as(self._node, BatchGetReplicaList(ks, self.tenant), BatchReplicaListReply)
+        rep = self._node.rpc.call_as(BatchGetReplicaList(ks, self.tenant), BatchReplicaListReply)
         check_count("BatchGetReplicaList", len(rep.results), len(ks))
         return {k: _descs(k, r) for k, r in zip(ks, rep.results, strict=True)}

@@ -30,7 +30,6 @@ from typing import Final, Literal
 
 import xxhash
 
-from kvpool.client.link import call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
 from kvpool.protocol.messages import GetSegment, SegmentInfo, SegmentName, SegmentReply
@@ -413,7 +412,7 @@ class DataPath:
     def _ask(self, name: str, pending: _Resolve) -> SegmentLocation:
         """Ask the master where `name` is, for every thread waiting on `pending`."""
         try:
-            reply = call_as(self._node, GetSegment(SegmentName(name)), SegmentReply)
+            reply = self._node.rpc.call_as(GetSegment(SegmentName(name)), SegmentReply)
             raise_for_code(reply.code, f"segment {name!r}")
             info = reply.segment
             if info is None:

@@ -277,12 +277,13 @@ class NodeRuntime:
         self.restored = list(restored)
 
     def reconnect(self) -> None:
-        """Replace the control-plane connection (calls in flight on the old one fail)."""
+        """Drop the control-plane connection: calls in flight on it fail with `RpcError`, and
+        the next call connects anew. The client object stays the same, so no caller that took
+        `self.rpc` a moment earlier can meet a closed client (`StoreClosed` on a live Store)."""
         with self._lock:
             if self._closed:
                 return
-            old, self.rpc = self.rpc, self._connect()
-        old.close()
+        self.rpc.reconnect()
 
     # -------------------------------------------------------------- segments
 

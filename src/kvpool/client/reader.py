@@ -34,7 +34,6 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
-from kvpool.client.link import call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
     digest_or_checksum,
@@ -101,7 +100,7 @@ class Reader:
         """The value of `key` in a bytearray allocated once for it; raises `ObjectNotFound`."""
         self._opened()
         started = time.monotonic()
-        rl = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
+        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         out = bytearray(rl.size)
         self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
@@ -111,7 +110,7 @@ class Reader:
         """Read `key` into `mv`; returns the value's size. A buffer smaller than the value is
         INVALID_PARAMS and nothing is read."""
         started = time.monotonic()
-        rl = call_as(self._node, GetReplicaList(key, self.tenant), ReplicaListReply)
+        rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         if rl.size > mv.nbytes:
             raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
@@ -271,7 +270,7 @@ class Reader:
         return out
 
     def _locations(self, keys: list[str]) -> LocationsReply:
-        loc = call_as(self._node, BatchGetLocations(keys, self.tenant), LocationsReply)
+        loc = self._node.rpc.call_as(BatchGetLocations(keys, self.tenant), LocationsReply)
         n = len(keys)
         check_count("BatchGetLocations", len(loc.codes), n)
         if not len(loc.sizes) == len(loc.checksums) == len(loc.places) == n:

@@ -41,7 +41,6 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
-from kvpool.client.link import call_as
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
@@ -344,7 +343,7 @@ class Store:
         others), so that the first transfers do not pay for it: mapping a large peer segment
         takes time in proportion to its size. Returns how many segments were opened."""
         engine = self._open().engine
-        stats = call_as(self._node, Stats(), StatsReply)
+        stats = self._node.rpc.call_as(Stats(), StatsReply)
         raise_for_code(stats.code, "Stats")
         opened = 0
         for seg in stats.segments:

@@ -48,7 +48,6 @@ import msgspec
 
 from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
-from kvpool.client.link import call, call_as
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
@@ -226,7 +225,7 @@ class Writer:
         (for messages)."""
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
-        rep = call_as(self._node, start, PutStartReply)
+        rep = self._node.rpc.call_as(start, PutStartReply)
         if rep.code == OBJECT_ALREADY_EXISTS and not upsert:
             return 0
         if rep.code:
@@ -235,7 +234,7 @@ class Writer:
             code, csum, failed = self._write_replicas(rep.replicas, mv)
             end = OK
             if code == ErrorCode.OK:
-                end = call_as(self._node, PutEnd(cid, key, csum, self.tenant), Reply).code
+                end = self._node.rpc.call_as(PutEnd(cid, key, csum, self.tenant), Reply).code
         except BaseException:
             # Whatever escaped (a concurrent close(), KeyboardInterrupt, a fault of the data
             # path or of the PutEnd), the PutStart must not linger: for
@@ -264,7 +263,7 @@ class Writer:
         master does the same once it knows): the put is then degraded rather than failed.
         Unchanged when the master's segment list cannot be had."""
         try:
-            stats = call_as(self._node, Stats(), StatsReply)
+            stats = self._node.rpc.call_as(Stats(), StatsReply)
         except KVPoolError as exc:
             log.debug("Stats for a put's retry failed: %s", exc)
             return cfg
@@ -301,7 +300,7 @@ class Writer:
                 self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
             )
             sent = time.monotonic()
-            answer = call_as(self._node, commit, Reply).code
+            answer = self._node.rpc.call_as(commit, Reply).code
             if answer in (OK, OBJECT_ALREADY_EXISTS):  # the master renewed the lease
                 arenas.confirm(arena, sent)
         finally:
@@ -357,9 +356,9 @@ class Writer:
         answers for each key (a key already complete, already revoked) changes nothing."""
         try:
             if len(keys) == 1:
-                call(self._node, PutRevoke(self._node.client_id, keys[0], self.tenant))
+                self._node.rpc.call(PutRevoke(self._node.client_id, keys[0], self.tenant))
             elif keys:
-                call(self._node, BatchPutRevoke(self._node.client_id, keys, self.tenant))
+                self._node.rpc.call(BatchPutRevoke(self._node.client_id, keys, self.tenant))
         except KVPoolError as exc:
             log.warning("PutRevoke of %d key(s) failed: %s", len(keys), exc)
 
@@ -472,7 +471,7 @@ class Writer:
                     self.tenant,
                 )
                 sent = time.monotonic()
-                got_codes = call_as(self._node, commit, BatchReply).codes
+                got_codes = self._node.rpc.call_as(commit, BatchReply).codes
                 if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
                     arenas.confirm(arena, sent)
                 check_count("BatchPutCommit", len(got_codes), len(good))
@@ -510,7 +509,7 @@ class Writer:
         cid = self._node.client_id
         sizes = [mv.nbytes for mv in views]
         kind = BatchUpsertStart if upsert else BatchPutStart
-        rep = call_as(self._node, kind(cid, keys, sizes, cfg, self.tenant), BatchPutStartReply)
+        rep = self._node.rpc.call_as(kind(cid, keys, sizes, cfg, self.tenant), BatchPutStartReply)
         check_count("BatchPutStart", len(rep.results), len(keys))
         # One pass over the results builds the places to write (parallel lists: this loop
         # runs once per key of every batch); `want` marks each key's first replica, whose copy
@@ -594,7 +593,7 @@ class Writer:
         good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
         end = BatchPutEnd(self._node.client_id, good_keys, [sums[i] for i in good], self.tenant)
         try:
-            codes = call_as(self._node, end, BatchReply).codes
+            codes = self._node.rpc.call_as(end, BatchReply).codes
             check_count("BatchPutEnd", len(codes), len(good))
         except BaseException:
             self._revoke(good_keys)  # the complete ones refuse it: only the others go

@@ -20,6 +20,8 @@ EXPECTED = {
     "ObjectAlreadyExists",
     "ObjectHasLease",
     "ObjectNotFound",
+    "PutResult",
+    "PutStats",
     "ReplicaNotReady",
     "ReplicateConfig",
     "RpcError",

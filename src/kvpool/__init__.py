@@ -2,8 +2,8 @@
 
 The public API is what `__all__` names (a test pins it); everything else is private.
 
-`Store`, `StoreConfig`, `AsyncStore`, `ReplicateConfig`, `SoftPinAction` and `HealthStatus`
-come from `kvpool.client` and are imported on first use, so that `import kvpool` (and every
+`Store`, `StoreConfig`, `AsyncStore`, `ReplicateConfig`, `SoftPinAction`, `HealthStatus`,
+`PutResult` and `PutStats` come from `kvpool.client` and are imported on first use, so that `import kvpool` (and every
 `kvpool` command's start-up) does not pay for numpy, the RPC client and the transfer engine.
 """
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from kvpool.client import (
         AsyncStore,
         HealthStatus,
+        PutResult,
+        PutStats,
         ReplicateConfig,
         SoftPinAction,
         Store,
@@ -40,7 +42,16 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = {"AsyncStore", "HealthStatus", "ReplicateConfig", "SoftPinAction", "Store", "StoreConfig"}
+_LAZY = {
+    "AsyncStore",
+    "HealthStatus",
+    "PutResult",
+    "PutStats",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "Store",
+    "StoreConfig",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +75,8 @@ __all__ = [
     "ObjectAlreadyExists",
     "ObjectHasLease",
     "ObjectNotFound",
+    "PutResult",
+    "PutStats",
     "ReplicaNotReady",
     "ReplicateConfig",
     "RpcError",

@@ -213,3 +213,39 @@ def test_a_put_interrupted_by_an_unexpected_exception_is_revoked(
             assert s._arenas._current.users == 0  # the interrupted put let go of it
         assert s.put("k", b"second try") is True
         assert s.get("k") == b"second try"
+
+
+def test_a_replica_that_fails_its_checksum_is_reported_dropped_and_copied_again(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    # Two segments of two Stores (so the test can reach one replica's memory); replica_num 2.
+    p = pool(nodes=1, segment_size="16MiB")
+    value = b"precious kv cache" * 100
+    with Store(p.address, segment_size="4MiB") as owner:
+        (mine,) = owner.segments
+        # Preferring this Store's segment puts its replica first in the master's list, so it
+        # is the one every reader on this host tries first.
+        cfg = ReplicateConfig(replica_num=2, preferred_segments=[mine])
+        assert owner.put("c", value, cfg)
+        reps = replicas_of(p.address, "c").replicas
+        assert len(reps) == 2 and reps[0].segment == mine
+        bad = reps[0]
+        mem, _ = owner._node.segments[mine]  # type: ignore[index]
+        mem.buffer[bad.offset + 5] ^= 0xFF
+
+        # The read fails the checksum on the corrupt replica, reports it, and answers the right
+        # bytes from the other one; the master drops the reported replica at once.
+        assert owner.get("c") == value
+        now = {(r.segment, r.offset) for r in replicas_of(p.address, "c").replicas}
+        assert (bad.segment, bad.offset) not in now
+
+        # The master dropped the reported replica and copies the object back to two.
+        def repaired() -> bool:
+            now = {r.segment: r.offset for r in replicas_of(p.address, "c").replicas}
+            if len(now) != 2:
+                return False
+            off = now[mine]  # the copy back to this segment holds the right bytes again
+            return bytes(mem.buffer[off : off + len(value)]) == value
+
+        wait_until(repaired, timeout=20, what="the bad replica to be replaced")
+        assert owner.get("c") == value

@@ -62,6 +62,7 @@ from kvpool.protocol.messages import (
     ReplicaKind,
     ReplicaListReply,
     ReplicaStatus,
+    ReportBadReplica,
     SegmentName,
     TenantId,
 )
@@ -155,6 +156,7 @@ class Reader:
                     verify_checksum(key, dest, rl.checksum, digest)
                 except ChecksumMismatch as exc:
                     failure = exc
+                    self._report_bad(key, r.segment, r.offset)
                     continue
             verify_lease(key, deadline)
             return
@@ -337,7 +339,9 @@ class Reader:
         deadline = lease_deadline(started, loc.lease_ttl_ms)
         late = time.monotonic() > deadline  # one clock read for the whole batch
         sums = loc.checksums
-        for i, code, taken, dest in zip(owner, done, digests, places, strict=True):
+        for i, code, taken, dest, seg_name, off in zip(
+            owner, done, digests, places, segs, offs, strict=True
+        ):
             want = sums[i]
             if code == ok and (
                 not verify or want is None or digest_or_checksum(taken, dest) == want
@@ -345,7 +349,11 @@ class Reader:
                 if late:
                     codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
                 continue
-            codes[i] = code if code != ok else ErrorCode.CHECKSUM_MISMATCH
+            if code == ok:
+                codes[i] = ErrorCode.CHECKSUM_MISMATCH
+                self._report_bad(keys[i], SegmentName(seg_name), off)
+            else:
+                codes[i] = code
             # The rare path: the first choice failed; try the others one by one.
             others = self._replica_list(loc, i, skip=first_of[i] if first_of else 0)
             if others.replicas:
@@ -375,6 +383,16 @@ class Reader:
                     break
             first.append(j)
         return first
+
+    def _report_bad(self, key: str, segment: SegmentName, offset: int) -> None:
+        """Tell the master that the replica of `key` at `offset` of `segment` failed its
+        checksum, so it drops that replica and copies the object again from a good one
+        (`ReportBadReplica`). Best effort: the read goes on with the next replica whatever
+        the answer, and a failure to report is only logged."""
+        try:
+            self._node.rpc.call(ReportBadReplica(key, segment, offset, self.tenant))
+        except KVPoolError as exc:
+            log.debug("reporting a bad replica of %r failed: %s", key, exc)
 
     @staticmethod
     def _replica_list(loc: LocationsReply, i: int, skip: int) -> ReplicaListReply:

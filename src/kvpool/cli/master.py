@@ -175,6 +175,38 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Byte alignment of replicas in a segment (a power of two).",
 )
+# -- connection limits (issue #13, docs/parts/limits.md) --
+@click.option(
+    "--rpc-handshake-timeout",
+    default="5s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A connection that has not completed its handshake within this is closed.",
+)
+@click.option(
+    "--rpc-idle-timeout",
+    default="300s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A connection that sent nothing for this long is closed (clients ping every second).",
+)
+@click.option(
+    "--max-connections",
+    default=16384,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections served at once (lowered to fit the file-descriptor limit); more are "
+    "refused with UNAVAILABLE_IN_CURRENT_STATUS.",
+)
+@click.option(
+    "--max-connections-per-peer",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections served at once from one remote IP (Unix-socket clients count as one).",
+)
 def master(
     *,
     host: str,
@@ -197,6 +229,10 @@ def master(
     num_shards: int,
     max_arena_size: int,
     alignment: int,
+    rpc_handshake_timeout: float,
+    rpc_idle_timeout: float,
+    max_connections: int,
+    max_connections_per_peer: int,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     try:
@@ -220,6 +256,10 @@ def master(
             num_shards=num_shards,
             max_arena_size=max_arena_size,
             alignment=alignment,
+            rpc_handshake_timeout=rpc_handshake_timeout,
+            rpc_idle_timeout=rpc_idle_timeout,
+            rpc_max_connections=max_connections,
+            rpc_max_connections_per_peer=max_connections_per_peer,
         )
     except KVPoolError as exc:
         raise click.UsageError(exc.message) from exc

@@ -25,6 +25,8 @@ from kvpool.client.tasks import TaskExecutor
 from kvpool.config import format_size, parse_duration, parse_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
+from kvpool.fdlimit import raise_fd_limit
+from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 
 __all__ = ["node"]
@@ -96,6 +98,46 @@ def mount_with_progress(
     help="How often to ask the master for replica copy/move tasks to execute.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar while pre-faulting.")
+# -- transfer server limits (issue #13, docs/parts/limits.md) --
+@click.option(
+    "--transfer-workers",
+    default=ServerLimits().workers,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Threads serving transfers at once (idle connections cost none).",
+)
+@click.option(
+    "--transfer-max-connections",
+    default=ServerLimits().max_connections,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Transfer connections held at once (lowered to fit the file-descriptor limit).",
+)
+@click.option(
+    "--transfer-max-connections-per-peer",
+    default=ServerLimits().max_connections_per_peer,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Transfer connections held at once from one remote IP.",
+)
+@click.option(
+    "--transfer-first-request-timeout",
+    default=f"{ServerLimits().first_request_timeout:g}s",
+    show_default=True,
+    help="A transfer connection that sends nothing this long after it opened is closed.",
+)
+@click.option(
+    "--transfer-idle-timeout",
+    default=f"{ServerLimits().idle_timeout:g}s",
+    show_default=True,
+    help="A transfer connection that sent nothing for this long is closed.",
+)
+@click.option(
+    "--transfer-stall-timeout",
+    default=f"{ServerLimits().stall_timeout:g}s",
+    show_default=True,
+    help="A transfer that moves no byte for this long fails and its connection is closed.",
+)
 def node(
     *,
     master: str,
@@ -105,8 +147,33 @@ def node(
     heartbeat_interval: str,
     task_poll_interval: str,
     no_progress: bool,
+    transfer_workers: int,
+    transfer_max_connections: int,
+    transfer_max_connections_per_peer: int,
+    transfer_first_request_timeout: str,
+    transfer_idle_timeout: str,
+    transfer_stall_timeout: str,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
+    # -- transfer server limits: this process's default, and room for its connections --
+    try:
+        set_default_limits(
+            ServerLimits(
+                workers=transfer_workers,
+                max_connections=transfer_max_connections,
+                max_connections_per_peer=transfer_max_connections_per_peer,
+                first_request_timeout=parse_duration(
+                    transfer_first_request_timeout, name="--transfer-first-request-timeout"
+                ),
+                idle_timeout=parse_duration(transfer_idle_timeout, name="--transfer-idle-timeout"),
+                stall_timeout=parse_duration(
+                    transfer_stall_timeout, name="--transfer-stall-timeout"
+                ),
+            )
+        )
+    except KVPoolError as exc:
+        raise click.UsageError(exc.message) from exc
+    raise_fd_limit()
     size = parse_size(segment_size, name="--segment-size", minimum=4096)
     interval = parse_duration(heartbeat_interval, name="--heartbeat-interval", minimum=0.01)
     poll = parse_duration(task_poll_interval, name="--task-poll-interval", minimum=0.001)

@@ -47,24 +47,45 @@ class SocketReader:
     Headers of pipelined messages arrive together, so one `recv_into` serves many of them;
     payload bytes already buffered are copied out, and the rest is received straight into the
     destination view.
+
+    Stalls (the server's sockets): a blocking socket with a kernel receive timeout
+    (SO_RCVTIMEO, no poll() per call) raises `BlockingIOError` when nothing arrived within it.
+    Inside a message that is a stall: after `patience` of them in a row without a byte the read
+    fails with `TimeoutError`. Between messages (`fill(..., between=True)` with nothing
+    buffered) it is the peer going quiet, and the `BlockingIOError` reaches the caller. With
+    `patience` 0 (a socket in Python's timeout mode, as the client's) nothing changes.
     """
 
-    __slots__ = ("_buf", "_end", "_start", "_view", "sock")
+    __slots__ = ("_buf", "_end", "_start", "_view", "patience", "sock")
 
-    def __init__(self, sock: socket.socket, capacity: int = 1 << 16) -> None:
+    def __init__(self, sock: socket.socket, capacity: int = 1 << 16, patience: int = 0) -> None:
         self.sock = sock
         self._buf = bytearray(capacity)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        self.patience = patience
+
+    def reset(self, sock: socket.socket) -> None:
+        """Read `sock` from now on, with nothing buffered (a worker's reader, reused)."""
+        self.sock = sock
+        self._start = self._end = 0
+
+    def _stalled(self, stalls: int) -> int:
+        """Count one timed-out wait inside a message; raise once `patience` ran out."""
+        stalls += 1
+        if stalls >= self.patience:
+            raise TimeoutError("peer sent nothing for too long in the middle of a message")
+        return stalls
 
     @property
     def buffered(self) -> int:
         return self._end - self._start
 
-    def fill(self, n: int) -> bool:
+    def fill(self, n: int, between: bool = False) -> bool:
         """Buffer at least `n` bytes. False on a clean EOF before any of them arrived;
-        ConnectionError on EOF in the middle."""
+        ConnectionError on EOF in the middle. With `between` (a message boundary) and nothing
+        buffered, a timed-out wait raises `BlockingIOError` (see the class docstring)."""
         if self._end - self._start >= n:
             return True
         if len(self._buf) - self._start < n:
@@ -74,8 +95,16 @@ class SocketReader:
             self._start, self._end = 0, left
             if n > len(self._buf):
                 raise ValueError(f"cannot buffer {n} bytes")
+        stalls = 0
         while self._end - self._start < n:
-            got = self.sock.recv_into(self._view[self._end :])
+            try:
+                got = self.sock.recv_into(self._view[self._end :])
+            except BlockingIOError:
+                if (between and self._end == self._start) or not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 if self._end == self._start:
                     return False
@@ -102,8 +131,16 @@ class SocketReader:
                 self._start = self._end = 0
         pos = have
         recv_into = self.sock.recv_into
+        stalls = 0
         while pos < n:
-            got = recv_into(dst[pos:])
+            try:
+                got = recv_into(dst[pos:])
+            except BlockingIOError:
+                if not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
             pos += got
@@ -115,8 +152,16 @@ class SocketReader:
         if self._start == self._end:
             self._start = self._end = 0
         n -= have
+        stalls = 0
         while n > 0:
-            got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
+            try:
+                got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
+            except BlockingIOError:
+                if not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 raise ConnectionError("peer closed the connection inside a payload")
             n -= got

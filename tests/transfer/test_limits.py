@@ -210,3 +210,17 @@ def test_bad_limits_are_refused(bad: dict[str, Any]) -> None:
 def test_engine_refuses_a_bad_stall_timeout() -> None:
     with pytest.raises(InvalidParams):
         TransferEngine(lambda name: None, stall_timeout=0)  # type: ignore[arg-type, return-value]
+
+
+def test_a_pooled_connection_the_server_closed_for_idleness_costs_the_client_nothing(
+    make_server: Callable[..., TransferServer], make_engine: Callable[..., TransferEngine]
+) -> None:
+    server = make_server(idle_timeout=0.3)
+    loc = SegmentLocation("lim", SIZE, host_id(), server.endpoint, "")
+    eng = make_engine({"lim": loc}, "tcp")
+    for op in (TransferOp.READ, TransferOp.WRITE):
+        buf = bytearray(64 << 10)
+        eng.transfer([TransferRequest(op, buf, "lim", 0)])
+        wait_until(lambda: server.connection_count() == 0, timeout=10, what="the idle close")
+        eng.transfer([TransferRequest(op, buf, "lim", 0)])  # the stale one is retried fresh
+        assert eng.transfer_batch([TransferRequest(op, buf, "lim", 0)] * 3) == [ErrorCode.OK] * 3

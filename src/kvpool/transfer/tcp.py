@@ -20,8 +20,9 @@ stall timeout, a few seconds) without a byte moving, so a frozen peer fails a re
 seconds while a large transfer that keeps moving is never cut; the request's own deadline
 bounds the whole. A server that refuses a connection (its connection caps) answers request id
 0 with the reason, which fails the lane with that reason. Pooled connections idle for
-`max_idle_age` are closed rather than reused: the server closes idle ones after a while
-(`kvpool.transfer.limits`), and a connection it closed would cost a failed attempt.
+`max_idle_age` are closed (at the next check-in for that peer) rather than kept: the server
+closes idle ones after a while (`kvpool.transfer.limits`), and reusing one it closed costs a
+retry on a fresh connection (see `_run_lane`).
 """
 
 from __future__ import annotations
@@ -422,23 +423,11 @@ class TcpTransport(Transport):
             if self._closed:
                 raise OSError(errno.ESHUTDOWN, "transport closed")
             conns = self._idle.get(endpoint)
-            stale: list[_Conn] = []
             if conns and not fresh:
-                oldest = time.monotonic() - self.max_idle_age
-                while conns:
-                    conn = conns.pop()
-                    if conn.idle_since >= oldest:
-                        self._active.add(conn)
-                        break
-                    stale.append(conn)
-                else:
-                    conn = None
-            else:
-                conn = None
-        for c in stale:
-            c.close()
-        if conn is not None:
-            return conn, True
+                # The newest: checkin drops those idle past max_idle_age, oldest first.
+                conn = conns.pop()
+                self._active.add(conn)
+                return conn, True
         host, port = parse_endpoint(endpoint)
         timeout = max(min(self.connect_timeout, deadline - time.monotonic()), 0.001)
         sock = socket.create_connection((host, port), timeout=timeout)

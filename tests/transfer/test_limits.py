@@ -224,3 +224,24 @@ def test_a_pooled_connection_the_server_closed_for_idleness_costs_the_client_not
         wait_until(lambda: server.connection_count() == 0, timeout=10, what="the idle close")
         eng.transfer([TransferRequest(op, buf, "lim", 0)])  # the stale one is retried fresh
         assert eng.transfer_batch([TransferRequest(op, buf, "lim", 0)] * 3) == [ErrorCode.OK] * 3
+
+
+def test_a_client_that_stops_reading_frees_its_worker_within_the_stall_timeout(
+    make_server: Callable[..., TransferServer],
+    sockets: Callable[[TransferServer], socket.socket],
+) -> None:
+    server = make_server(workers=1, stall_timeout=0.5)
+    greedy = sockets(server)
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    # 64 reads of the whole segment, never read back: the worker's sendmsg stops moving.
+    greedy.sendall(
+        b"".join(REQ.pack(REQ_MAGIC, 1, 0, len(NAME), i + 1, 0, SIZE) + NAME for i in range(64))
+    )
+    greedy.settimeout(10)
+    assert greedy.recv(RESP.size)  # the one worker is sending to it now
+    other = sockets(server)
+    start = time.monotonic()
+    assert _read(other) == (0, 1)
+    assert 0.3 < time.monotonic() - start < 4
+    # Its connection was ended, not just paused (only `other` is left).
+    wait_until(lambda: server.connection_count() == 1, timeout=5, what="the stalled close")

@@ -100,6 +100,12 @@ def _live_objects() -> int:
     return len(gc.get_objects()) + gc.get_freeze_count()
 
 
+def _good_clients(endpoint: str, n: int) -> None:
+    for i in range(n):
+        with RpcClient(endpoint, response_type=m.Response, unix=False) as c:
+            assert c.call(m.Echo(b"x" * i)) == m.EchoReply(b"x" * i)
+
+
 def test_master_keeps_no_object_of_a_malformed_connection_with_its_monitor_freezing() -> None:
     """The same flood at an in-process master whose monitor freezes every 50 ms: the objects
     the collector tracks (frozen ones included) come back to the baseline."""
@@ -109,8 +115,10 @@ def test_master_keeps_no_object_of_a_malformed_connection_with_its_monitor_freez
         with ServerThread(server, name="leak-master") as st:
             address = st.address
             _flood(address, kinds, 2)  # warm up
+            _good_clients(st.endpoint, 2)
             before = _live_objects()
             _flood(address, kinds, ROUNDS)
+            _good_clients(st.endpoint, ROUNDS)  # and connections that end well
             wait_until(lambda: server.rpc.connection_count == 0, timeout=10)
             after = _live_objects()
     finally:

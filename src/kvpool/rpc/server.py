@@ -58,7 +58,7 @@ from typing import Any, Final, NewType, Union, cast, get_args, get_origin
 import msgspec
 
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed
-from kvpool.fdlimit import connection_cap
+from kvpool.fdlimit import connection_cap, fd_soft_limit
 from kvpool.logs import RateLimitedLog
 from kvpool.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -522,11 +522,11 @@ class RpcServer:
         cap = connection_cap(self.max_connections)
         if cap < self.max_connections:
             log.warning(
-                "%s: serving at most %d connections, not %d (file-descriptor limit %s)",
+                "%s: serving at most %d connections, not %d (file-descriptor limit %d)",
                 self.server_name,
                 cap,
                 self.max_connections,
-                "RLIMIT_NOFILE",
+                fd_soft_limit(),
             )
             self.max_connections = cap
         self._server = await loop.create_server(self._new_connection, self.host, self.port)
@@ -546,7 +546,13 @@ class RpcServer:
         loop = self._loop
         if self._closed or loop is None:
             return
-        now = loop.time()
+        try:
+            self._expire_quiet(loop.time())
+        except Exception:  # a bug here must not end the sweeping for the server's lifetime
+            log.exception("%s: connection sweep failed", self.server_name)
+        self._sweeper = loop.call_later(self._sweep_period(), self._sweep)
+
+    def _expire_quiet(self, now: float) -> None:
         expired: list[tuple[Connection, ErrorCode, str]] = []
         for conn in self._connections.values():
             if conn._seen:
@@ -578,7 +584,6 @@ class RpcServer:
                 why,
             )
             conn._expire(code, why)
-        self._sweeper = loop.call_later(self._sweep_period(), self._sweep)
 
     def _admit(self, conn: Connection, key: str) -> str | None:
         """Count `conn` against its peer and the total, or say why it is refused."""

@@ -450,8 +450,12 @@ class TransferServer:
                     name=f"kvpool-xfer-{self.port}-{len(self._workers)}",
                     daemon=True,
                 )
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the running ones serve it
+                    limited_log.warning("no-thread", "transfer server: no new worker: %s", exc)
+                    return
                 self._workers.append(thread)
-                thread.start()
 
     def _rearm(self, conn: _Conn) -> None:
         """Give a quiet connection back to the poller."""

@@ -245,3 +245,45 @@ def test_a_client_that_stops_reading_frees_its_worker_within_the_stall_timeout(
     assert 0.3 < time.monotonic() - start < 4
     # Its connection was ended, not just paused (only `other` is left).
     wait_until(lambda: server.connection_count() == 1, timeout=5, what="the stalled close")
+
+
+def test_a_peer_that_trickles_its_payload_cannot_hold_a_worker(
+    make_server: Callable[..., TransferServer],
+    sockets: Callable[[TransferServer], socket.socket],
+) -> None:
+    """A byte now and then is never a stall, but far below the minimum rate it ends the
+    request: a slow-loris writer frees the one worker within seconds."""
+    server = make_server(workers=1, stall_timeout=0.5, min_rate=64 << 10)
+    slow = sockets(server)
+    slow.sendall(REQ.pack(REQ_MAGIC, 2, 0, len(NAME), 1, 0, SIZE) + NAME)
+    start = time.monotonic()
+    closed = False
+    while time.monotonic() - start < 10:  # 100 bytes every 5 ms: 20 KB/s, until cut off
+        try:
+            slow.sendall(b"s" * 100)
+        except OSError:
+            closed = True
+            break
+        if server.connection_count() == 0:
+            closed = True
+            break
+        time.sleep(0.005)  # the pace of the slow peer itself, not a wait for the server
+    assert closed, "the slow writer was never cut off"
+    assert time.monotonic() - start < 5
+    other = sockets(server)
+    assert _read(other) == (0, 1)
+
+
+def test_a_slow_payload_above_the_minimum_rate_is_not_cut(
+    make_server: Callable[..., TransferServer],
+    sockets: Callable[[TransferServer], socket.socket],
+) -> None:
+    server = make_server(stall_timeout=0.5, min_rate=1024)
+    slow = sockets(server)
+    payload = 64 << 10
+    slow.sendall(REQ.pack(REQ_MAGIC, 2, 0, len(NAME), 1, 0, payload) + NAME)
+    for _ in range(16):  # 64 KiB in 16 pieces over ~1.6 s: 40 KB/s, far above 1 KiB/s
+        slow.sendall(b"p" * (payload // 16))
+        time.sleep(0.1)  # the slow peer's own pace
+    status, rid, _ = RESP.unpack(_recv(slow, RESP.size))[1:]
+    assert (status, rid) == (0, 1)

@@ -138,6 +138,12 @@ def mount_with_progress(
     show_default=True,
     help="A transfer that moves no byte for this long fails and its connection is closed.",
 )
+@click.option(
+    "--transfer-min-rate",
+    default=f"{ServerLimits().min_rate >> 10}KiB",
+    show_default=True,
+    help="Bytes/s below which a transfer's payload fails (after the stall timeout).",
+)
 def node(
     *,
     master: str,
@@ -153,6 +159,7 @@ def node(
     transfer_first_request_timeout: str,
     transfer_idle_timeout: str,
     transfer_stall_timeout: str,
+    transfer_min_rate: str,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -169,6 +176,7 @@ def node(
                 stall_timeout=parse_duration(
                     transfer_stall_timeout, name="--transfer-stall-timeout"
                 ),
+                min_rate=parse_size(transfer_min_rate, name="--transfer-min-rate", minimum=1),
             )
         )
     except KVPoolError as exc:

@@ -37,9 +37,12 @@ class ServerLimits:
     stall_timeout: float = 5.0
     """A request that moves no byte (in or out) for this long fails and its connection is
     closed: a frozen or vanished client costs a worker seconds, not forever."""
+    min_rate: int = 256 << 10
+    """Bytes/s below which a request's payload (in or out) fails, after `stall_timeout` of
+    grace: a peer that moves a byte now and then (never stalled) cannot hold a worker."""
 
     def __post_init__(self) -> None:
-        for name in ("workers", "max_connections", "max_connections_per_peer"):
+        for name in ("workers", "max_connections", "max_connections_per_peer", "min_rate"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidParams(f"{name} must be a positive integer, got {value!r}")

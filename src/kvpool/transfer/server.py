@@ -27,6 +27,7 @@ transfer ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -80,7 +81,7 @@ def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
 class _Replies:
     """Answers not sent yet, and the segments their READ payloads hold."""
 
-    __slots__ = ("bytes", "held", "parts", "sock")
+    __slots__ = ("bytes", "grace", "held", "min_rate", "parts", "sock")
 
     MAX_BYTES: Final = 1 << 20
     MAX_PARTS: Final = 128
@@ -90,6 +91,8 @@ class _Replies:
         self.parts: list[bytes | memoryview] = []
         self.held: list[SegmentMemory] = []
         self.bytes = 0
+        self.min_rate = 0  # the pace rule of `send_parts` (0: none)
+        self.grace = 0.0
 
     def add(
         self, header: bytes, payload: memoryview | None = None, mem: SegmentMemory | None = None
@@ -108,7 +111,7 @@ class _Replies:
         if not self.parts:
             return
         try:
-            send_parts(self.sock, self.parts, self.bytes)
+            send_parts(self.sock, self.parts, self.bytes, self.min_rate, self.grace)
         finally:
             self.drop()
 
@@ -143,9 +146,12 @@ class _Worker:
 
     __slots__ = ("out", "reader", "scratch")
 
-    def __init__(self, sock: socket.socket, patience: int) -> None:
-        self.reader = SocketReader(sock, patience=patience)
+    def __init__(self, sock: socket.socket, patience: int, limits: ServerLimits) -> None:
+        grace = limits.stall_timeout
+        self.reader = SocketReader(sock, patience=patience, min_rate=limits.min_rate, grace=grace)
         self.out = _Replies(sock)
+        self.out.min_rate = limits.min_rate
+        self.out.grace = grace
         self.scratch: memoryview | None = None  # only a refused write needs it
 
 
@@ -167,14 +173,7 @@ class TransferServer:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
         limits = limits if limits is not None else default_limits()
         if max_connections is not None:
-            limits = ServerLimits(
-                workers=limits.workers,
-                max_connections=max_connections,
-                max_connections_per_peer=limits.max_connections_per_peer,
-                first_request_timeout=limits.first_request_timeout,
-                idle_timeout=limits.idle_timeout,
-                stall_timeout=limits.stall_timeout,
-            )
+            limits = dataclasses.replace(limits, max_connections=max_connections)
         self.limits = limits
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
@@ -500,7 +499,7 @@ class TransferServer:
             if conn is None:
                 return
             if state is None:
-                state = _Worker(conn.sock, self._patience)
+                state = _Worker(conn.sock, self._patience, self.limits)
             if self._serve_turn(conn, state):
                 self._rearm(conn)
             else:
@@ -516,9 +515,11 @@ class TransferServer:
         except TimeoutError:
             limited_log.info(
                 "stall",
-                "transfer server closing a connection from %s: no byte moved in %g s",
+                "transfer server closing a connection from %s: no byte moved in %g s, or "
+                "slower than %d bytes/s",
                 conn.peer,
                 self.limits.stall_timeout,
+                self.limits.min_rate,
             )
         except (OSError, ConnectionError) as exc:
             log.debug("transfer connection ended: %s", exc)

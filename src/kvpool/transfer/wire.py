@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -54,17 +55,31 @@ class SocketReader:
     fails with `TimeoutError`. Between messages (`fill(..., between=True)` with nothing
     buffered) it is the peer going quiet, and the `BlockingIOError` reaches the caller. With
     `patience` 0 (a socket in Python's timeout mode, as the client's) nothing changes.
+
+    Pace: a peer that sends a byte now and then is never stalled, and could hold the reader for
+    ever. With `min_rate` (bytes/s) set, one read that moves less than `grace` s plus its
+    bytes at `min_rate` fails with `TimeoutError` too; the clock is read once per 32 receives
+    or waits, so a fast read never pays for it.
     """
 
-    __slots__ = ("_buf", "_end", "_start", "_view", "patience", "sock")
+    __slots__ = ("_buf", "_end", "_start", "_view", "grace", "min_rate", "patience", "sock")
 
-    def __init__(self, sock: socket.socket, capacity: int = 1 << 16, patience: int = 0) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        capacity: int = 1 << 16,
+        patience: int = 0,
+        min_rate: int = 0,
+        grace: float = 0.0,
+    ) -> None:
         self.sock = sock
         self._buf = bytearray(capacity)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
         self.patience = patience
+        self.min_rate = min_rate
+        self.grace = grace
 
     def reset(self, sock: socket.socket) -> None:
         """Read `sock` from now on, with nothing buffered (a worker's reader, reused)."""
@@ -77,6 +92,19 @@ class SocketReader:
         if stalls >= self.patience:
             raise TimeoutError("peer sent nothing for too long in the middle of a message")
         return stalls
+
+    def _paced(self, started: float, moved: int) -> float:
+        """The pace check (see the class docstring): when this read started being measured;
+        raises `TimeoutError` when `moved` bytes since then are too few."""
+        now = time.monotonic()
+        if not started:
+            return now
+        if now - started > self.grace + moved / self.min_rate:
+            raise TimeoutError(
+                f"peer moved {moved} bytes in {now - started:.1f} s, "
+                f"slower than {self.min_rate} bytes/s"
+            )
+        return started
 
     @property
     def buffered(self) -> int:
@@ -95,8 +123,12 @@ class SocketReader:
             self._start, self._end = 0, left
             if n > len(self._buf):
                 raise ValueError(f"cannot buffer {n} bytes")
-        stalls = 0
+        stalls = events = 0
+        started = 0.0
         while self._end - self._start < n:
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, self._end)
             try:
                 got = self.sock.recv_into(self._view[self._end :])
             except BlockingIOError:
@@ -131,8 +163,12 @@ class SocketReader:
                 self._start = self._end = 0
         pos = have
         recv_into = self.sock.recv_into
-        stalls = 0
+        stalls = events = 0
+        started = 0.0
         while pos < n:
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, pos)
             try:
                 got = recv_into(dst[pos:])
             except BlockingIOError:
@@ -152,8 +188,13 @@ class SocketReader:
         if self._start == self._end:
             self._start = self._end = 0
         n -= have
-        stalls = 0
+        total = n
+        stalls = events = 0
+        started = 0.0
         while n > 0:
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, total - n)
             try:
                 got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
             except BlockingIOError:
@@ -167,15 +208,25 @@ class SocketReader:
             n -= got
 
 
-def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], total: int = -1) -> None:
+def send_parts(
+    sock: socket.socket,
+    parts: Sequence[bytes | memoryview],
+    total: int = -1,
+    min_rate: int = 0,
+    grace: float = 0.0,
+) -> None:
     """Send every part in order with scatter-gather `sendmsg`, looping over partial sends.
 
     `total` (the byte count of all parts, when the caller knows it) lets the common case, one
-    complete `sendmsg`, return without walking the parts.
+    complete `sendmsg`, return without walking the parts. With `min_rate` (bytes/s), a send
+    that after a partial `sendmsg` moves less than `grace` s plus its bytes at `min_rate`
+    fails with `TimeoutError` (a peer that reads a little now and then; see `SocketReader`).
     """
     sent = sock.sendmsg(parts)
     if sent == total:
         return
+    started = time.monotonic() if min_rate else 0.0
+    moved = 0
     pending = [memoryview(p) for p in parts]
     while pending:
         while sent:
@@ -190,3 +241,6 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], total: 
             pending.pop(0)
         if pending:
             sent = sock.sendmsg(pending)
+            moved += sent
+            if min_rate and time.monotonic() - started > grace + moved / min_rate:
+                raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")

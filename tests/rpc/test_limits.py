@@ -3,6 +3,7 @@ per-peer and total caps with a clear refusal, and the counts they keep coming ba
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 
@@ -15,7 +16,7 @@ from kvpool.rpc.client import RpcClient
 from kvpool.rpc.server import RpcServer
 from kvpool.rpc.thread import ServerThread
 from kvtest.procs import wait_until
-from rpc.rpc_testkit import CLUSTER, Add, RawConn, Request, Response, Sum, handler
+from rpc.rpc_testkit import CLUSTER, Add, RawConn, Request, Response, Said, Say, Sum, handler
 
 
 def _server(**limits: float) -> ServerThread[RpcServer]:
@@ -126,3 +127,21 @@ def test_the_total_cap_refuses_too() -> None:
 def test_bad_limits_are_refused(limits: dict[str, float]) -> None:
     with pytest.raises(InvalidParams):
         RpcServer(handler, request_type=Request, **limits)  # type: ignore[arg-type]
+
+
+def test_before_its_handshake_a_peer_cannot_make_the_server_buffer_a_large_frame(
+    limited: ServerThread[RpcServer],
+) -> None:
+    raw = RawConn(limited.endpoint)
+    try:
+        raw.send(struct.pack("<IQ", 1 << 20, 0))  # a 1 MiB Hello is announced, never sent
+        assert raw.closed_by_peer()
+        errors = [p for rid, p in raw.frames if rid & ERROR_FLAG]
+        assert msgspec.msgpack.decode(errors[0], type=ErrorReply).code == int(
+            ErrorCode.BUFFER_OVERFLOW
+        )
+    finally:
+        raw.close()
+    # After the handshake the server's own frame limit applies (64 MiB by default).
+    with RpcClient(limited.endpoint, response_type=Response, cluster_id=CLUSTER, unix=False) as c:
+        assert c.call(Say("x" * (1 << 20))) == Said("x" * (1 << 20))

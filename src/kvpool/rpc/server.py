@@ -29,8 +29,9 @@
   (clients ping every second, so a live one is never idle that long); at most
   ``max_connections`` connections in all (fewer when the file-descriptor limit is lower,
   `kvpool.fdlimit`) and ``max_connections_per_peer`` from one remote IP are served, and one
-  more is answered with an `ErrorReply` (UNAVAILABLE_IN_CURRENT_STATUS) and closed. Such events
-  are logged at most once per kind per interval (`kvpool.logs`).
+  more is answered with an `ErrorReply` (UNAVAILABLE_IN_CURRENT_STATUS) and closed. Before its
+  handshake a connection may send frames of at most 64 KiB (BUFFER_OVERFLOW beyond). Such
+  events are logged at most once per kind per interval (`kvpool.logs`).
 
 Nothing a connection leaves behind may be cyclic garbage: `kvpool master` runs ``gc.freeze()``
 every second, so a cycle that outlives a second is never collected. A connection keeps no
@@ -98,6 +99,9 @@ ConnectionId = NewType("ConnectionId", int)
 Handler = Callable[[Any, "Connection"], Any]
 
 _CLOSE_GRACE_S: Final = 2.0
+#: The largest frame a connection may send before its handshake: a Hello is a few KiB, so a
+#: peer that has not shown it belongs to the cluster cannot make the server buffer 64 MiB.
+_PRE_HANDSHAKE_FRAME_BYTES: Final = 64 << 10
 #: Defaults of the connection limits (docs/parts/limits.md).
 DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 5.0
 DEFAULT_IDLE_TIMEOUT_S: Final = 300.0
@@ -133,7 +137,7 @@ class Connection(asyncio.Protocol):
         self.client_name = ""
         self.handshaken = False
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(server.max_frame_bytes)
+        self._decoder = FrameDecoder(min(server.max_frame_bytes, _PRE_HANDSHAKE_FRAME_BYTES))
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._closing = False
@@ -278,6 +282,7 @@ class Connection(asyncio.Protocol):
             return False
         self.client_name = hello.client_name
         self.handshaken = True
+        self._decoder.max_frame_bytes = server.max_frame_bytes
         self._out.append(
             server._encoder.encode(
                 HANDSHAKE_REQUEST_ID,

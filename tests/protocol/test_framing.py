@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import struct
 
@@ -158,3 +159,37 @@ def test_a_sound_stream_has_no_error() -> None:
     dec = FrameDecoder()
     dec.feed(encode_frame(1, b"x")[:5])
     assert dec.error is None
+
+
+@pytest.mark.parametrize(
+    "bad", [struct.pack("<I", 3) + b"\0" * 8, struct.pack("<IQ", 1 << 31, 5)], ids=["short", "big"]
+)
+def test_a_broken_stream_leaves_no_cycle_behind(bad: bytes) -> None:
+    """The recorded break carries no traceback (which would hold feed's frame, the decoder and
+    the chunk: a cycle that a server running gc.freeze() never frees), before or after later
+    feeds raise it again; the decoder and its chunk go by reference counting alone."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        dec = FrameDecoder(1 << 20)
+        with pytest.raises(FrameError) as first:
+            dec.feed(bad)
+        assert dec.error is not None and dec.error.__traceback__ is None
+        with pytest.raises(FrameError) as again:
+            dec.feed(b"more")
+        assert again.value is not dec.error and dec.error.__traceback__ is None
+        assert type(again.value) is type(first.value) and str(again.value) == str(dec.error)
+        del dec, first, again
+        assert gc.collect() == 0
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_frames_before_a_break_are_returned_and_the_break_kept_untraced() -> None:
+    enc = FrameEncoder()
+    dec = FrameDecoder()
+    frames = dec.feed(enc.encode(1, [1]) + struct.pack("<I", 3))
+    assert [rid for rid, _ in frames] == [1]
+    assert dec.error is not None and dec.error.__traceback__ is None

@@ -213,6 +213,38 @@ def _ratio() -> click.FloatRange:
     help="Replica repair copies running at once at most; 0 turns repair off.",
 )
 # -- end reliability
+# -- connection limits (issue #13, docs/parts/limits.md) --
+@click.option(
+    "--rpc-handshake-timeout",
+    default="5s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A connection that has not completed its handshake within this is closed.",
+)
+@click.option(
+    "--rpc-idle-timeout",
+    default="300s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A connection that sent nothing for this long is closed (clients ping every second).",
+)
+@click.option(
+    "--max-connections",
+    default=16384,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections served at once (lowered to fit the file-descriptor limit); more are "
+    "refused with UNAVAILABLE_IN_CURRENT_STATUS.",
+)
+@click.option(
+    "--max-connections-per-peer",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections served at once from one remote IP (Unix-socket clients count as one).",
+)
 def master(
     *,
     host: str,
@@ -237,6 +269,10 @@ def master(
     alignment: int,
     client_dead_ttl: float | None,
     repair_max_in_flight: int,
+    rpc_handshake_timeout: float,
+    rpc_idle_timeout: float,
+    max_connections: int,
+    max_connections_per_peer: int,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     try:
@@ -262,6 +298,10 @@ def master(
             alignment=alignment,
             client_dead_ttl=client_dead_ttl,
             repair_max_in_flight=repair_max_in_flight,
+            rpc_handshake_timeout=rpc_handshake_timeout,
+            rpc_idle_timeout=rpc_idle_timeout,
+            rpc_max_connections=max_connections,
+            rpc_max_connections_per_peer=max_connections_per_peer,
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

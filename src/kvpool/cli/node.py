@@ -27,6 +27,8 @@ from kvpool.client.validation import check_segment_size
 from kvpool.config import format_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
+from kvpool.fdlimit import raise_fd_limit
+from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 
 __all__ = ["node"]
@@ -109,6 +111,56 @@ def mount_with_progress(
     help="How often to ask the master for replica copy/move tasks to execute.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar while pre-faulting.")
+# -- transfer server limits (issue #13, docs/parts/limits.md) --
+@click.option(
+    "--transfer-workers",
+    default=ServerLimits().workers,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Threads serving transfers at once (idle connections cost none).",
+)
+@click.option(
+    "--transfer-max-connections",
+    default=ServerLimits().max_connections,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Transfer connections held at once (lowered to fit the file-descriptor limit).",
+)
+@click.option(
+    "--transfer-max-connections-per-peer",
+    default=ServerLimits().max_connections_per_peer,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Transfer connections held at once from one remote IP.",
+)
+@click.option(
+    "--transfer-first-request-timeout",
+    default=f"{ServerLimits().first_request_timeout:g}s",
+    show_default=True,
+    type=Duration(0.001, 3600),
+    help="A transfer connection that sends nothing this long after it opened is closed.",
+)
+@click.option(
+    "--transfer-idle-timeout",
+    default=f"{ServerLimits().idle_timeout:g}s",
+    show_default=True,
+    type=Duration(0.001, 3600),
+    help="A transfer connection that sent nothing for this long is closed.",
+)
+@click.option(
+    "--transfer-stall-timeout",
+    default=f"{ServerLimits().stall_timeout:g}s",
+    show_default=True,
+    type=Duration(0.001, 3600),
+    help="A transfer that moves no byte for this long fails and its connection is closed.",
+)
+@click.option(
+    "--transfer-min-rate",
+    default=f"{ServerLimits().min_rate >> 10}KiB",
+    show_default=True,
+    type=Size(minimum=1),
+    help="Bytes/s below which a transfer's payload fails (after the stall timeout).",
+)
 def node(
     *,
     master: str,
@@ -118,8 +170,31 @@ def node(
     heartbeat_interval: float,
     task_poll_interval: float,
     no_progress: bool,
+    transfer_workers: int,
+    transfer_max_connections: int,
+    transfer_max_connections_per_peer: int,
+    transfer_first_request_timeout: float,
+    transfer_idle_timeout: float,
+    transfer_stall_timeout: float,
+    transfer_min_rate: int,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
+    # -- transfer server limits: this process's default, and room for its connections --
+    try:
+        set_default_limits(
+            ServerLimits(
+                workers=transfer_workers,
+                max_connections=transfer_max_connections,
+                max_connections_per_peer=transfer_max_connections_per_peer,
+                first_request_timeout=transfer_first_request_timeout,
+                idle_timeout=transfer_idle_timeout,
+                stall_timeout=transfer_stall_timeout,
+                min_rate=transfer_min_rate,
+            )
+        )
+    except KVPoolError as exc:
+        raise click.UsageError(exc.message) from exc
+    raise_fd_limit()
     try:
         size = check_segment_size(segment_size, "--segment-size")
     except KVPoolError as exc:

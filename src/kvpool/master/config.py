@@ -114,6 +114,16 @@ class MasterConfig:
     """Seconds of RemoveByRegex pattern matching allowed per chunk of 5,000 keys (one
     event-loop turn); a request that overruns it stops with INVALID_PARAMS (the pattern is the
     client's: a catastrophic one must not stall the master)."""
+    rpc_handshake_timeout: float = 5.0
+    """Seconds a new connection has to complete its handshake before it is closed."""
+    rpc_idle_timeout: float = 300.0
+    """Seconds without a byte received after which a connection is closed (a Store pings
+    every `heartbeat_interval`, 1 s, so a live one is never idle that long)."""
+    rpc_max_connections: int = 16384
+    """Connections served at once; lowered at start to fit the file-descriptor limit (raised
+    to its hard limit first). More are refused with UNAVAILABLE_IN_CURRENT_STATUS."""
+    rpc_max_connections_per_peer: int = 1024
+    """Connections served at once from one remote IP (Unix-socket clients count as one)."""
 
     def __post_init__(self) -> None:
         _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)
@@ -185,6 +195,11 @@ class MasterConfig:
             raise InvalidParams(
                 f"unknown eviction_mode {self.eviction_mode!r} (cache or pool)"
             ) from None
+        _positive("rpc_handshake_timeout", self.rpc_handshake_timeout)
+        _positive("rpc_idle_timeout", self.rpc_idle_timeout)
+        for name in ("rpc_max_connections", "rpc_max_connections_per_peer"):
+            if getattr(self, name) < 1:
+                raise InvalidParams(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def dead_ttl(self) -> float:

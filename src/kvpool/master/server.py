@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from kvpool.fdlimit import raise_fd_limit
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
@@ -87,6 +88,10 @@ class MasterServer:
             cluster_id=self.config.cluster_id,
             server_name=server_name,
             unix=self.config.unix_socket,
+            handshake_timeout=self.config.rpc_handshake_timeout,
+            idle_timeout=self.config.rpc_idle_timeout,
+            max_connections=self.config.rpc_max_connections,
+            max_connections_per_peer=self.config.rpc_max_connections_per_peer,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -100,7 +105,11 @@ class MasterServer:
         return self.rpc.endpoint
 
     async def start(self) -> None:
-        """Bind (an `OSError` when the address is taken) and start the background tasks."""
+        """Bind (an `OSError` when the address is taken) and start the background tasks.
+
+        Raises the process's file-descriptor soft limit to its hard limit first, so the
+        connection caps (sized below it) are the limit peers meet, not EMFILE."""
+        raise_fd_limit()
         await self.rpc.start()
         self._tasks = [
             asyncio.create_task(self._monitor(), name="master-monitor"),

@@ -82,6 +82,12 @@ class FrameError(InvalidParams):
     ``request_id`` is the id of the offending frame when its header could be read, else None.
     """
 
+    def copy(self) -> FrameError:
+        """A fresh instance with the same code, message and id, and no traceback: what a
+        long-lived owner keeps instead of a raised exception (whose traceback holds the frames,
+        and their locals, that raised it)."""
+        return FrameError(self.message, self.code, self.request_id)
+
     def __init__(
         self,
         message: str,
@@ -103,6 +109,9 @@ class FrameTooLarge(FrameError):
         )
         self.length = length
         self.limit = limit
+
+    def copy(self) -> FrameTooLarge:
+        return FrameTooLarge(self.length, self.limit, self.request_id)
 
 
 def encode_frame(request_id: int, payload: bytes) -> bytes:
@@ -153,6 +162,13 @@ class FrameDecoder:
     chunk completed *before* the break are still returned, since the peer sent them intact, so a
     reader answers those first and then checks `error`; `feed` raises at once only when no
     frame preceded the break. Not thread-safe: one owner (the connection's reader) feeds it.
+
+    `error` never carries a traceback: a raised exception's traceback holds `feed`'s frame, whose
+    locals are this decoder, the chunk and every frame decoded from it, so keeping the raised
+    exception here would make a reference cycle that only the cyclic collector frees, and a
+    server that runs ``gc.freeze()`` (the master's monitor) never would: each connection that
+    ended on a bad frame would leak its last chunk. The decoder keeps an untraced copy and
+    raises fresh copies.
     """
 
     __slots__ = ("_buf", "error", "max_frame_bytes")
@@ -172,7 +188,7 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Append `data` to the stream; return the frames it completed."""
         if self.error is not None:
-            raise self.error
+            raise self.error.copy()
         buf = self._buf
         if not buf and type(data) is bytes and len(data) >= HEADER_SIZE:
             # Fast path (a lock-step reply): the chunk is exactly one whole frame.
@@ -210,7 +226,7 @@ class FrameDecoder:
                 frames.append((request_id, bytes(view[pos + HEADER_SIZE : end])))
                 pos = end
         except FrameError as exc:
-            self.error = exc
+            self.error = exc.copy()  # untraced: see the class docstring
             buf.clear()
             if not frames:
                 raise

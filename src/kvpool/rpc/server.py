@@ -23,7 +23,19 @@
   running, the connection is neither served nor read further, so memory stays bounded;
 * lets handler tasks finish when their client goes away (the reply is dropped), so a service
   never sees a request cancelled half-way; only `RpcServer.close()` cancels them. A peer that
-  half-closes still gets the replies it is owed before the server closes its side.
+  half-closes still gets the replies it is owed before the server closes its side;
+* bounds what peers can hold (docs/parts/limits.md): a connection must complete its handshake
+  within ``handshake_timeout`` and is closed after ``idle_timeout`` without a byte received
+  (clients ping every second, so a live one is never idle that long); at most
+  ``max_connections`` connections in all (fewer when the file-descriptor limit is lower,
+  `kvpool.fdlimit`) and ``max_connections_per_peer`` from one remote IP are served, and one
+  more is answered with an `ErrorReply` (UNAVAILABLE_IN_CURRENT_STATUS) and closed. Before its
+  handshake a connection may send frames of at most 64 KiB (BUFFER_OVERFLOW beyond). Such
+  events are logged at most once per kind per interval (`kvpool.logs`).
+
+Nothing a connection leaves behind may be cyclic garbage: `kvpool master` runs ``gc.freeze()``
+every second, so a cycle that outlives a second is never collected. A connection keeps no
+raised exception (`FrameDecoder.error` is untraced) and drops its buffers when it is lost.
 
 Threading: every method runs on the loop that ran `start()`, and so does the handler. Use
 `ServerThread` (`kvpool.rpc.thread`) to run a server on its own loop in a background thread.
@@ -47,6 +59,8 @@ from typing import Any, Final, NewType, Union, cast, get_args, get_origin
 import msgspec
 
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed
+from kvpool.fdlimit import connection_cap, fd_soft_limit
+from kvpool.logs import RateLimitedLog
 from kvpool.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_FLAG,
@@ -63,9 +77,21 @@ from kvpool.protocol.handshake import (
     check_hello,
 )
 
-__all__ = ["Connection", "ConnectionId", "Handler", "RpcServer", "union_members"]
+__all__ = [
+    "DEFAULT_HANDSHAKE_TIMEOUT_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_PEER",
+    "Connection",
+    "ConnectionId",
+    "Handler",
+    "RpcServer",
+    "union_members",
+]
 
 log = logging.getLogger(__name__)
+#: Repeated per-connection events (bad frames, refusals, timeouts): a line per kind per 10 s.
+limited_log = RateLimitedLog(log, 10.0)
 
 ConnectionId = NewType("ConnectionId", int)
 
@@ -73,6 +99,14 @@ ConnectionId = NewType("ConnectionId", int)
 Handler = Callable[[Any, "Connection"], Any]
 
 _CLOSE_GRACE_S: Final = 2.0
+#: The largest frame a connection may send before its handshake: a Hello is a few KiB, so a
+#: peer that has not shown it belongs to the cluster cannot make the server buffer 64 MiB.
+_PRE_HANDSHAKE_FRAME_BYTES: Final = 64 << 10
+#: Defaults of the connection limits (docs/parts/limits.md).
+DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 5.0
+DEFAULT_IDLE_TIMEOUT_S: Final = 300.0
+DEFAULT_MAX_CONNECTIONS: Final = 16384
+DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 1024
 _UNSAFE_IN_NAME: Final = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -103,7 +137,7 @@ class Connection(asyncio.Protocol):
         self.client_name = ""
         self.handshaken = False
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(server.max_frame_bytes)
+        self._decoder = FrameDecoder(min(server.max_frame_bytes, _PRE_HANDSHAKE_FRAME_BYTES))
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._closing = False
@@ -115,6 +149,12 @@ class Connection(asyncio.Protocol):
         self._paused_for_inflight = False
         # Frames received but not yet served (only while max_inflight pauses serving).
         self._backlog: collections.deque[Frame] = collections.deque()
+        # Idle tracking, cheap on the hot path: data_received sets `_seen`; the server's sweep
+        # clears it and notes when it last found it set (loop time).
+        self._seen = False
+        self._opened = self._last_seen = server._now()
+        # The remote IP this connection counts against (None: not counted, e.g. refused).
+        self._peer_key: str | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -122,14 +162,28 @@ class Connection(asyncio.Protocol):
         # uvloop's transports do not subclass asyncio.Transport; they implement its methods.
         self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
+        key = "unix"
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peer = f"{peer[0]}:{peer[1]}"
-        self._server._connections[self.conn_id] = self
+            key = str(peer[0])
+        refusal = self._server._admit(self, key)
+        if refusal is not None:
+            # Refused before the handshake: the client reads this ErrorReply where it expects
+            # its Welcome (request id 0) and reports the code and the reason.
+            self._closing = True
+            self._transport.write(
+                self._server._encoder.encode_error(
+                    HANDSHAKE_REQUEST_ID, ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, refusal
+                )
+            )
+            self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._transport = None
         self._out.clear()
+        self._backlog.clear()
+        self._decoder = _SPENT_DECODER  # drop any partial frame now, not when we are collected
         self._server._connection_gone(self)
 
     def pause_writing(self) -> None:
@@ -159,6 +213,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        self._seen = True
         try:
             frames = self._decoder.feed(data)
         except FrameError:
@@ -184,7 +239,9 @@ class Connection(asyncio.Protocol):
         if exc is not None and not backlog and not refused and not self._closing:
             # Framing is lost: answer the frames that came before the break (done above),
             # then the break itself, then close.
-            log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, exc)
+            limited_log.warning(
+                "bad-frame", "closing connection %s from %s: %s", self.conn_id, self.peer, exc
+            )
             self._out.append(
                 server._encoder.encode_error(exc.request_id or 0, exc.code, exc.message)
             )
@@ -225,6 +282,7 @@ class Connection(asyncio.Protocol):
             return False
         self.client_name = hello.client_name
         self.handshaken = True
+        self._decoder.max_frame_bytes = server.max_frame_bytes
         self._out.append(
             server._encoder.encode(
                 HANDSHAKE_REQUEST_ID,
@@ -239,7 +297,9 @@ class Connection(asyncio.Protocol):
         return True
 
     def _refuse(self, request_id: int, code: ErrorCode, message: str) -> None:
-        log.info("refusing connection %s from %s: %s", self.conn_id, self.peer, message)
+        limited_log.info(
+            "bad-handshake", "refusing connection %s from %s: %s", self.conn_id, self.peer, message
+        )
         self._out.append(self._server._encoder.encode_error(request_id, code, message))
         self._closing = True
 
@@ -349,6 +409,15 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def _expire(self, code: ErrorCode, why: str) -> None:
+        """Tell the peer why (an ErrorReply on id 0) and close: a timeout of the sweep."""
+        if self._closing or self._transport is None:
+            return
+        self._closing = True
+        self._out.clear()
+        self._transport.write(self._server._encoder.encode_error(HANDSHAKE_REQUEST_ID, code, why))
+        self._transport.close()
+
 
 class RpcServer:
     """A control-plane server for one request union and one handler.
@@ -372,6 +441,10 @@ class RpcServer:
         protocol_version: int = PROTOCOL_VERSION,
         max_inflight: int = 4096,
         unix: bool = True,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -381,6 +454,28 @@ class RpcServer:
             raise InvalidParams(f"cluster_id: {cluster_id!r} must be a non-empty string")
         if not isinstance(max_inflight, int) or max_inflight < 1:
             raise InvalidParams(f"max_inflight: {max_inflight!r} must be a positive integer")
+        for name, seconds in (
+            ("handshake_timeout", handshake_timeout),
+            ("idle_timeout", idle_timeout),
+        ):
+            if not isinstance(seconds, int | float) or not seconds > 0:
+                raise InvalidParams(f"{name}: {seconds!r} must be a positive number of seconds")
+        for name, count in (
+            ("max_connections", max_connections),
+            ("max_connections_per_peer", max_connections_per_peer),
+        ):
+            if not isinstance(count, int) or count < 1:
+                raise InvalidParams(f"{name}: {count!r} must be a positive integer")
+        #: Seconds a new connection has to send its Hello.
+        self.handshake_timeout = float(handshake_timeout)
+        #: Seconds without a byte received after which a connection is closed.
+        self.idle_timeout = float(idle_timeout)
+        #: Connections served at once, in all (the descriptor limit may lower it at `start`).
+        self.max_connections = max_connections
+        #: Connections served at once from one remote IP (all Unix-socket peers count as one).
+        self.max_connections_per_peer = max_connections_per_peer
+        self._per_peer: dict[str, int] = {}
+        self._refused = 0
         self._handler = handler
         #: Handler tasks one connection may have running before the server stops reading it.
         self.max_inflight = max_inflight
@@ -413,6 +508,11 @@ class RpcServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._address: tuple[str, int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def _now(self) -> float:
+        return self._loop.time() if self._loop is not None else 0.0
 
     async def start(self) -> None:
         """Bind and listen (an `OSError` when the address is taken). Idempotent."""
@@ -421,8 +521,19 @@ class RpcServer:
         if self._server is not None:
             return
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._all_gone = asyncio.Event()
         self._all_gone.set()
+        cap = connection_cap(self.max_connections)
+        if cap < self.max_connections:
+            log.warning(
+                "%s: serving at most %d connections, not %d (file-descriptor limit %d)",
+                self.server_name,
+                cap,
+                self.max_connections,
+                fd_soft_limit(),
+            )
+            self.max_connections = cap
         self._server = await loop.create_server(self._new_connection, self.host, self.port)
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]
@@ -430,6 +541,70 @@ class RpcServer:
         log.info("%s listening on %s:%d", self.server_name, host, port)
         if self.unix:
             await self._start_unix(loop)
+        self._sweeper = loop.call_later(self._sweep_period(), self._sweep)
+
+    def _sweep_period(self) -> float:
+        return min(1.0, max(0.05, min(self.handshake_timeout, self.idle_timeout) / 4))
+
+    def _sweep(self) -> None:
+        """Close connections past the handshake or idle limit; runs every `_sweep_period`."""
+        loop = self._loop
+        if self._closed or loop is None:
+            return
+        try:
+            self._expire_quiet(loop.time())
+        except Exception:  # a bug here must not end the sweeping for the server's lifetime
+            log.exception("%s: connection sweep failed", self.server_name)
+        self._sweeper = loop.call_later(self._sweep_period(), self._sweep)
+
+    def _expire_quiet(self, now: float) -> None:
+        expired: list[tuple[Connection, ErrorCode, str]] = []
+        for conn in self._connections.values():
+            if conn._seen:
+                conn._seen = False
+                conn._last_seen = now
+                if conn.handshaken:
+                    continue
+            if not conn.handshaken:
+                # _last_seen is the connection's start until the sweep sees data, and a peer
+                # that keeps sending but never a complete Hello is still cut at the limit.
+                if now - conn._opened >= self.handshake_timeout:
+                    expired.append(
+                        (
+                            conn,
+                            ErrorCode.RPC_TIMEOUT,
+                            f"no handshake in {self.handshake_timeout:g} s",
+                        )
+                    )
+            elif now - conn._last_seen >= self.idle_timeout and not conn._inflight:
+                expired.append((conn, ErrorCode.RPC_TIMEOUT, f"idle for {self.idle_timeout:g} s"))
+        for conn, code, why in expired:
+            # A peer that never completes its handshake is suspect; an idle one merely left.
+            limited_log.log(
+                logging.INFO if conn.handshaken else logging.WARNING,
+                "idle" if conn.handshaken else "no-handshake",
+                "closing connection %s from %s: %s",
+                conn.conn_id,
+                conn.peer,
+                why,
+            )
+            conn._expire(code, why)
+
+    def _admit(self, conn: Connection, key: str) -> str | None:
+        """Count `conn` against its peer and the total, or say why it is refused."""
+        n = self._per_peer.get(key, 0)
+        if len(self._connections) >= self.max_connections:
+            why = f"too many connections ({self.max_connections} in all)"
+        elif n >= self.max_connections_per_peer:
+            why = f"too many connections from {key} ({self.max_connections_per_peer})"
+        else:
+            self._per_peer[key] = n + 1
+            conn._peer_key = key
+            self._connections[conn.conn_id] = conn
+            return None
+        self._refused += 1
+        limited_log.warning("refused", "%s refusing a connection: %s", self.server_name, why)
+        return why
 
     async def _start_unix(self, loop: asyncio.AbstractEventLoop) -> None:
         """Listen on a fresh abstract Unix socket too; on failure log and serve TCP alone."""
@@ -463,6 +638,13 @@ class RpcServer:
 
     def _connection_gone(self, conn: Connection) -> None:
         self._connections.pop(conn.conn_id, None)
+        key, conn._peer_key = conn._peer_key, None
+        if key is not None:
+            n = self._per_peer.get(key, 0) - 1
+            if n > 0:
+                self._per_peer[key] = n
+            else:
+                self._per_peer.pop(key, None)
         if not self._connections and self._all_gone is not None:
             self._all_gone.set()
 
@@ -493,11 +675,19 @@ class RpcServer:
     def connections(self) -> list[Connection]:
         return list(self._connections.values())
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused by the connection caps since start."""
+        return self._refused
+
     async def close(self) -> None:
         """Stop listening, close every connection, cancel running handlers. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         server, self._server = self._server, None
         unix_server, self._unix_server = self._unix_server, None
         self._unix_address = ""
@@ -553,3 +743,7 @@ class RpcServer:
         return self._encoder.encode_error(
             request_id, ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
         )
+
+
+#: What a lost connection's decoder is replaced with: its buffers go at once.
+_SPENT_DECODER: Final = FrameDecoder(DEFAULT_MAX_FRAME_BYTES)

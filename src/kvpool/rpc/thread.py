@@ -68,9 +68,11 @@ class ServerThread(Generic[S]):
         self._thread.start()
         if not self._ready.wait(_START_TIMEOUT_S):
             raise KVPoolError(f"{self.name} did not start in {_START_TIMEOUT_S} s")
-        if self._startup_error is not None:
+        error, self._startup_error = self._startup_error, None
+        if error is not None:
             self._thread.join()
-            raise self._startup_error
+            # Not kept: its traceback holds _run's frame, which holds this object (a cycle).
+            raise error
         return self
 
     def _run(self) -> None:

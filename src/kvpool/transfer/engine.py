@@ -55,7 +55,7 @@ from kvpool.transfer.request import TransferOp, TransferRequest
 from kvpool.transfer.shm import ShmTransport
 from kvpool.transfer.tcp import Piece, TcpTransport
 
-__all__ = ["Resolver", "RouteKind", "SegmentHold", "TransferEngine"]
+__all__ = ["DEFAULT_STALL_TIMEOUT_S", "Resolver", "RouteKind", "SegmentHold", "TransferEngine"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ _Prepared = tuple[TransferOp, memoryview, str, int, int]
 """A validated request: op, the caller's bytes (exact length), segment name, offset, length."""
 ProtocolName = Literal["auto", "shm", "tcp"]
 
+#: Seconds a TCP transfer may go without moving a byte before it fails (a frozen peer).
+DEFAULT_STALL_TIMEOUT_S: Final = 5.0
 _READ: Final = TransferOp.READ
 _WRITE: Final = TransferOp.WRITE
 
@@ -167,6 +169,7 @@ class TransferEngine:
         protocol: ProtocolName = "auto",
         *,
         timeout: float = 60.0,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
         abort_grace: float = 1.0,
         inline_copy_bytes: int = 2 << 20,
         memcpy_threads: int = 1,
@@ -183,6 +186,8 @@ class TransferEngine:
             raise InvalidParams("resolver must be callable: name -> SegmentLocation")
         if timeout <= 0 or abort_grace < 0:
             raise InvalidParams(f"timeout {timeout} must be > 0, abort_grace {abort_grace} >= 0")
+        if not stall_timeout > 0:
+            raise InvalidParams(f"stall_timeout {stall_timeout} must be > 0")
         if memcpy_threads < 1:
             raise InvalidParams(f"memcpy_threads must be >= 1, got {memcpy_threads}")
         retry_quarantined()
@@ -198,7 +203,9 @@ class TransferEngine:
             streams=tcp_streams if tcp_streams is not None else default_tcp_streams(),
             stripe_bytes=stripe_bytes,
             chunk_bytes=chunk_bytes,
-            io_timeout=timeout,
+            # Progress-based: a socket call waits at most this long for a byte, so a frozen
+            # peer fails a request in seconds; `timeout` still bounds each request as a whole.
+            io_timeout=min(stall_timeout, timeout),
             on_peer_failure=self._forget_endpoint,
         )
         self._transports: list[Transport] = [self._shm, self._tcp, *extra_transports]

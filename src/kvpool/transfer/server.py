@@ -1,26 +1,47 @@
 """`TransferServer`: serves reads and writes of this process's segments over TCP.
 
-One listener thread accepts; each connection gets its own worker thread that reads requests
-(`kvpool.transfer.wire`) and answers them in order, receiving a write's payload straight into
-the segment mapping (`recv_into` on a memoryview of it) and sending a read's payload straight
-out of it (`sendmsg`). Blocking sockets and a thread per connection suit this: every byte-moving
-call releases the GIL, and a client keeps a few long-lived connections per peer.
+Threads, bounded whatever peers do (docs/parts/limits.md):
 
-Every request is checked against the bounds of a segment mounted here and refused otherwise
-(SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte. A malformed header, a peer that
-half-closes or dies mid-payload ends only that connection. A transfer holds the segment's
-mapping, so a segment removed and closed meanwhile is unmapped only when the transfer ends.
+* one **poller** thread owns an epoll of the listener and of every connection that is idle
+  (nothing buffered, no request running). It accepts (refusing past the caps with an
+  UNAVAILABLE_IN_CURRENT_STATUS answer on request id 0, then a close), hands a connection that
+  becomes readable to a worker, and closes connections past their first-request or idle limit;
+* at most ``workers`` **worker** threads (started as needed) serve ready connections. A worker
+  serves one connection while requests keep coming, reading requests (`kvpool.transfer.wire`)
+  and answering them in order, receiving a write's payload straight into the segment mapping
+  (`recv_into` on a memoryview of it) and sending a read's payload straight out of it
+  (`sendmsg`). When the connection has been quiet for `_LINGER_S` (or at once, when other
+  connections wait for a worker) it goes back to the poller. So N idle connections cost no
+  thread, and a busy connection pays no hand-off per request (blocking calls, which release
+  the GIL, on a socket whose kernel timeouts, SO_RCVTIMEO / SO_SNDTIMEO, cost no extra call).
+
+A request that moves no byte for ``stall_timeout`` ends its connection: a frozen or vanished
+client holds a worker for seconds. Every request is checked against the bounds of a segment
+mounted here and refused otherwise (SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte.
+A malformed header, a peer that half-closes or dies mid-payload ends only that connection;
+such events are logged at most once per kind per interval (`kvpool.logs`). A transfer holds
+the segment's mapping, so a segment removed and closed meanwhile is unmapped only when the
+transfer ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
+import queue
+import select
 import socket
+import struct
 import threading
+import time
 from typing import Final
 
 from kvpool.errors import ErrorCode, InvalidParams, SegmentError
+from kvpool.fdlimit import connection_cap
+from kvpool.logs import RateLimitedLog
+from kvpool.transfer.limits import ServerLimits, default_limits
 from kvpool.transfer.memory import SegmentMemory
 from kvpool.transfer.request import TransferOp
 from kvpool.transfer.wire import (
@@ -36,15 +57,31 @@ from kvpool.transfer.wire import (
 __all__ = ["TransferServer"]
 
 log = logging.getLogger(__name__)
+limited_log = RateLimitedLog(log, 10.0)
 
 _READ: Final = int(TransferOp.READ)
 _WRITE: Final = int(TransferOp.WRITE)
+#: How long a worker waits for the next request on a quiet connection before handing it back
+#: to the poller, and the steps it waits in (the kernel receive timeout of served sockets):
+#: after each step it hands the connection back at once if other connections wait for a worker.
+_LINGER_S: Final = 0.5
+_TICK_S: Final = 0.02
+_IN: Final = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+_TIMEVAL: Final = struct.Struct("@ll")
+_REFUSED: Final = RESP.pack(RESP_MAGIC, int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), 0, 0)
+
+
+def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    whole = int(seconds)
+    sock.setsockopt(
+        socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1_000_000))
+    )
 
 
 class _Replies:
     """Answers not sent yet, and the segments their READ payloads hold."""
 
-    __slots__ = ("bytes", "held", "parts", "sock")
+    __slots__ = ("bytes", "grace", "held", "min_rate", "parts", "sock")
 
     MAX_BYTES: Final = 1 << 20
     MAX_PARTS: Final = 128
@@ -54,6 +91,8 @@ class _Replies:
         self.parts: list[bytes | memoryview] = []
         self.held: list[SegmentMemory] = []
         self.bytes = 0
+        self.min_rate = 0  # the pace rule of `send_parts` (0: none)
+        self.grace = 0.0
 
     def add(
         self, header: bytes, payload: memoryview | None = None, mem: SegmentMemory | None = None
@@ -72,7 +111,7 @@ class _Replies:
         if not self.parts:
             return
         try:
-            send_parts(self.sock, self.parts, self.bytes)
+            send_parts(self.sock, self.parts, self.bytes, self.min_rate, self.grace)
         finally:
             self.drop()
 
@@ -88,31 +127,88 @@ class _Replies:
         self.held.clear()
 
 
+class _Conn:
+    """One accepted connection: its socket, its peer's IP, and when it was last active."""
+
+    __slots__ = ("fd", "last_active", "peer", "served", "sock")
+
+    def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.peer = peer
+        self.last_active = now
+        self.served = False  # has sent at least one byte
+
+
+class _Worker:
+    """What one worker thread reuses for every connection it serves (one buffer each, not
+    one per connection: an idle connection holds no buffer)."""
+
+    __slots__ = ("out", "reader", "scratch")
+
+    def __init__(self, sock: socket.socket, patience: int, limits: ServerLimits) -> None:
+        grace = limits.stall_timeout
+        self.reader = SocketReader(sock, patience=patience, min_rate=limits.min_rate, grace=grace)
+        self.out = _Replies(sock)
+        self.out.min_rate = limits.min_rate
+        self.out.grace = grace
+        self.scratch: memoryview | None = None  # only a refused write needs it
+
+
 class TransferServer:
-    """TCP server of the segments added with `add_segment`; listens from construction on."""
+    """TCP server of the segments added with `add_segment`; listens from construction on.
+
+    `limits` bounds what peers may hold (`ServerLimits`; the process default when None);
+    `max_connections`, when given, overrides its total cap (kept for callers of old)."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 2048
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_connections: int | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
+        limits = limits if limits is not None else default_limits()
+        if max_connections is not None:
+            limits = dataclasses.replace(limits, max_connections=max_connections)
+        self.limits = limits
+        self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
         # request); replaced as a whole under the lock, read without it.
         self._by_wire_name: dict[bytes, tuple[SegmentMemory, int]] = {}
         self._lock = threading.Lock()
-        self._conns: dict[int, tuple[socket.socket, threading.Thread]] = {}
-        self._max_connections = max_connections
+        self._conns: dict[int, _Conn] = {}  # every open connection, by fd
+        self._idle: dict[int, _Conn] = {}  # those registered in the epoll (poller's own)
+        self._per_peer: dict[str, int] = {}
         self._accepted = 0
+        self._refused = 0
         self._closed = False
+        self._ready: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._waiting_workers = 0  # workers blocked on _ready (under _lock)
+        self._tick = min(_TICK_S, limits.stall_timeout)
+        self._linger_ticks = max(1, round(_LINGER_S / self._tick))
+        self._patience = max(1, round(limits.stall_timeout / self._tick))
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._epoll = select.epoll()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, port))
-            self._listener.listen(128)
+            self._listener.listen(1024)
+            self._listener.setblocking(False)
+            self._epoll.register(self._listener.fileno(), select.EPOLLIN)
+            self._epoll.register(self._wake_r, select.EPOLLIN)
         except OSError:
             self._listener.close()
+            self._epoll.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
             raise
         bound = self._listener.getsockname()
         self.host = host
@@ -120,10 +216,10 @@ class TransferServer:
         self.endpoint = (
             f"[{host}]:{self.port}" if family == socket.AF_INET6 else f"{host}:{self.port}"
         )
-        self._acceptor = threading.Thread(
-            target=self._accept_loop, name=f"kvpool-xfer-accept-{self.port}", daemon=True
+        self._poller = threading.Thread(
+            target=self._poll_loop, name=f"kvpool-xfer-poll-{self.port}", daemon=True
         )
-        self._acceptor.start()
+        self._poller.start()
         log.info("transfer server listening on %s", self.endpoint)
 
     # ---- segments ------------------------------------------------------------------------
@@ -176,18 +272,32 @@ class TransferServer:
             segments = list(self._segments.values())
             self._segments.clear()
             self._reindex()
+            workers = list(self._workers)
         for mem, token in segments:
             mem.remove_close_hook(token)
-        # shutdown() wakes a thread blocked in accept()/recv() on Linux; close() alone does not.
         with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
+            os.write(self._wake_w, b"x")
+        self._poller.join(timeout=5)
         self._listener.close()
-        self._acceptor.join(timeout=5)
-        for sock, _ in conns:
+        # shutdown() wakes a worker blocked in recv()/sendmsg() on Linux; close() alone does not.
+        for conn in conns:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        for _, thread in conns:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        for _ in workers:
+            self._ready.put(None)
+        for thread in workers:
             thread.join(timeout=5)
+        with self._lock:
+            left = list(self._conns.values())
+            self._conns.clear()
+            self._idle.clear()
+            self._per_peer.clear()
+        for conn in left:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._epoll.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def __enter__(self) -> TransferServer:
         return self
@@ -205,79 +315,263 @@ class TransferServer:
         """Connections accepted since start (a client that churns connections shows here)."""
         return self._accepted
 
-    # ---- serving -------------------------------------------------------------------------
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused by the caps since start."""
+        return self._refused
 
-    def _accept_loop(self) -> None:
+    def worker_count(self) -> int:
+        """Worker threads started (at most `limits.workers`)."""
+        with self._lock:
+            return len(self._workers)
+
+    # ---- the poller ----------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        limits = self.limits
+        period = min(1.0, max(0.05, min(limits.first_request_timeout, limits.idle_timeout) / 4))
+        listener_fd = self._listener.fileno()
+        next_sweep = time.monotonic() + period
+        accepting = True
+        try:
+            while True:
+                events = self._epoll.poll(max(0.0, next_sweep - time.monotonic()))
+                if self._closed:  # close() wrote to the wake pipe
+                    return
+                for fd, _ in events:
+                    if fd == listener_fd:
+                        accepting = self._accept_all()
+                        if not accepting:  # out of descriptors: try again at the next sweep
+                            self._epoll.modify(listener_fd, 0)
+                    elif fd != self._wake_r:
+                        with self._lock:
+                            conn = self._idle.pop(fd, None)
+                        if conn is not None:
+                            self._dispatch(conn)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + period
+                    if not accepting:
+                        accepting = True
+                        self._epoll.modify(listener_fd, select.EPOLLIN)
+        except Exception:
+            log.exception("transfer server poller failed")
+
+    def _accept_all(self) -> bool:
+        """Accept every pending connection; False when out of descriptors."""
         while True:
             try:
-                sock, peer = self._listener.accept()
-            except OSError:
-                return  # closed
+                sock, addr = self._listener.accept()
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                limited_log.warning("accept", "transfer server cannot accept: %s", exc)
+                return False
+            peer = str(addr[0])
+            now = time.monotonic()
             with self._lock:
-                if self._closed or len(self._conns) >= self._max_connections:
-                    log.warning("transfer server: refusing connection from %s", peer)
+                if self._closed:
                     sock.close()
-                    if self._closed:
-                        return
-                    continue
-                self._accepted += 1
+                    return True
+                n = self._per_peer.get(peer, 0)
+                if len(self._conns) >= self._max_connections:
+                    why = f"too many connections ({self._max_connections} in all)"
+                elif n >= self.limits.max_connections_per_peer:
+                    why = f"too many connections from {peer} ({n})"
+                else:
+                    why = ""
+                    conn = _Conn(sock, peer, now)
+                    self._per_peer[peer] = n + 1
+                    self._conns[conn.fd] = conn
+                    self._idle[conn.fd] = conn
+                    self._accepted += 1
+                if why:
+                    self._refused += 1
+            if why:
+                self._refuse(sock, why)
+                continue
+            try:
+                sock.setblocking(True)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                # Blocking, no timeout: clients pool connections that idle between requests.
-                # A peer that dies closes its socket (or keep-alive notices a dead host).
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                key = sock.fileno()
+                # Kernel timeouts, not settimeout(): no poll() before every call. A receive
+                # wakes every tick (to hand a quiet connection back, or to count a stall); a
+                # send that moves nothing for stall_timeout ends the connection.
+                _kernel_timeout(sock, socket.SO_RCVTIMEO, self._tick)
+                _kernel_timeout(sock, socket.SO_SNDTIMEO, self.limits.stall_timeout)
+                self._epoll.register(conn.fd, _IN)
+            except (OSError, ValueError):
+                self._drop(conn)
+
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        limited_log.warning(
+            "refused", "transfer server %s refusing a connection: %s", self.endpoint, why
+        )
+        with contextlib.suppress(OSError):
+            sock.send(_REFUSED, socket.MSG_DONTWAIT)
+        sock.close()
+
+    def _sweep(self, now: float) -> None:
+        """Close idle connections past their first-request or idle limit."""
+        first, idle = self.limits.first_request_timeout, self.limits.idle_timeout
+        expired: list[tuple[_Conn, str]] = []
+        with self._lock:
+            for conn in self._idle.values():
+                quiet = now - conn.last_active
+                if not conn.served and quiet >= first:
+                    expired.append((conn, f"no request in {first:g} s"))
+                elif conn.served and quiet >= idle:
+                    expired.append((conn, f"idle for {idle:g} s"))
+            for conn, _ in expired:
+                del self._idle[conn.fd]
+        for conn, why in expired:
+            limited_log.log(
+                logging.INFO if conn.served else logging.WARNING,
+                "idle" if conn.served else "no-request",
+                "transfer server closing a connection from %s: %s",
+                conn.peer,
+                why,
+            )
+            self._drop(conn)
+
+    def _dispatch(self, conn: _Conn) -> None:
+        """Hand a readable connection to a worker, starting one if none is free."""
+        self._ready.put(conn)
+        with self._lock:
+            if self._closed:
+                return
+            if self._ready.qsize() > self._waiting_workers and (
+                len(self._workers) < self.limits.workers
+            ):
                 thread = threading.Thread(
-                    target=self._serve_connection,
-                    args=(sock, key),
-                    name=f"kvpool-xfer-conn-{self.port}-{key}",
+                    target=self._work,
+                    name=f"kvpool-xfer-{self.port}-{len(self._workers)}",
                     daemon=True,
                 )
-                self._conns[key] = (sock, thread)
-            thread.start()
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the running ones serve it
+                    limited_log.warning("no-thread", "transfer server: no new worker: %s", exc)
+                    return
+                self._workers.append(thread)
 
-    def _serve_connection(self, sock: socket.socket, key: int) -> None:
-        out = _Replies(sock)
+    def _rearm(self, conn: _Conn) -> None:
+        """Give a quiet connection back to the poller."""
+        conn.last_active = time.monotonic()
+        with self._lock:
+            if not self._closed and conn.fd in self._conns:
+                self._idle[conn.fd] = conn
+                try:
+                    self._epoll.modify(conn.fd, _IN)
+                    return
+                except OSError:
+                    self._idle.pop(conn.fd, None)
+        self._drop(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        """Forget and close a connection (idempotent)."""
+        with self._lock:
+            if self._conns.get(conn.fd) is conn:
+                del self._conns[conn.fd]
+                self._idle.pop(conn.fd, None)
+                n = self._per_peer.get(conn.peer, 0) - 1
+                if n > 0:
+                    self._per_peer[conn.peer] = n
+                else:
+                    self._per_peer.pop(conn.peer, None)
+                if not self._closed:
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(conn.fd)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    # ---- workers -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        state: _Worker | None = None
+        while True:
+            with self._lock:
+                self._waiting_workers += 1
+            conn = self._ready.get()
+            with self._lock:
+                self._waiting_workers -= 1
+            if conn is None:
+                return
+            if state is None:
+                state = _Worker(conn.sock, self._patience, self.limits)
+            if self._serve_turn(conn, state):
+                self._rearm(conn)
+            else:
+                self._drop(conn)
+
+    def _serve_turn(self, conn: _Conn, w: _Worker) -> bool:
+        """Serve `conn` until it is quiet (True: give it back) or ends (False: close it)."""
+        conn.served = True
+        w.reader.reset(conn.sock)
+        w.out.sock = conn.sock
         try:
-            self._serve(sock, SocketReader(sock), out)
+            return self._serve(conn, w)
+        except TimeoutError:
+            limited_log.info(
+                "stall",
+                "transfer server closing a connection from %s: no byte moved in %g s, or "
+                "slower than %d bytes/s",
+                conn.peer,
+                self.limits.stall_timeout,
+                self.limits.min_rate,
+            )
         except (OSError, ConnectionError) as exc:
             log.debug("transfer connection ended: %s", exc)
         except Exception:
             log.exception("transfer connection failed")
         finally:
-            out.drop()
-            with self._lock:
-                self._conns.pop(key, None)
-            with contextlib.suppress(OSError):
-                sock.close()
+            w.out.drop()
+        return False
 
-    def _serve(self, sock: socket.socket, reader: SocketReader, out: _Replies) -> None:
-        """Serve requests until the peer closes. Answers to requests that arrived together are
-        sent together: they wait in `out` while the next request is already buffered, and go
-        out in one `sendmsg` before anything could block (a recv, or enough bytes queued)."""
-        scratch: memoryview | None = None  # only a refused write needs it
+    def _serve(self, conn: _Conn, w: _Worker) -> bool:
+        """Serve requests until the peer closes (False) or goes quiet (True). Answers to
+        requests that arrived together are sent together: they wait in `out` while the next
+        request is already buffered, and go out in one `sendmsg` before anything could block
+        (a recv, or enough bytes queued)."""
+        reader, out = w.reader, w.out
         while True:
             if reader.buffered < REQ.size:
                 out.flush()
-                if not reader.fill(REQ.size):
-                    return
+                quiet = 0
+                while True:
+                    if not reader.buffered and self._ready.qsize():
+                        return True  # others wait for a worker: no lingering on a quiet one
+                    try:
+                        if not reader.fill(REQ.size, between=True):
+                            return False
+                        break
+                    except BlockingIOError:
+                        quiet += 1
+                        if quiet >= self._linger_ticks:
+                            return True  # quiet for the linger: back to the poller
             magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
             if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
-                log.warning("transfer server: malformed request header; closing the connection")
+                limited_log.warning(
+                    "malformed",
+                    "transfer server: malformed request header from %s; closing the connection",
+                    conn.peer,
+                )
                 out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0))
                 out.flush()
-                return
+                return False
             if reader.buffered < name_len:
                 out.flush()
                 if not reader.fill(name_len):
-                    return
+                    return False
             code, mem = self._check(bytes(reader.take(name_len)), offset, length)
             if mem is None:
                 if op == _WRITE:
                     if reader.buffered < length:
                         out.flush()
-                    if scratch is None:
-                        scratch = memoryview(bytearray(1 << 16))
-                    reader.discard(length, scratch)
+                    if w.scratch is None:
+                        w.scratch = memoryview(bytearray(1 << 16))
+                    reader.discard(length, w.scratch)
                 out.add(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
                 continue
             if op == _READ:

@@ -14,6 +14,15 @@ block sending a payload it is not reading.
 Failure model: a connection that breaks, times out or is aborted fails every piece of its lane
 that has not completed with TRANSFER_FAIL and is closed, never reused. A connection or peer
 failure also tells the engine (`on_peer_failure`) so it drops what it cached about that peer.
+
+Deadlines are progress-based: every socket call may wait at most `io_timeout` (the engine's
+stall timeout, a few seconds) without a byte moving, so a frozen peer fails a request in
+seconds while a large transfer that keeps moving is never cut; the request's own deadline
+bounds the whole. A server that refuses a connection (its connection caps) answers request id
+0 with the reason, which fails the lane with that reason. Pooled connections idle for
+`max_idle_age` are closed (at the next check-in for that peer) rather than kept: the server
+closes idle ones after a while (`kvpool.transfer.limits`), and reusing one it closed costs a
+retry on a fresh connection (see `_run_lane`).
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ class Piece:
 
 
 class _Conn:
-    __slots__ = ("broken", "endpoint", "next_id", "reader", "sock", "timeout")
+    __slots__ = ("broken", "endpoint", "idle_since", "next_id", "reader", "sock", "timeout")
 
     def __init__(self, sock: socket.socket, endpoint: str, timeout: float) -> None:
         self.sock = sock
@@ -71,6 +80,7 @@ class _Conn:
         self.reader = SocketReader(sock)
         self.next_id = 1
         self.broken = False
+        self.idle_since = 0.0
 
     def abort(self) -> None:
         self.broken = True
@@ -84,6 +94,10 @@ class _Conn:
 
 class _ProtocolError(ConnectionError):
     pass
+
+
+class _Refused(ConnectionRefusedError):
+    """The server refused the connection (request id 0 answered with a code)."""
 
 
 class LaneSink(Protocol):
@@ -139,6 +153,7 @@ class TcpTransport(Transport):
         connect_timeout: float = 5.0,
         io_timeout: float = 60.0,
         on_peer_failure: Callable[[str], None] | None = None,
+        max_idle_age: float = 50.0,
     ) -> None:
         self.streams = max(1, streams)
         self.stripe_bytes = stripe_bytes
@@ -150,6 +165,9 @@ class TcpTransport(Transport):
         # own; keeping too few makes busy clients connect and close per request, which costs a
         # handshake each time and piles up TIME_WAIT sockets until ephemeral ports run out.
         self.max_idle = max(16, 2 * self.streams)
+        #: Seconds a pooled connection may idle and still be reused (below the servers' idle
+        #: timeout, `ServerLimits.idle_timeout`).
+        self.max_idle_age = max_idle_age
         self._on_peer_failure = on_peer_failure
         self._idle: dict[str, list[_Conn]] = {}
         self._active: set[_Conn] = set()
@@ -363,6 +381,11 @@ class TcpTransport(Transport):
         if not conn.reader.fill(RESP.size):
             raise ConnectionResetError("peer closed the connection")
         magic, status, rid, length = RESP.unpack(conn.reader.take(RESP.size))
+        if rid == 0 and status != 0 and magic == RESP_MAGIC:
+            raise _Refused(
+                f"{conn.endpoint} refused the connection: {ErrorCode.of(status).name} "
+                "(too many connections)"
+            )
         if magic != RESP_MAGIC or rid != req_id:
             raise _ProtocolError(f"bad answer (magic {magic!r}, id {rid}, expected {req_id})")
         if status == 0:
@@ -401,6 +424,7 @@ class TcpTransport(Transport):
                 raise OSError(errno.ESHUTDOWN, "transport closed")
             conns = self._idle.get(endpoint)
             if conns and not fresh:
+                # The newest: checkin drops those idle past max_idle_age, oldest first.
                 conn = conns.pop()
                 self._active.add(conn)
                 return conn, True
@@ -428,12 +452,22 @@ class TcpTransport(Transport):
             conn.sock.settimeout(self.io_timeout)
         with self._lock:
             self._active.discard(conn)
+            stale: list[_Conn] = []
+            kept = False
             if not self._closed:
+                now = time.monotonic()
                 conns = self._idle.setdefault(conn.endpoint, [])
+                # The oldest are first: drop those the server may have closed by now.
+                while conns and conns[0].idle_since < now - self.max_idle_age:
+                    stale.append(conns.pop(0))
                 if len(conns) < self.max_idle:
+                    conn.idle_since = now
                     conns.append(conn)
-                    return
-        conn.close()
+                    kept = True
+        for c in stale:
+            c.close()
+        if not kept:
+            conn.close()
 
     def _peer_failed(self, endpoint: str) -> None:
         with self._lock:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -47,24 +48,72 @@ class SocketReader:
     Headers of pipelined messages arrive together, so one `recv_into` serves many of them;
     payload bytes already buffered are copied out, and the rest is received straight into the
     destination view.
+
+    Stalls (the server's sockets): a blocking socket with a kernel receive timeout
+    (SO_RCVTIMEO, no poll() per call) raises `BlockingIOError` when nothing arrived within it.
+    Inside a message that is a stall: after `patience` of them in a row without a byte the read
+    fails with `TimeoutError`. Between messages (`fill(..., between=True)` with nothing
+    buffered) it is the peer going quiet, and the `BlockingIOError` reaches the caller. With
+    `patience` 0 (a socket in Python's timeout mode, as the client's) nothing changes.
+
+    Pace: a peer that sends a byte now and then is never stalled, and could hold the reader for
+    ever. With `min_rate` (bytes/s) set, one read that moves less than `grace` s plus its
+    bytes at `min_rate` fails with `TimeoutError` too; the clock is read once per 32 receives
+    or waits, so a fast read never pays for it.
     """
 
-    __slots__ = ("_buf", "_end", "_start", "_view", "sock")
+    __slots__ = ("_buf", "_end", "_start", "_view", "grace", "min_rate", "patience", "sock")
 
-    def __init__(self, sock: socket.socket, capacity: int = 1 << 16) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        capacity: int = 1 << 16,
+        patience: int = 0,
+        min_rate: int = 0,
+        grace: float = 0.0,
+    ) -> None:
         self.sock = sock
         self._buf = bytearray(capacity)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        self.patience = patience
+        self.min_rate = min_rate
+        self.grace = grace
+
+    def reset(self, sock: socket.socket) -> None:
+        """Read `sock` from now on, with nothing buffered (a worker's reader, reused)."""
+        self.sock = sock
+        self._start = self._end = 0
+
+    def _stalled(self, stalls: int) -> int:
+        """Count one timed-out wait inside a message; raise once `patience` ran out."""
+        stalls += 1
+        if stalls >= self.patience:
+            raise TimeoutError("peer sent nothing for too long in the middle of a message")
+        return stalls
+
+    def _paced(self, started: float, moved: int) -> float:
+        """The pace check (see the class docstring): when this read started being measured;
+        raises `TimeoutError` when `moved` bytes since then are too few."""
+        now = time.monotonic()
+        if not started:
+            return now
+        if now - started > self.grace + moved / self.min_rate:
+            raise TimeoutError(
+                f"peer moved {moved} bytes in {now - started:.1f} s, "
+                f"slower than {self.min_rate} bytes/s"
+            )
+        return started
 
     @property
     def buffered(self) -> int:
         return self._end - self._start
 
-    def fill(self, n: int) -> bool:
+    def fill(self, n: int, between: bool = False) -> bool:
         """Buffer at least `n` bytes. False on a clean EOF before any of them arrived;
-        ConnectionError on EOF in the middle."""
+        ConnectionError on EOF in the middle. With `between` (a message boundary) and nothing
+        buffered, a timed-out wait raises `BlockingIOError` (see the class docstring)."""
         if self._end - self._start >= n:
             return True
         if len(self._buf) - self._start < n:
@@ -74,8 +123,20 @@ class SocketReader:
             self._start, self._end = 0, left
             if n > len(self._buf):
                 raise ValueError(f"cannot buffer {n} bytes")
+        stalls = events = 0
+        started = 0.0
         while self._end - self._start < n:
-            got = self.sock.recv_into(self._view[self._end :])
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, self._end)
+            try:
+                got = self.sock.recv_into(self._view[self._end :])
+            except BlockingIOError:
+                if (between and self._end == self._start) or not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 if self._end == self._start:
                     return False
@@ -102,8 +163,20 @@ class SocketReader:
                 self._start = self._end = 0
         pos = have
         recv_into = self.sock.recv_into
+        stalls = events = 0
+        started = 0.0
         while pos < n:
-            got = recv_into(dst[pos:])
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, pos)
+            try:
+                got = recv_into(dst[pos:])
+            except BlockingIOError:
+                if not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
             pos += got
@@ -115,22 +188,45 @@ class SocketReader:
         if self._start == self._end:
             self._start = self._end = 0
         n -= have
+        total = n
+        stalls = events = 0
+        started = 0.0
         while n > 0:
-            got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
+            events += 1
+            if not events & 31 and self.min_rate:
+                started = self._paced(started, total - n)
+            try:
+                got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
+            except BlockingIOError:
+                if not self.patience:
+                    raise
+                stalls = self._stalled(stalls)
+                continue
+            stalls = 0
             if got == 0:
                 raise ConnectionError("peer closed the connection inside a payload")
             n -= got
 
 
-def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], total: int = -1) -> None:
+def send_parts(
+    sock: socket.socket,
+    parts: Sequence[bytes | memoryview],
+    total: int = -1,
+    min_rate: int = 0,
+    grace: float = 0.0,
+) -> None:
     """Send every part in order with scatter-gather `sendmsg`, looping over partial sends.
 
     `total` (the byte count of all parts, when the caller knows it) lets the common case, one
-    complete `sendmsg`, return without walking the parts.
+    complete `sendmsg`, return without walking the parts. With `min_rate` (bytes/s), a send
+    that after a partial `sendmsg` moves less than `grace` s plus its bytes at `min_rate`
+    fails with `TimeoutError` (a peer that reads a little now and then; see `SocketReader`).
     """
     sent = sock.sendmsg(parts)
     if sent == total:
         return
+    started = time.monotonic() if min_rate else 0.0
+    moved = 0
     pending = [memoryview(p) for p in parts]
     while pending:
         while sent:
@@ -145,3 +241,6 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], total: 
             pending.pop(0)
         if pending:
             sent = sock.sendmsg(pending)
+            moved += sent
+            if min_rate and time.monotonic() - started > grace + moved / min_rate:
+                raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")

@@ -346,7 +346,9 @@ class _Resolve:
         self._done.set()
 
     def fail(self, error: KVPoolError) -> None:
-        self.error = error
+        # An untraced copy: the raised one's traceback holds the asking frame, which holds
+        # this record (a cycle that a process freezing its heap would never free).
+        self.error = error_for_code(error.code, error.message)
         self._done.set()
 
     def wait(self) -> SegmentLocation | None:

@@ -54,7 +54,14 @@ from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
 from kvpool.client.result import PutStatsRecorder
 from kvpool.client.validation import check_count, check_replicate_config
 from kvpool.codes import INVALID_PARAMS, INVALID_WRITE, OBJECT_ALREADY_EXISTS, OK
-from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, error_for_code, raise_for_code
+from kvpool.errors import (
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    NoSpace,
+    error_for_code,
+    raise_for_code,
+)
 from kvpool.protocol.messages import (
     BatchPutCommit,
     BatchPutEnd,
@@ -204,7 +211,17 @@ class Writer:
                 )
             self.stats.retried()
             attempt = self._avoiding(cfg, set(avoid))
-            got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
+            try:
+                got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
+            except NoSpace as exc:
+                # No other segment can take it: the write's failure is what went wrong.
+                self.stats.retry_failed()
+                last = next(reversed(avoid.values()))
+                raise error_for_code(
+                    last,
+                    f"{key!r}: writing its replicas failed on {sorted(avoid)} and no other "
+                    f"segment could take the put ({exc.message}); the put was revoked",
+                ) from exc
             if got is not None:
                 return got
         raise AssertionError("unreachable")

@@ -139,6 +139,12 @@ class _Call:
         # Made only when the caller has to sleep (a follower): the lock-step path never needs it.
         self.cond: threading.Condition | None = None
 
+    def take_error(self) -> BaseException:
+        """The call's error, no longer kept here (the raiser's traceback holds it alone)."""
+        error, self.error = self.error, None
+        assert error is not None
+        return error
+
 
 class _Conn:
     """One connection's socket and bookkeeping; replaced, never reused, after a fault."""
@@ -270,7 +276,7 @@ class RpcClient:
         else:
             self._wait(conn, call, deadline)
         if call.error is not None:
-            raise call.error
+            raise call.take_error()  # no local keeps it: the traceback's frame makes no cycle
         return call.value
 
     def call_as(self, request: Any, reply_type: type[T], timeout: float | None = None) -> T:
@@ -590,7 +596,9 @@ class RpcClient:
         with self._lock:
             if conn.broken is not None:
                 return
-            conn.broken = exc
+            # Kept untraced: a traced exception would hold the failing frame, whose locals
+            # hold this connection (a cycle a process that freezes its heap never frees).
+            conn.broken = _as_rpc_error(exc, fresh=True)
             if self._conn is conn:
                 self._conn = None
             conn.sleepers.clear()

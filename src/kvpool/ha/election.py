@@ -133,6 +133,7 @@ class Election:
         self._cond = threading.Condition()
         self._state = ElectionState(Role.FOLLOWER, None, "not started")
         self._keeper: LeaseKeeper | None = None
+        self._last_deadline = float("-inf")
         self._stale: list[LeaseId] = []  # leases of ended leaderships, to revoke when etcd answers
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,6 +158,13 @@ class Election:
         if keeper is None or self._state.role is not Role.LEADER:
             return float("-inf")
         return keeper.deadline
+
+    @property
+    def last_deadline(self) -> float:
+        """The local deadline of the most recent leadership, kept after it ended (-inf: none):
+        the instant from which this member stopped believing it led."""
+        keeper = self._keeper
+        return keeper.deadline if keeper is not None else self._last_deadline
 
     def wait(
         self, predicate: Callable[[ElectionState], bool], timeout: float
@@ -228,9 +236,10 @@ class Election:
         finally:
             keeper = self._keeper
             if keeper is not None:
+                self._last_deadline = min(keeper.deadline, self._clock())
+                self._keeper = None
                 self._set(Role.FOLLOWER, None, "resigned")
                 keeper.revoke()
-                self._keeper = None
             self._revoke_stale(quiet=True)
             self._set(Role.CLOSED, None, "closed")
 
@@ -337,6 +346,8 @@ class Election:
 
     def _step_down(self, reason: str) -> None:
         keeper = self._keeper
+        if keeper is not None:
+            self._last_deadline = keeper.deadline
         self._keeper = None
         self._set(Role.FOLLOWER, None, f"lost leadership: {reason}")
         if keeper is not None:

@@ -27,7 +27,7 @@ def _endpoint(text: str, url: str) -> str:
     if not text:
         raise InvalidParams(f"{url!r}: empty endpoint in the list (expected {FORM})")
     host, sep, port = text.rpartition(":")
-    if not sep or not host or host.endswith(":"):
+    if not sep or not host or not port or host.endswith(":"):
         raise InvalidParams(f"{url!r}: endpoint {text!r} has no port (expected HOST:PORT)")
     if not _HOST.match(host):
         raise InvalidParams(f"{url!r}: endpoint {text!r}: {host!r} is not a host name or address")

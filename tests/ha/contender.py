@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 
 from kvpool.ha import ClusterKeys, Election, ElectionConfig, ElectionState, EtcdGateway
 from kvpool.ha.lease import LeaseConfig
@@ -59,7 +60,7 @@ def main() -> int:
         gateway,
         ClusterKeys(args.cluster),
         args.id,
-        f"127.0.0.1:{10000 + abs(hash(args.id)) % 50000}",
+        f"127.0.0.1:{10000 + zlib.crc32(args.id.encode()) % 50000}",
         config=config,
         on_change=on_change,
     )

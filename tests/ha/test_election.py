@@ -149,8 +149,11 @@ def test_a_leader_cut_off_from_etcd_steps_down_by_its_own_deadline_and_leadershi
     leader, term = _wait_one_leader(procs, timeout=10)
     etcd.freeze()
     frozen_at = time.monotonic()
+    # Two threads of the contender print these: the election's and the ticker's.
     wait_until(
-        lambda: leader.records("deadline", frozen_at), TTL + 2, what="the leader to step down"
+        lambda: leader.records("deadline", frozen_at) and leader.records("leading", frozen_at),
+        TTL + 2,
+        what="the leader to step down",
     )
     stepped = float(leader.records("leading", frozen_at)[0]["at"])
     assert not leader.records("leading", frozen_at)[0]["rest"].startswith("1")
@@ -203,3 +206,17 @@ def test_in_process_election_resign_and_states(gateway: EtcdGateway, cluster: st
 def test_member_ids_are_validated(gateway: EtcdGateway, cluster: str) -> None:
     with pytest.raises(ValueError, match="member id"):
         Election(gateway, ClusterKeys(cluster), "bad/id", "127.0.0.1:1")
+
+
+def test_a_garbage_term_key_stalls_the_campaign_but_does_not_end_it(
+    gateway: EtcdGateway, cluster: str
+) -> None:
+    keys = ClusterKeys(cluster)
+    gateway.put(keys.term, b"not a number")
+    config = ElectionConfig(lease=LeaseConfig(ttl=TTL), retry_interval=0.1)
+    with Election(gateway, keys, "g", "127.0.0.1:1", config=config) as e:
+        assert e.wait(lambda s: s.role is Role.LEADER, 0.5) is None  # refuses to guess a term
+        gateway.put(keys.term, b"41")
+        state = e.wait(lambda s: s.role is Role.LEADER, 5)
+        assert state is not None and state.term == 42 and e.leading()
+    assert gateway.get(keys.leader)[0] is None  # resigned on exit

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from kvpool.errors import InvalidParams
 from kvpool.ha import EtcdGateway, LeaseConfig, LeaseKeeper
+from kvpool.ha.coordinator import Coordinator, CoordinatorUnavailable, Lease, LeaseId
 from kvtest.etcd import EtcdServer
 from kvtest.procs import wait_until
 
@@ -93,3 +95,62 @@ def test_grant_twice_is_refused(gateway: EtcdGateway) -> None:
             keeper.grant()
     finally:
         keeper.revoke()
+
+
+class _SilentEtcd(Coordinator):
+    """A Coordinator whose etcd grants one lease, then never answers a keepalive."""
+
+    def __init__(self) -> None:
+        self.keepalives = 0
+
+    def grant(self, ttl: int, *, timeout: float | None = None) -> Lease:
+        return Lease(LeaseId(1), ttl)
+
+    def keepalive(self, lease: LeaseId, *, timeout: float | None = None) -> int:
+        self.keepalives += 1
+        raise CoordinatorUnavailable("etcd does not answer")
+
+    def revoke(self, lease: LeaseId, *, timeout: float | None = None) -> bool:
+        raise CoordinatorUnavailable("etcd does not answer")
+
+    def get(self, key: bytes, *, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def get_prefix(self, prefix: bytes, *, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def put(self, key: bytes, value: bytes, *, lease: Any = None, timeout: Any = None) -> int:
+        raise NotImplementedError
+
+    def delete(self, key: bytes, *, timeout: float | None = None) -> bool:
+        raise NotImplementedError
+
+    def txn(
+        self, compares: Any, writes: Any, *, read_on_failure: Any = (), timeout: Any = None
+    ) -> Any:
+        raise NotImplementedError
+
+    def watch(
+        self, key: bytes, *, prefix: bool = False, start_revision: int = 0, timeout: Any = None
+    ) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def test_validity_follows_the_clock_not_the_keeper_thread() -> None:
+    # A process resumed after SIGSTOP sees its clock jump; valid() must not wait for its thread.
+    now = [100.0]
+    keeper = LeaseKeeper(_SilentEtcd(), LeaseConfig(ttl=5), clock=lambda: now[0])
+    try:
+        keeper.grant()
+        assert keeper.deadline == 100.0 + 5 - 1.0  # sent at 100, TTL 5, margin TTL/5
+        now[0] = 103.99
+        assert keeper.valid()
+        now[0] = 104.0
+        assert not keeper.valid()
+    finally:
+        keeper.close()
+    assert keeper.lost_reason == "closed"
+    assert keeper.revoke() is False  # an unreachable etcd: revoke never raises

@@ -229,9 +229,17 @@ class Coordinator(ABC):
         """Revoke `lease` and delete its keys at once; False when it did not exist."""
 
     @abstractmethod
-    def watch(self, key: bytes, *, prefix: bool = False, start_revision: int = 0) -> Watch:
+    def watch(
+        self,
+        key: bytes,
+        *,
+        prefix: bool = False,
+        start_revision: int = 0,
+        timeout: float | None = None,
+    ) -> Watch:
         """Watch `key` (or every key under it with `prefix`) from `start_revision`
-        (0: from now). Raises `CoordinatorUnavailable` when the stream cannot be opened."""
+        (0: from now). Raises `CoordinatorUnavailable` when the stream cannot be opened within
+        `timeout`."""
 
     @abstractmethod
     def close(self) -> None:

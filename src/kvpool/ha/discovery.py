@@ -152,7 +152,9 @@ class LeaderDiscovery:
     def _follow_once(self) -> None:
         kv, revision = self._coord.get(self.keys.leader, timeout=self.timeout)
         self.offer(None if kv is None else self._decode(kv.value))
-        watch = self._coord.watch(self.keys.leader, start_revision=revision + 1)
+        watch = self._coord.watch(
+            self.keys.leader, start_revision=revision + 1, timeout=self.timeout
+        )
         try:
             resync_at = time.monotonic() + self.resync_interval
             while not self._stop.is_set() and time.monotonic() < resync_at:

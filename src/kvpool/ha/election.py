@@ -233,6 +233,11 @@ class Election:
                     if self._state.role is Role.LEADER:
                         self._step_down(f"etcd failed: {exc.message}")
                     self._closing.wait(self.config.retry_interval)
+                except Exception as exc:  # a bug or a foreign record: never stop campaigning
+                    log.exception("election %s: round failed", self.member_id)
+                    if self._state.role is Role.LEADER:
+                        self._step_down(f"{type(exc).__name__}: {exc}")
+                    self._closing.wait(self.config.retry_interval)
         finally:
             keeper = self._keeper
             if keeper is not None:
@@ -269,7 +274,10 @@ class Election:
         """One attempt; leads until the end when won (then None). Else the holder's key."""
         timeout = self.config.lease.timeout
         term_kv, _ = self._coord.get(self.keys.term, timeout=timeout)
-        term = int(term_kv.value) if term_kv is not None else 0
+        try:
+            term = int(term_kv.value) if term_kv is not None else 0
+        except ValueError:
+            raise CoordinatorError(f"term key {self.keys.term!r} holds {term_kv!r}") from None
         keeper = LeaseKeeper(self._coord, self.config.lease, name=self.member_id)
         lease = keeper.grant()
         view = LeaderView(self.member_id, self.address, term + 1)
@@ -322,8 +330,13 @@ class Election:
                     reason = keeper.lost_reason or "the lease's local deadline passed"
                     break
                 if watch is None:
+                    left = keeper.deadline - self._clock()
                     try:
-                        watch = self._coord.watch(self.keys.leader, start_revision=seen + 1)
+                        watch = self._coord.watch(
+                            self.keys.leader,
+                            start_revision=seen + 1,
+                            timeout=max(0.01, min(self.config.lease.timeout, left)),
+                        )
                     except CoordinatorError:
                         keeper.lost.wait(_POLL)
                         continue
@@ -367,7 +380,9 @@ class Election:
             self._revoke_stale()
             return
         self._set(Role.FOLLOWER, view, "following")
-        watch = self._coord.watch(self.keys.leader, start_revision=revision + 1)
+        watch = self._coord.watch(
+            self.keys.leader, start_revision=revision + 1, timeout=self.config.lease.timeout
+        )
         try:
             resync_at = self._clock() + self.config.resync_interval
             while not self._closing.is_set() and self._clock() < resync_at:

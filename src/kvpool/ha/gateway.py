@@ -280,18 +280,30 @@ class EtcdGateway(Coordinator):
         return True
 
     @override
-    def watch(self, key: bytes, *, prefix: bool = False, start_revision: int = 0) -> Watch:
+    def watch(
+        self,
+        key: bytes,
+        *,
+        prefix: bool = False,
+        start_revision: int = 0,
+        timeout: float | None = None,
+    ) -> Watch:
         request: dict[str, Any] = {"key": _b64(key)}
         if prefix:
             request["range_end"] = _b64(prefix_end(key))
         if start_revision:
             request["start_revision"] = str(start_revision)
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         failures: list[str] = []
         n = len(self.endpoints)
         for i in range(n):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             host, port = self.endpoints[(self._preferred + i) % n]
             try:
-                return _GatewayWatch(host, port, {"create_request": request}, self.timeout)
+                return _GatewayWatch(host, port, {"create_request": request}, left)
             except (OSError, http.client.HTTPException, CoordinatorError) as exc:
                 failures.append(f"{host}:{port}: {type(exc).__name__}: {exc}")
         raise CoordinatorUnavailable(f"etcd watch: no endpoint accepted it ({'; '.join(failures)})")

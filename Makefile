@@ -3,7 +3,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-EXTRAS  ?= dev,fast,redis,s3,plot
+EXTRAS  ?= dev,fast,redis,s3,plot,ha
 STAMP   := $(VENV)/.installed-$(shell echo '$(EXTRAS)' | tr ',' '-')
 
 .PHONY: run test test-mooncake check bench clean venv

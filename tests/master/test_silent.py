@@ -217,8 +217,9 @@ def test_a_task_executed_by_a_client_that_falls_silent_fails(
     assert svc.handle(m.QueryTask(task.task_id)).status is m.TaskStatus.FAILED
 
 
-def test_the_dead_ttl_defaults_to_ten_client_ttls_and_is_at_least_the_ttl() -> None:
-    assert MasterConfig(client_ttl=3.0).dead_ttl == 30.0
+def test_the_dead_ttl_defaults_to_three_client_ttls_and_is_at_least_the_ttl() -> None:
+    assert MasterConfig(client_ttl=3.0).dead_ttl == 9.0
+    assert MasterConfig().dead_ttl == 30.0
     assert MasterConfig(client_ttl=3.0, client_dead_ttl=3.0).dead_ttl == 3.0
     with pytest.raises(InvalidParams, match="client_dead_ttl"):
         MasterConfig(client_ttl=3.0, client_dead_ttl=2.0)

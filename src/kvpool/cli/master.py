@@ -203,7 +203,7 @@ def _ratio() -> click.FloatRange:
     callback=lambda ctx, param, value: None if value is None else _to_seconds(ctx, param, value),
     help="A client silent this long is dropped: its segments unmounted, their objects "
     "repaired from other replicas (until then it is only silent: kept, neither read nor "
-    "written). At least --client-ttl. [default: 10 x --client-ttl]",
+    "written). At least --client-ttl. [default: 3 x --client-ttl]",
 )
 @click.option(
     "--repair-max-in-flight",

@@ -15,6 +15,10 @@ from kvpool.errors import InvalidParams
 
 __all__ = ["AllocationStrategy", "EvictionMode", "MasterConfig"]
 
+DEAD_TTL_FACTOR = 3.0
+"""`client_dead_ttl` by default, in units of `client_ttl`: a pause of up to this many TTLs keeps
+a node's objects; a death is repaired from other replicas once it has lasted that long."""
+
 
 class AllocationStrategy(StrEnum):
     """How PutStart picks segments for an object's replicas (after `preferred_segments`)."""
@@ -68,7 +72,7 @@ class MasterConfig:
     replicas and serve no reads, but their metadata is kept (docs/parts/reliability.md)."""
     client_dead_ttl: float | None = None
     """Seconds without a Ping after which a silent client is dropped: its segments unmounted,
-    their objects repaired from other replicas. None: 10 * `client_ttl`; at least
+    their objects repaired from other replicas. None: `DEAD_TTL_FACTOR` (3) * `client_ttl`; at least
     `client_ttl` (equal: dropped as soon as silent)."""
     put_start_discard_timeout: float = 30.0
     """Age after which an unfinished PutStart may be preempted by a new PutStart of its key."""
@@ -140,7 +144,7 @@ class MasterConfig:
                 raise InvalidParams(f"{name} must be within [0, 1], got {v!r}")
         _positive("client_ttl", self.client_ttl)
         if self.client_dead_ttl is None:
-            object.__setattr__(self, "client_dead_ttl", 10.0 * self.client_ttl)
+            object.__setattr__(self, "client_dead_ttl", DEAD_TTL_FACTOR * self.client_ttl)
         else:
             _positive("client_dead_ttl", self.client_dead_ttl)
             if self.client_dead_ttl < self.client_ttl:
@@ -205,7 +209,7 @@ class MasterConfig:
     def dead_ttl(self) -> float:
         """`client_dead_ttl` resolved (seconds)."""
         ttl = self.client_dead_ttl
-        return ttl if ttl is not None else 10.0 * self.client_ttl
+        return ttl if ttl is not None else DEAD_TTL_FACTOR * self.client_ttl
 
 
 def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from tests.master.conftest import HOST, WRITER, Clock, MakeService, MiB
 
 from kvpool.errors import ErrorCode
@@ -249,3 +250,28 @@ def test_an_executor_whose_source_fails_the_checksum_gets_it_replaced(
     assert run_tasks(svc) == 1
     # Three again (the new copy may land on the bad source's segment: its range was freed).
     assert len(replicas(svc, "k")) == 3
+
+
+@pytest.mark.parametrize("replica_num", [1, 2, 3])
+def test_a_put_excluding_segments_gets_none_of_them_and_keeps_its_count(
+    make_service: MakeService, replica_num: int
+) -> None:
+    # A Store retrying a put whose write to seg-a failed excludes it (its node died, the
+    # master may not know yet): no replica lands there, and the count asked for is kept, so
+    # a put degraded by the exclusion is copied up to it once the segment is back or another
+    # one mounts.
+    svc = service(make_service, nodes=2)
+    cfg = m.ReplicateConfigMsg(replica_num=replica_num, exclude_segments=[SEGS[0]])
+    for i in range(8):
+        rep = svc.handle(m.PutStart(WRITER, f"k{i}", 4096, cfg))
+        assert rep.code == 0 and [d.segment for d in rep.replicas] == [SEGS[1]]
+        assert svc.handle(m.PutEnd(WRITER, f"k{i}", 7)) == m.Reply(0)
+        obj = svc.index.get(m.DEFAULT_TENANT, f"k{i}")
+        assert obj is not None and obj.replica_num == replica_num
+    only = m.ReplicateConfigMsg(exclude_segments=[SEGS[0], SEGS[1]])
+    assert svc.handle(m.PutStart(WRITER, "none", 4096, only)).code == E.NO_AVAILABLE_HANDLE
+    if replica_num > 1:
+        assert svc.handle(m.Stats()).under_replicated == 8
+        assert svc.repair_tick() == 8  # seg-a takes the missing replicas now
+        run_tasks(svc)
+        assert replicas(svc, "k0") == [SEGS[0], SEGS[1]]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -273,26 +272,22 @@ class Writer:
         return len(rep.replicas)
 
     def _avoiding(self, cfg: ReplicateConfigMsg, avoid: set[str]) -> ReplicateConfigMsg:
-        """`cfg` (which names no preferred segments) for a put started again: the live
-        segments other than those in `avoid` (and the other segments of their nodes)
-        preferred, in random order, so that the master places the replicas elsewhere even
-        before it notices that a node died. `replica_num` is capped at the segments left (the
-        master does the same once it knows): the put is then degraded rather than failed.
-        Unchanged when the master's segment list cannot be had."""
+        """`cfg` (which names no preferred segments) for a put started again: the segments in
+        `avoid`, and the other segments of their nodes, excluded, so that the master places
+        the replicas elsewhere even before it notices that a node died. `replica_num` stays
+        as asked: with fewer segments left the master stores fewer replicas (the put is
+        degraded, not failed) and copies the object up to its count later. The nodes'
+        other segments come from the master's list; without it only `avoid` is excluded."""
+        names = set(avoid)
         try:
             stats = self._node.rpc.call_as(Stats(), StatsReply)
         except KVPoolError as exc:
             log.debug("Stats for a put's retry failed: %s", exc)
-            return cfg
-        dead = {s.endpoint for s in stats.segments if s.name in avoid}
-        live = [s.name for s in stats.segments if s.name not in avoid and s.endpoint not in dead]
-        random.shuffle(live)
-        if not live:
-            return cfg
+        else:
+            dead = {s.endpoint for s in stats.segments if s.name in avoid}
+            names.update(s.name for s in stats.segments if s.endpoint in dead)
         return msgspec.structs.replace(
-            cfg,
-            preferred_segments=[SegmentName(n) for n in live],
-            replica_num=min(cfg.replica_num, len(live)),
+            cfg, exclude_segments=[SegmentName(n) for n in sorted(names)]
         )
 
     def _put_arena(

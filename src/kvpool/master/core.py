@@ -422,6 +422,7 @@ class MetadataCore:
             size,
             plan.replica_num,
             preferred=plan.preferred,
+            exclude=plan.exclude,
             local_host=host,
             local_first=plan.same_node,
         )
@@ -450,6 +451,7 @@ class MetadataCore:
             size,
             plan.replica_num,
             preferred=plan.preferred,
+            exclude=plan.exclude,
             local_host=host,
             local_first=plan.same_node,
         )

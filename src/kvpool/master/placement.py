@@ -6,7 +6,7 @@ spreads without sorting), `free_ratio_first` (largest free fraction first) or `l
 (segments on the writer's host first, then random); `prefer_alloc_in_same_node` asks for
 `local_first` on one request. Replicas of one object always land on distinct segments, and
 `replica_num` is best effort: with fewer segments (or fewer with room) there are fewer replicas,
-as in Mooncake. The work is O(segments) per object; the number of segments is small (nodes).
+as in Mooncake. `exclude_segments` are never chosen. The work is O(segments) per object; the number of segments is small (nodes).
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ class Placement:
         replica_num: int,
         *,
         preferred: Sequence[SegmentName] = (),
+        exclude: Sequence[SegmentName] = (),
         local_host: HostId | None = None,
         local_first: bool = False,
     ) -> list[tuple[Segment, int]]:
-        """Up to `replica_num` `(segment, offset)` on distinct segments; [] when none had room."""
+        """Up to `replica_num` `(segment, offset)` on distinct segments, none of them in
+        `exclude`; [] when none had room."""
         live = table.live
         n = len(live)
         if not n:
@@ -48,11 +50,20 @@ class Placement:
         strategy = self.strategy
         if local_first and local_host:
             strategy = AllocationStrategy.LOCAL_FIRST
-        if replica_num == 1 and not preferred and strategy is AllocationStrategy.RANDOM:
+        if (
+            replica_num == 1
+            and not preferred
+            and not exclude
+            and strategy is AllocationStrategy.RANDOM
+        ):
             one = self.one_random(live, size)
             return [one] if one is not None else []
         chosen: list[tuple[Segment, int]] = []
-        used: set[int] = set()
+        used: set[int] = set()  # segment numbers taken, or excluded
+        for name in exclude:
+            seg_or_none = table.get(name)
+            if seg_or_none is not None:
+                used.add(seg_or_none.number)
         for name in preferred:
             seg_or_none = table.get(name)
             if (

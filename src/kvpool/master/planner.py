@@ -54,6 +54,7 @@ class PutPlan:
         "action",
         "client_id",
         "code",
+        "exclude",
         "hard_pin",
         "in_flight",
         "preferred",
@@ -85,6 +86,7 @@ class PutPlan:
         self.soft_pin = soft_pin
         self.hard_pin = cfg.with_hard_pin
         self.preferred = cfg.preferred_segments
+        self.exclude = cfg.exclude_segments
         self.same_node = cfg.prefer_alloc_in_same_node
         self.shards: TenantShards | None = None  # set by `PutPlanner.plan` once valid
         #: The client's in-flight set (ClientTable.in_flight_bucket), also set by `plan`.
@@ -96,7 +98,12 @@ class PutPlan:
         self.region_end = 0
         self.region_left = 0
         #: One replica, nothing preferred, nothing local: the placement fast path.
-        self.simple = cfg.replica_num == 1 and not cfg.preferred_segments and not self.same_node
+        self.simple = (
+            cfg.replica_num == 1
+            and not cfg.preferred_segments
+            and not cfg.exclude_segments
+            and not self.same_node
+        )
 
 
 class PutPlanner:

@@ -140,6 +140,7 @@ class ReplicateConfigMsg(msgspec.Struct, tag=True, array_like=True, frozen=True)
     """How a put wants its object placed and kept (Mooncake's ReplicateConfig).
 
     `soft_pin_ttl_ms` is only allowed with ENABLE (None there means the master's default);
+    `exclude_segments` (kvpool's own, last so older peers still decode) are never chosen;
     `group_ids` is an annotation, one per key of the request (or None), that never affects
     routing and cannot change while the object exists. Frozen (and so not a `Message`
     subclass) because one shared instance is the default of every put request.
@@ -152,6 +153,9 @@ class ReplicateConfigMsg(msgspec.Struct, tag=True, array_like=True, frozen=True)
     preferred_segments: list[SegmentName] = []
     prefer_alloc_in_same_node: bool = False
     group_ids: list[str] | None = None
+    exclude_segments: list[SegmentName] = []
+    """Segments that must get no replica of this put (a Store retrying a put whose write to
+    them failed: their node died, and the master may not know yet)."""
 
 
 DEFAULT_REPLICATE_CONFIG = ReplicateConfigMsg()

@@ -132,7 +132,8 @@ def _ratio() -> click.FloatRange:
     show_default=True,
     metavar="DURATION",
     callback=_to_seconds,
-    help="A client silent this long is expired (segments unmounted).",
+    help="A client silent this long is silent: its segments take no new replicas and serve "
+    "no reads until it pings again (dropped after --client-dead-ttl).",
 )
 @click.option(
     "--put-start-discard-timeout",

@@ -23,20 +23,11 @@ from kvpool.bench.compare import CompareOptions, Progress, run_compare
 from kvpool.bench.peers.base import BenchError, Driver, Unavailable
 from kvpool.bench.peers.limits import MemcpyDriver, SocketDriver
 from kvpool.bench.peers.workload import RunPlan, plan_cases, run_cases
+from kvpool.bench.rows import RATE_FIELDS
 from kvpool.override import override
 from kvtest.procs import Proc, kvpool_proc, require_binary, wait_until
 
-REQUIRED = {
-    "system",
-    "path",
-    "op",
-    "value_size",
-    "batch",
-    "ops_per_s",
-    "bytes_per_s",
-    "p50_us",
-    "p99_us",
-}
+REQUIRED = RATE_FIELDS
 SIZES = (4096, 1 << 20, 16 << 20)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kvpool.bench.l2 import command
+from kvpool.bench.rows import RATE_FIELDS
 
 
 def test_quick_bench_writes_verified_rows_for_each_adapter_and_op(tmp_path: Path) -> None:
@@ -24,17 +25,7 @@ def test_quick_bench_writes_verified_rows_for_each_adapter_and_op(tmp_path: Path
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
-    required = {
-        "system",
-        "path",
-        "op",
-        "value_size",
-        "batch",
-        "ops_per_s",
-        "bytes_per_s",
-        "p50_us",
-        "p99_us",
-    }
+    required = RATE_FIELDS
     assert all(required <= set(r) for r in rows)
     ops = {(r["path"], r["op"]) for r in rows}
     assert {("fs", op) for op in ("store", "lookup", "load", "sm_store", "sm_prefetch")} <= ops

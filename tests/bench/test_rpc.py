@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.bench.rows import percentile
+from kvpool.bench.rows import RATE_FIELDS, percentile
 from kvpool.bench.rpc import (
     CASES,
     TRANSPORT_CASES,
@@ -25,17 +25,7 @@ from kvtest.procs import Proc
 from rpc.rpc_testkit import CLUSTER, Add, Response, Sum, make_server, server_thread
 
 SCRIPT = Path(__file__).with_name("bench_rpc.py")
-ROW_FIELDS = {
-    "system",
-    "path",
-    "op",
-    "value_size",
-    "batch",
-    "ops_per_s",
-    "bytes_per_s",
-    "p50_us",
-    "p99_us",
-}
+ROW_FIELDS = RATE_FIELDS
 
 
 @pytest.fixture

@@ -7,17 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIELDS = {
-    "system",
-    "path",
-    "op",
-    "value_size",
-    "batch",
-    "ops_per_s",
-    "bytes_per_s",
-    "p50_us",
-    "p99_us",
-}
+from kvpool.bench.rows import RATE_FIELDS
+
+FIELDS = RATE_FIELDS
 
 
 def test_quick_store_benchmark_writes_every_case(tmp_path: Path) -> None:

@@ -22,9 +22,22 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["Column", "Row", "median_row", "percentile", "render_table", "write_json"]
+__all__ = [
+    "RATE_FIELDS",
+    "Column",
+    "Row",
+    "median_row",
+    "percentile",
+    "render_table",
+    "write_json",
+]
 
 _R = TypeVar("_R")
+
+RATE_FIELDS = frozenset(
+    {"system", "path", "op", "value_size", "batch", "ops_per_s", "bytes_per_s", "p50_us", "p99_us"}
+)
+"""The fields every rate row's JSON has (what docs/performance.md and the tests read)."""
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ This module builds them, maps each request type to its handler, and implements
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -318,3 +318,13 @@ class MasterService:
         self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
     ) -> bool:
         return self._tasks.swap_out(obj, replica, low_watermark, on_done)
+
+    def move_away(
+        self,
+        obj: ObjectMeta,
+        replica: Replica,
+        keep_free: Sequence[tuple[int, int]],
+        on_done: TaskDone,
+    ) -> bool:
+        low = max(0.0, self._config.eviction_high_watermark_ratio - self._config.eviction_ratio)
+        return self._tasks.move_away(obj, replica, keep_free, low, on_done)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvpool.codes import (
     CLIENT_NOT_FOUND,
@@ -201,15 +201,28 @@ class TaskTable(MetadataObserver):
                 core.free_replicas(tuple(got), obj.size)
                 return None, NO_AVAILABLE_HANDLE
             got.append(r)
+        return self._launch(task_type, obj, source, tuple(got), executor, on_done, repair), OK
+
+    def _launch(  # noqa: PLR0917
+        self,
+        task_type: TaskType,
+        obj: ObjectMeta,
+        source: Replica,
+        targets: tuple[Replica, ...],
+        executor: ClientId,
+        on_done: TaskDone | None,
+        repair: bool,
+    ) -> Task:
+        """Record a PENDING task onto the allocated `targets` and queue it for `executor`."""
         now = self._clock()
         task = Task(
-            uuid.uuid4().hex, task_type, obj, source, tuple(got), executor, now, on_done, repair
+            uuid.uuid4().hex, task_type, obj, source, targets, executor, now, on_done, repair
         )
         self._tasks[task.task_id] = task
         self._task_of[obj] = task
         self._queues.setdefault(executor, {})[task.task_id] = task
         log.debug("task %r created", task)
-        return task, OK
+        return task
 
     def _executor_for(self, seg: Segment) -> ClientId | None:
         """The source segment's owner when it is alive and not silent, else such a client
@@ -268,6 +281,54 @@ class TaskTable(MetadataObserver):
             if task is not None:
                 return True
         return False
+
+    def move_away(
+        self,
+        obj: ObjectMeta,
+        replica: Replica,
+        keep_free: Sequence[tuple[int, int]],
+        low_watermark: float,
+        on_done: TaskDone,
+    ) -> bool:
+        """Pool-mode defragmentation: move `replica` out of the range being made, through a
+        MOVE task. The destination is another serving segment without a replica of `obj`
+        that stays at or below `low_watermark` with it, the emptiest first, else the
+        replica's own segment outside `keep_free` (the free ranges of the range being made:
+        the move must not land in it). Allocated directly (never through reclaim). False,
+        with nothing changed, when nothing can take it or nobody can execute the move;
+        otherwise `on_done` is called once when the task ends."""
+        if obj in self._task_of or not obj.complete or replica not in obj.replicas:
+            return False
+        home = replica.segment
+        if not home.serving:
+            return False
+        executor = self._executor_for(home)
+        if executor is None:
+            return False
+        core = self._core
+        size = obj.size
+        aligned = core.aligned(size)
+        held = {r.segment for r in obj.replicas}
+        others = sorted(
+            (
+                s
+                for s in core.segments.live
+                if s not in held
+                and s.allocator.allocated + aligned <= low_watermark * s.allocator.capacity
+            ),
+            key=lambda s: s.allocator.allocated / max(1, s.allocator.capacity),
+        )
+        target = None
+        for seg in others:
+            target = core.allocate_on(seg, size)
+            if target is not None:
+                break
+        if target is None:
+            target = core.allocate_on(home, size, keep_free)
+        if target is None:
+            return False
+        self._launch(TaskType.MOVE, obj, replica, (target,), executor, on_done, False)
+        return True
 
     def succeed(self, task: Task) -> None:
         """The executor copied every target: switch the metadata (copy: the targets join the

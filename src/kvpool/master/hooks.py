@@ -118,16 +118,18 @@ class ReclaimTarget(Protocol):
 
     def move_away(
         self,
-        obj: ObjectMeta,
-        replica: Replica,
+        moves: Sequence[tuple[ObjectMeta, Replica, Callable[[bool], None]]],
         keep_free: Sequence[tuple[int, int]],
-        on_done: Callable[[bool], None],
     ) -> bool:
-        """Pool-mode defragmentation: start moving `replica` anywhere else (another serving
-        segment that stays at or below the low watermark with it, else its own segment
-        outside the free ranges `keep_free`, (offset, size) of its segment); False (nothing
-        changed) when nothing can take it or nobody can execute the move. Never triggers
-        reclaim; `on_done(moved)` as for `swap_out`."""
+        """Pool-mode defragmentation: start moving each `(obj, replica, on_done)` of `moves`
+        anywhere else, all or none: to another serving segment that stays at or below the
+        low watermark with it, else to its own segment outside the free ranges `keep_free`
+        ((offset, size) of that segment: the range being made). False (nothing changed) when
+        one cannot move. Never triggers reclaim; each `on_done(moved)` as for `swap_out`."""
+        ...
+
+    def largest_free(self) -> int:
+        """Bytes of the largest free block of any serving segment (what a move can take)."""
         ...
 
 

@@ -321,10 +321,12 @@ class MasterService:
 
     def move_away(
         self,
-        obj: ObjectMeta,
-        replica: Replica,
+        moves: Sequence[tuple[ObjectMeta, Replica, TaskDone]],
         keep_free: Sequence[tuple[int, int]],
-        on_done: TaskDone,
     ) -> bool:
-        low = max(0.0, self._config.eviction_high_watermark_ratio - self._config.eviction_ratio)
-        return self._tasks.move_away(obj, replica, keep_free, low, on_done)
+        cfg = self._config
+        low = max(0.0, cfg.eviction_high_watermark_ratio - cfg.eviction_ratio)
+        return self._tasks.move_away(moves, keep_free, low)
+
+    def largest_free(self) -> int:
+        return max((s.allocator.largest_free() for s in self._core.segments.live), default=0)

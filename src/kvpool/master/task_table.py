@@ -86,7 +86,8 @@ class Task:
         self.created = now
         self.updated = now
         self.on_done = on_done
-        #: The master's own repair copy: a Remove or an upsert cancels it instead of waiting.
+        #: The master's own task (a repair copy, a defragmentation move): a Remove or an
+        #: upsert cancels it instead of waiting.
         self.repair = repair
 
     @property
@@ -284,30 +285,55 @@ class TaskTable(MetadataObserver):
 
     def move_away(
         self,
-        obj: ObjectMeta,
-        replica: Replica,
+        moves: Sequence[tuple[ObjectMeta, Replica, TaskDone]],
         keep_free: Sequence[tuple[int, int]],
         low_watermark: float,
-        on_done: TaskDone,
     ) -> bool:
-        """Pool-mode defragmentation: move `replica` out of the range being made, through a
-        MOVE task. The destination is another serving segment without a replica of `obj`
-        that stays at or below `low_watermark` with it, the emptiest first, else the
-        replica's own segment outside `keep_free` (the free ranges of the range being made:
-        the move must not land in it). Allocated directly (never through reclaim). False,
-        with nothing changed, when nothing can take it or nobody can execute the move;
-        otherwise `on_done` is called once when the task ends."""
-        if obj in self._task_of or not obj.complete or replica not in obj.replicas:
-            return False
-        home = replica.segment
-        if not home.serving:
-            return False
-        executor = self._executor_for(home)
-        if executor is None:
-            return False
+        """Pool-mode defragmentation: move each `(obj, replica, on_done)` of `moves` out of
+        the range being made, through MOVE tasks, all or none. A destination is another
+        serving segment without a replica of its object that stays at or below
+        `low_watermark` with it, the emptiest first, else the replica's own segment outside
+        `keep_free` (the free ranges of the range being made: no move may land in it);
+        allocated directly (never through reclaim). False, with nothing changed, when one of
+        them cannot move (a task on its object, no room, nobody to execute it); otherwise each
+        `on_done` is called once when its task ends."""
         core = self._core
-        size = obj.size
-        aligned = core.aligned(size)
+        planned: list[tuple[ObjectMeta, Replica, Replica, ClientId, TaskDone]] = []
+        seen: set[ObjectMeta] = set()
+
+        def undo() -> bool:
+            for obj, _, target, _, _ in planned:
+                core.free_replicas((target,), obj.size)
+            return False
+
+        for obj, replica, on_done in moves:
+            if obj in self._task_of or obj in seen or not obj.complete:
+                return undo()
+            home = replica.segment
+            executor = self._executor_for(home) if home.serving else None
+            if executor is None or replica not in obj.replicas:
+                return undo()
+            target = self._destination(obj, home, keep_free, low_watermark)
+            if target is None:
+                return undo()
+            seen.add(obj)
+            planned.append((obj, replica, target, executor, on_done))
+        for obj, replica, target, executor, on_done in planned:
+            # The master's own move, as a repair copy: a Remove or an upsert of the object
+            # cancels it rather than waiting for it (the caller never asked for it).
+            self._launch(TaskType.MOVE, obj, replica, (target,), executor, on_done, True)
+        return True
+
+    def _destination(
+        self,
+        obj: ObjectMeta,
+        home: Segment,
+        keep_free: Sequence[tuple[int, int]],
+        low_watermark: float,
+    ) -> Replica | None:
+        """Where a defragmentation move of `obj`'s replica on `home` goes (see `move_away`)."""
+        core = self._core
+        aligned = core.aligned(obj.size)
         held = {r.segment for r in obj.replicas}
         others = sorted(
             (
@@ -318,17 +344,11 @@ class TaskTable(MetadataObserver):
             ),
             key=lambda s: s.allocator.allocated / max(1, s.allocator.capacity),
         )
-        target = None
         for seg in others:
-            target = core.allocate_on(seg, size)
+            target = core.allocate_on(seg, obj.size)
             if target is not None:
-                break
-        if target is None:
-            target = core.allocate_on(home, size, keep_free)
-        if target is None:
-            return False
-        self._launch(TaskType.MOVE, obj, replica, (target,), executor, on_done, False)
-        return True
+                return target
+        return core.allocate_on(home, obj.size, keep_free)
 
     def succeed(self, task: Task) -> None:
         """The executor copied every target: switch the metadata (copy: the targets join the

@@ -135,3 +135,55 @@ def test_moves_per_range_are_bounded() -> None:
     assert pool.tasks() == []
     assert pool.start("mid", 3 * SLOT).retry_after_ms > 0  # free, k, free: one move
     assert len(pool.tasks()) == 1
+
+
+def test_removing_an_object_being_moved_cancels_its_move_and_frees_both_ranges() -> None:
+    pool = Pool()
+    pool.comb()
+    assert pool.start("big", 4 * SLOT).retry_after_ms > 0
+    moves = pool.tasks()
+    seg = pool.svc.segments.get(m.SegmentName("seg"))
+    assert seg is not None
+    before = seg.allocator.allocated
+    key = moves[0].key
+    # The master's own move: the caller's Remove is not refused for it (unlike a move the
+    # caller asked for: OBJECT_HAS_REPLICATION_TASK).
+    assert pool.svc.handle(m.Remove(key)) == m.Reply(OK)
+    assert pool.svc.handle(m.QueryTask(moves[0].task_id)).status is m.TaskStatus.FAILED  # type: ignore[attr-defined]
+    # The source is freed; the target the node may still be copying into stays parked.
+    assert seg.allocator.allocated == before - SLOT
+    assert pool.hooks.stats()["defrag_in_flight"] == len(moves) - 1
+
+
+def test_a_range_whose_moves_cannot_all_find_a_place_starts_none_of_them() -> None:
+    # Free slots 0, 2 and 9, the other 13 held: a 3-slot range (0-2) needs k1 moved, and slot
+    # 9 takes it. A 4-slot range needs two moves (0-3) or three, each into a free slot outside
+    # the range, and there are fewer: no move starts, nothing changes.
+    pool = Pool()
+    for i in range(16):
+        assert pool.start(f"k{i}").code == OK
+    for i in (0, 2, 9):
+        assert pool.svc.handle(m.Remove(f"k{i}")) == m.Reply(OK)
+    pool.clock.advance(60.0)
+    seg = pool.svc.segments.get(m.SegmentName("seg"))
+    assert seg is not None
+    before = seg.allocator.allocated
+    reply = pool.start("four", 4 * SLOT)
+    assert reply.code == NO_ROOM and reply.retry_after_ms == 0
+    assert pool.tasks() == [] and seg.allocator.allocated == before
+    assert pool.start("three", 3 * SLOT).retry_after_ms > 0
+    (move,) = pool.tasks()
+    assert move.key == "k1" and move.targets[0].offset == 9 * SLOT
+    pool.report(move)
+    assert pool.start("three", 3 * SLOT).code == OK
+
+
+def test_a_batch_starts_one_range_and_every_key_refused_meanwhile_gets_the_hint() -> None:
+    pool = Pool()
+    pool.comb()
+    config = m.ReplicateConfigMsg()
+    reply = pool.svc.handle(m.BatchPutStart(WRITER, ["a", "b"], [4 * SLOT, 4 * SLOT], config))
+    assert isinstance(reply, m.BatchPutStartReply)
+    assert [r.code for r in reply.results] == [NO_ROOM, NO_ROOM]
+    assert all(r.retry_after_ms > 0 for r in reply.results)
+    assert pool.hooks.stats()["defrag_windows"] == 1

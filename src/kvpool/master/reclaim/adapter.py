@@ -88,13 +88,17 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         # pressure rule does not apply (`defrag.RangeMover`).
         return self._verdict(rec, now, pressure=False)
 
+    def room(self) -> int:
+        return self._svc.largest_free()
+
     def move_away(
         self,
-        rec: EvictInfo[ObjectMeta],
+        moves: Sequence[tuple[EvictInfo[ObjectMeta], Callable[[bool], None]]],
         keep_free: Sequence[tuple[int, int]],
-        on_done: Callable[[bool], None],
     ) -> bool:
-        return self._svc.move_away(rec.key, rec.replica_id, keep_free, on_done)
+        return self._svc.move_away(
+            [(rec.key, rec.replica_id, done) for rec, done in moves], keep_free
+        )
 
     def _verdict(self, rec: EvictInfo[ObjectMeta], now: float, *, pressure: bool) -> Verdict:
         obj = rec.key

@@ -43,6 +43,8 @@ __all__ = ["DefragStats", "Defragmenter", "RangeMover"]
 
 _MAX_WINDOWS = 16
 """Stretches being made at once, at most (each holds a list entry until its moves end)."""
+_ATTEMPTS = 4
+"""Ranges one call tries, the cheapest first, when the moves of one cannot all start."""
 
 
 class RangeMover(Protocol[K]):
@@ -54,15 +56,19 @@ class RangeMover(Protocol[K]):
         LEASED."""
         ...
 
+    def room(self) -> int:
+        """Bytes of the largest free block a move could take (a larger record cannot move)."""
+        ...
+
     def move_away(
         self,
-        rec: EvictInfo[K],
+        moves: Sequence[tuple[EvictInfo[K], Callable[[bool], None]]],
         keep_free: Sequence[tuple[int, int]],
-        on_done: Callable[[bool], None],
     ) -> bool:
-        """Start moving `rec`'s replica out of its place (anywhere but the free ranges
-        `keep_free` of its segment); False when nothing can take it. `on_done(moved)` once,
-        later, when the move ends."""
+        """Start moving the replica of each `(rec, on_done)` of `moves` out of its place
+        (anywhere but the free ranges `keep_free` of its segment), all or none; False, with
+        nothing changed, when one cannot move. Each `on_done(moved)` once, later, when its
+        move ends."""
         ...
 
 
@@ -103,6 +109,7 @@ class Defragmenter(RangeReclaimer[K]):
         self.defrag = DefragStats()
         self._pending: list[_Pending] = []
         self._in_flight = 0
+        self._room = 0  # the mover's room, for the call under way
 
     @property
     def in_flight(self) -> int:
@@ -125,19 +132,26 @@ class Defragmenter(RangeReclaimer[K]):
         if len(self._pending) >= _MAX_WINDOWS or self._in_flight >= cfg.defrag_max_in_flight:
             stats.defrag_missed += 1
             return hint  # moves under way end soon; then there is budget again
+        self._room = self.mover.room()
         batches = self._isolate(self._window(size), soft=False)
         window: _Window[K] = _Window({})
         try:
             self._judge_all(batches, window, self.engine.clock())
-            best = _best(window.placed, size, soft=False)
-            if (
-                best is None
-                or len(best) > cfg.defrag_max_moves
-                or self._in_flight + len(best) > cfg.defrag_max_in_flight
-            ):
-                stats.defrag_missed += 1
-                return 0
-            return hint if self._start(best, batches, size) else 0
+            for _ in range(_ATTEMPTS):
+                best = _best(window.placed, size, soft=False)
+                if (
+                    best is None
+                    or len(best) > cfg.defrag_max_moves
+                    or self._in_flight + len(best) > cfg.defrag_max_in_flight
+                ):
+                    break
+                if self._start(best, batches, size):
+                    return hint
+                # One of them found no place (moves compete for the same free blocks): the
+                # next cheapest range without the largest of them.
+                _leave_out(window, max(best, key=lambda rec: rec.size))
+            stats.defrag_missed += 1
+            return 0
         finally:
             for b in batches:
                 b.lists.putback(b.records, b.epoch, ListState.INACTIVE, at_tail=True)
@@ -155,39 +169,31 @@ class Defragmenter(RangeReclaimer[K]):
         elif verdict is Verdict.HARD_PINNED:
             self.engine.stats.parked_hard_pinned += 1
             b.lists.park_unevictable(rec, b.epoch)
-        elif verdict in _MOVABLE:
+        elif verdict in _MOVABLE and rec.size <= self._room:
             return Verdict.PRIMARY
         return None
 
     def _start(self, chosen: list[EvictInfo[K]], batches: list[_Batch[K]], size: int) -> bool:
-        """A MOVE for every record of `chosen`; False when one could not start (the moves
-        already started go on: they only relocate objects)."""
+        """A MOVE for every record of `chosen`, all or none."""
         batch_of = {id(rec): b for b in batches for rec in b.records}
-        keep_free = self._free_around(chosen)
+        if any(rec.flags & STATE_MASK != ISOLATED_BITS for rec in chosen):
+            return False
         pending = _Pending(size)
-        self._pending.append(pending)
-        self.defrag.defrag_windows += 1
-        complete = True
+        moves = [
+            (rec, functools.partial(self._done, rec, pending, batch_of[id(rec)].lists))
+            for rec in chosen
+        ]
+        if not self.mover.move_away(moves, self._free_around(chosen)):
+            return False
         for rec in chosen:
             b = batch_of[id(rec)]
-            if not b.lists.start_migration(rec, b.epoch):
-                complete = False
-                break
-            pending.left += 1
-            self._in_flight += 1
-            done = functools.partial(self._done, rec, pending, b.lists)
-            if not self.mover.move_away(rec, keep_free, done):
-                pending.left -= 1
-                self._in_flight -= 1
-                b.lists.end_migration(rec, moved=False)
-                complete = False
-                break
-            self.defrag.defrag_moves += 1
-        if not complete:
-            pending.size = 0
-        if not pending.left:
-            self._pending.remove(pending)
-        return complete
+            b.lists.start_migration(rec, b.epoch)  # isolated under this epoch: checked above
+        pending.left = len(chosen)
+        self._in_flight += len(chosen)
+        self._pending.append(pending)
+        self.defrag.defrag_windows += 1
+        self.defrag.defrag_moves += len(chosen)
+        return True
 
     def _free_around(self, chosen: list[EvictInfo[K]]) -> list[tuple[int, int]]:
         """The free blocks next to the records of `chosen` (all on one segment): with their
@@ -220,6 +226,15 @@ class Defragmenter(RangeReclaimer[K]):
             pending.size = 0
         if pending.left <= 0 and pending in self._pending:
             self._pending.remove(pending)
+
+
+def _leave_out(window: _Window[K], rec: EvictInfo[K]) -> None:
+    """Take `rec` out of the candidates placed in `window` (it found no place to go)."""
+    for _, items in window.placed.values():
+        for i, item in enumerate(items):
+            if item[1] is rec:
+                del items[i]
+                return
 
 
 _MOVABLE = frozenset({Verdict.PRIMARY, Verdict.DROPPABLE, Verdict.SOFT_PINNED})

@@ -28,12 +28,16 @@ HOLD = 0.70
 PUTS = 1000
 
 
-@pytest.mark.parametrize("arena_size", [0, 64 << 20], ids=["no-arenas", "arenas"])
+@pytest.mark.parametrize(
+    ("arena_size", "batch"), [(0, 1), (64 << 20, 1), (0, 4)], ids=["no-arenas", "arenas", "batches"]
+)
 def test_mixed_sizes_through_a_fragmented_pool_mode_pool_never_fail(
     pool: PoolFactory,  # noqa: F811
     arena_size: int,
+    batch: int,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """`batches`: `batch_put` of four values at a time (the refused keys of a batch retry)."""
     caplog.set_level(logging.DEBUG, logger="kvpool.client.writer")
     p = pool(nodes=NODES, segment_size="32MiB", master_args=("--eviction-mode", "pool"))
     rng = random.Random(13)
@@ -43,17 +47,28 @@ def test_mixed_sizes_through_a_fragmented_pool_mode_pool_never_fail(
     used = busy = 0
     refused: list[int] = []
     with Store(p.address, arena_size=arena_size) as s:
-        for i in range(PUTS):
-            size = int(2 ** rng.uniform(12, 22))
-            start = rng.randrange(0, len(data) - size + 1)
-            key = f"v{i}"
-            try:
-                assert s.put(key, view[start : start + size]) is True
-            except NoSpace:
-                refused.append(size)
+        for i in range(0, PUTS, batch):
+            keys = [f"v{i + j}" for j in range(batch)]
+            places: list[tuple[int, int]] = []
+            for _ in keys:
+                size = int(2 ** rng.uniform(12, 22))
+                places.append((rng.randrange(0, len(data) - size + 1), size))
+            values = [view[start : start + size] for start, size in places]
+            if batch == 1:
+                try:
+                    assert s.put(keys[0], values[0]) is True
+                    codes = [ErrorCode.OK]
+                except NoSpace:
+                    codes = [ErrorCode.NO_AVAILABLE_HANDLE]
             else:
-                held[key] = (start, size)
-                used += size
+                codes = s.batch_put(keys, values)
+            for key, place, code in zip(keys, places, codes, strict=True):
+                if code is ErrorCode.NO_AVAILABLE_HANDLE:
+                    refused.append(place[1])
+                    continue
+                assert code is ErrorCode.OK, (key, code)
+                held[key] = place
+                used += place[1]
             while used > HOLD * NODES * SEGMENT:
                 gone = rng.choice(sorted(held))
                 try:
@@ -63,6 +78,7 @@ def test_mixed_sizes_through_a_fragmented_pool_mode_pool_never_fail(
                     # (a move refuses a Remove until it ends): another one goes instead.
                     assert exc.code is ErrorCode.OBJECT_HAS_REPLICATION_TASK, exc
                     busy += 1
+                    assert busy < PUTS, "removals keep meeting moves"
                     continue
                 used -= held.pop(gone)[1]
         mismatched = [

@@ -522,6 +522,7 @@ class Writer:
             )
             for i, c in zip(again, redo, strict=True):
                 out[i] = c
+            log.debug("%d key(s) of a batch asked again while room was made", len(again))
 
     def _put_batch_arena(
         self,

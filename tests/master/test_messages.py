@@ -189,3 +189,17 @@ def test_a_ping_reply_of_an_older_master_still_decodes() -> None:
 def test_task_status_numbers_follow_mooncake_order() -> None:
     assert [s.name for s in m.TaskStatus] == ["PENDING", "PROCESSING", "SUCCESS", "FAILED"]
     assert m.TaskType.COPY == 0 and m.TaskType.MOVE == 1
+
+
+class _PutStartReplyBefore(msgspec.Struct, array_like=True, tag="PutStartReply"):
+    """`PutStartReply` as it was before `retry_after_ms` (issue #13, pool-mode defrag)."""
+
+    code: int
+    replicas: list[m.ReplicaDesc] = []
+
+
+def test_put_start_reply_retry_hint_is_wire_compatible_both_ways() -> None:
+    hinted = msgspec.msgpack.encode(m.PutStartReply(-200, [], 50))
+    assert msgspec.msgpack.decode(hinted, type=_PutStartReplyBefore).code == -200
+    before = msgspec.msgpack.encode(_PutStartReplyBefore(-200, []))
+    assert msgspec.msgpack.decode(before, type=m.PutStartReply).retry_after_ms == 0

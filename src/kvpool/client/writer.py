@@ -28,6 +28,12 @@ A replica's node died (`_put_again`, `_put_batch_retrying`)
     keeps its failure. The protocol has no field to exclude a segment; preferring the others
     keeps a dead one out whenever enough live segments have room.
 
+The master is making room (`_start_when_room`, `_put_batch_when_room`)
+    A pool-mode master that finds a segment's free bytes only in pieces moves neighbours out
+    of one range and answers NO_AVAILABLE_HANDLE with `retry_after_ms`: the put (or the
+    batch's keys so refused) is started again after each hint, within the Store's rpc_timeout
+    of the first refusal. An answer without a hint fails the put at once, as before.
+
 A batch answer with a number of entries other than the keys asked is a fault of the master or
 of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
 are revoked (the master refuses for those it did complete).
@@ -52,7 +58,13 @@ from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
 from kvpool.client.result import PutStatsRecorder
 from kvpool.client.validation import check_count, check_replicate_config
-from kvpool.codes import INVALID_PARAMS, INVALID_WRITE, OBJECT_ALREADY_EXISTS, OK
+from kvpool.codes import (
+    INVALID_PARAMS,
+    INVALID_WRITE,
+    NO_AVAILABLE_HANDLE,
+    OBJECT_ALREADY_EXISTS,
+    OK,
+)
 from kvpool.errors import (
     ErrorCode,
     InvalidParams,
@@ -100,6 +112,18 @@ MAX_PUT_RETRIES: Final = 3
 _RETRYABLE: Final = frozenset({ErrorCode.TRANSFER_FAIL, ErrorCode.SEGMENT_NOT_FOUND})
 """Write failures that another segment may not have: the segment's owner died or left."""
 _PROCESSING: Final = ReplicaStatus.PROCESSING
+
+
+def _hint_s(retry_after_ms: int) -> float:
+    """A master's retry hint in seconds, kept within [1 ms, 1 s] whatever it said."""
+    return min(1.0, max(0.001, retry_after_ms / 1000))
+
+
+def _subset(cfg: ReplicateConfigMsg, picked: list[int]) -> ReplicateConfigMsg:
+    """`cfg` for the keys `picked` (indexes into a batch) put again: their groups only."""
+    if cfg.group_ids is None:
+        return cfg
+    return msgspec.structs.replace(cfg, group_ids=[cfg.group_ids[i] for i in picked])
 
 
 def _arena_config(cfg: ReplicateConfigMsg) -> bool:
@@ -242,6 +266,8 @@ class Writer:
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
         rep = self._node.rpc.call_as(start, PutStartReply)
+        if rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
+            rep = self._start_when_room(start, rep)
         if rep.code == OBJECT_ALREADY_EXISTS and not upsert:
             return 0
         if rep.code:
@@ -270,6 +296,24 @@ class Writer:
             self._revoke([key])
             raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
         return len(rep.replicas)
+
+    def _start_when_room(self, start: PutStart | UpsertStart, rep: PutStartReply) -> PutStartReply:
+        """The master is making room (pool mode: moving a range's neighbours away) and said
+        when to ask again: ask again after each hint, within the Store's retry window; the
+        last answer."""
+        deadline = time.monotonic() + self._retry_window
+        tries = 0
+        while rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, _hint_s(rep.retry_after_ms)))
+            tries += 1
+            rep = self._node.rpc.call_as(start, PutStartReply)
+        log.debug(
+            "put of %r asked again %d time(s) while room was made: %d", start.key, tries, rep.code
+        )
+        return rep
 
     def _avoiding(self, cfg: ReplicateConfigMsg, avoid: set[str]) -> ReplicateConfigMsg:
         """`cfg` (which names no preferred segments) for a put started again: the segments in
@@ -416,7 +460,12 @@ class Writer:
         """`_put_batch_started`, then the keys whose write to a replica's segment failed are
         started again on other segments, as `put_one` does, within the same bounds."""
         avoid: set[str] = set()
-        out = self._put_batch_started(keys, views, cfg, cfg.replica_num, upsert=upsert, avoid=avoid)
+        hints: list[int] = []
+        out = self._put_batch_started(
+            keys, views, cfg, cfg.replica_num, upsert=upsert, avoid=avoid, hints=hints
+        )
+        if hints:
+            self._put_batch_when_room(keys, views, cfg, out, hints, upsert=upsert)
         if not avoid or cfg.preferred_segments:  # a placement the caller chose is kept
             return out
         deadline = time.monotonic() + self._retry_window
@@ -425,13 +474,10 @@ class Writer:
             if not again or time.monotonic() >= deadline:
                 break
             self.stats.retried(len(again))
-            part = cfg
-            if cfg.group_ids is not None:
-                part = msgspec.structs.replace(cfg, group_ids=[cfg.group_ids[i] for i in again])
             redo = self._put_batch_started(
                 [keys[i] for i in again],
                 [views[i] for i in again],
-                self._avoiding(part, avoid),
+                self._avoiding(_subset(cfg, again), avoid),
                 cfg.replica_num,
                 upsert=upsert,
                 avoid=avoid,
@@ -442,6 +488,41 @@ class Writer:
         if left:
             self.stats.retry_failed(left)
         return out
+
+    def _put_batch_when_room(
+        self,
+        keys: list[str],
+        views: list[memoryview],
+        cfg: ReplicateConfigMsg,
+        out: list[ErrorCode],
+        hints: list[int],
+        *,
+        upsert: bool,
+    ) -> None:
+        """The keys refused NO_AVAILABLE_HANDLE while the master made room (`hints`, its retry
+        hints) started again after the longest hint, as `_start_when_room` does, within the
+        Store's retry window; `out` gets their answers."""
+        deadline = time.monotonic() + self._retry_window
+        room = ErrorCode.NO_AVAILABLE_HANDLE
+        while hints:
+            again = [i for i, c in enumerate(out) if c == room]
+            left = deadline - time.monotonic()
+            if not again or left <= 0:
+                break
+            time.sleep(min(left, _hint_s(max(hints))))
+            hints.clear()
+            redo = self._put_batch_started(
+                [keys[i] for i in again],
+                [views[i] for i in again],
+                _subset(cfg, again),
+                cfg.replica_num,
+                upsert=upsert,
+                avoid=set(),
+                hints=hints,
+            )
+            for i, c in zip(again, redo, strict=True):
+                out[i] = c
+            log.debug("%d key(s) of a batch asked again while room was made", len(again))
 
     def _put_batch_arena(
         self,
@@ -514,10 +595,12 @@ class Writer:
         *,
         upsert: bool,
         avoid: set[str],
+        hints: list[int] | None = None,
     ) -> list[ErrorCode]:
         """`batch_put` / `batch_upsert` through BatchPutStart and BatchPutEnd. Keys stored
         with fewer replicas than `want` are counted (`stats`); the segments whose writes
-        failed in a way a retry elsewhere may cure are added to `avoid`."""
+        failed in a way a retry elsewhere may cure are added to `avoid`; the retry hints of
+        keys refused while the master makes room go to `hints`."""
         cid = self._node.client_id
         sizes = [mv.nbytes for mv in views]
         kind = BatchUpsertStart if upsert else BatchPutStart
@@ -538,6 +621,8 @@ class Writer:
         for i, r in enumerate(rep.results):
             if r.code:
                 out[i] = ErrorCode.of(r.code)
+                if r.retry_after_ms > 0 and hints is not None and r.code == NO_AVAILABLE_HANDLE:
+                    hints.append(r.retry_after_ms)
                 continue
             started.append(i)
             size = sizes[i]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from kvpool.codes import INVALID_PARAMS, OK, SEGMENT_ALREADY_EXISTS
@@ -440,7 +440,22 @@ class MetadataCore:
             while not got and rounds > 0 and self.hooks.reclaim_range(aligned) > 0:
                 rounds -= 1
                 got = self._allocate_again(size, plan, host)
+            if not got:
+                self._defragment(aligned, plan)
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
+
+    def _defragment(self, aligned: int, plan: PutPlan) -> None:
+        """No range after reclaim: when a serving segment has the bytes in pieces, ask the
+        hooks (pool mode) to move neighbours out of one range, once per request; the answer
+        is the put's retry hint (`plan.retry_after_ms`). A put that excludes segments (its
+        retry after a node's death) is not one to move others for."""
+        if plan.retry_after_ms is not None:
+            return
+        plan.retry_after_ms = 0
+        if plan.exclude:
+            return
+        if any(s.allocator.capacity - s.allocator.allocated >= aligned for s in self.segments.live):
+            plan.retry_after_ms = self.hooks.defragment(aligned)
 
     def _allocate_again(
         self, size: int, plan: PutPlan, host: HostId | None
@@ -491,9 +506,19 @@ class MetadataCore:
                 seg.allocator.free(plan.region_next, plan.region_end - plan.region_next)
             plan.region_seg = None
 
-    def allocate_on(self, seg: Segment, size: int) -> Replica | None:
-        """A PROCESSING replica of `size` bytes on `seg` (a task's target); never reclaims."""
-        off = seg.allocator.alloc(size)
+    def allocate_on(
+        self, seg: Segment, size: int, keep_free: Sequence[tuple[int, int]] = ()
+    ) -> Replica | None:
+        """A PROCESSING replica of `size` bytes on `seg` (a task's target), outside the free
+        ranges `keep_free` ((offset, size) pairs: a range being made for a put); never
+        reclaims."""
+        alloc = seg.allocator
+        held = [(o, n) for o, n in keep_free if alloc.alloc_at(o, n)]
+        try:
+            off = alloc.alloc(size)
+        finally:
+            for o, n in held:
+                alloc.free(o, n)
         if off is None:
             return None
         seg.objects += 1

@@ -30,6 +30,11 @@ service calls:
   range of `size` bytes on one segment, if it can, and answers the bytes freed (0: it could
   not, and freed nothing); PutStart retries after each call, for at most four calls, and
   stops at the first that freed nothing;
+* `defragment(size)` (pool mode) when PutStart still finds no room after range reclaim
+  although some serving segment has `size` free bytes in pieces: the hook starts MOVE tasks
+  for the neighbours that make one free range (a put cannot wait for them) and answers the
+  milliseconds after which the put may ask again (0: nothing under way); at most once per
+  request;
 * `tick(now)` from a background task every `MasterConfig`-defined interval (kswapd's chance to
   reclaim above the high watermark).
 """
@@ -111,6 +116,22 @@ class ReclaimTarget(Protocol):
         """
         ...
 
+    def move_away(
+        self,
+        moves: Sequence[tuple[ObjectMeta, Replica, Callable[[bool], None]]],
+        keep_free: Sequence[tuple[int, int]],
+    ) -> bool:
+        """Pool-mode defragmentation: start moving each `(obj, replica, on_done)` of `moves`
+        anywhere else, all or none: to another serving segment that stays at or below the
+        low watermark with it, else to its own segment outside the free ranges `keep_free`
+        ((offset, size) of that segment: the range being made). False (nothing changed) when
+        one cannot move. Never triggers reclaim; each `on_done(moved)` as for `swap_out`."""
+        ...
+
+    def largest_free(self) -> int:
+        """Bytes of the largest free block of any serving segment (what a move can take)."""
+        ...
+
 
 class ReclaimHooks(Protocol):
     """What the service tells reclaim; see the module docstring for when each is called."""
@@ -144,6 +165,11 @@ class ReclaimHooks(Protocol):
         possible; answer the bytes freed (0: nothing freed, the put stops asking)."""
         ...
 
+    def defragment(self, size: int) -> int:
+        """Pool mode: start the moves that make one free range of `size` bytes; answer the
+        milliseconds after which a put may ask again (0: nothing is under way)."""
+        ...
+
     def tick(self, now: float) -> None: ...
 
 
@@ -173,6 +199,9 @@ class NoopReclaimHooks:
         return 0
 
     def reclaim_range(self, size: int) -> int:
+        return 0
+
+    def defragment(self, size: int) -> int:
         return 0
 
     def tick(self, now: float) -> None:

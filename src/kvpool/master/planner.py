@@ -63,6 +63,7 @@ class PutPlan:
         "region_next",
         "region_seg",
         "replica_num",
+        "retry_after_ms",
         "same_node",
         "shards",
         "simple",
@@ -97,6 +98,10 @@ class PutPlan:
         self.region_next = 0
         self.region_end = 0
         self.region_left = 0
+        #: Pool mode: what a defragmentation said when this request found no range (None:
+        #: not asked yet; asked once per request, so a batch starts one at most), as the
+        #: retry hint of its NO_AVAILABLE_HANDLE answers (0: nothing under way).
+        self.retry_after_ms: int | None = None
         #: One replica, nothing preferred, nothing local: the placement fast path.
         self.simple = (
             cfg.replica_num == 1

@@ -23,7 +23,7 @@ This module builds them, maps each request type to its handler, and implements
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -318,3 +318,15 @@ class MasterService:
         self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
     ) -> bool:
         return self._tasks.swap_out(obj, replica, low_watermark, on_done)
+
+    def move_away(
+        self,
+        moves: Sequence[tuple[ObjectMeta, Replica, TaskDone]],
+        keep_free: Sequence[tuple[int, int]],
+    ) -> bool:
+        cfg = self._config
+        low = max(0.0, cfg.eviction_high_watermark_ratio - cfg.eviction_ratio)
+        return self._tasks.move_away(moves, keep_free, low)
+
+    def largest_free(self) -> int:
+        return max((s.allocator.largest_free() for s in self._core.segments.live), default=0)

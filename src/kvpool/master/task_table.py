@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvpool.codes import (
     CLIENT_NOT_FOUND,
@@ -86,7 +86,8 @@ class Task:
         self.created = now
         self.updated = now
         self.on_done = on_done
-        #: The master's own repair copy: a Remove or an upsert cancels it instead of waiting.
+        #: The master's own task (a repair copy, a defragmentation move): a Remove or an
+        #: upsert cancels it instead of waiting.
         self.repair = repair
 
     @property
@@ -201,15 +202,28 @@ class TaskTable(MetadataObserver):
                 core.free_replicas(tuple(got), obj.size)
                 return None, NO_AVAILABLE_HANDLE
             got.append(r)
+        return self._launch(task_type, obj, source, tuple(got), executor, on_done, repair), OK
+
+    def _launch(  # noqa: PLR0917
+        self,
+        task_type: TaskType,
+        obj: ObjectMeta,
+        source: Replica,
+        targets: tuple[Replica, ...],
+        executor: ClientId,
+        on_done: TaskDone | None,
+        repair: bool,
+    ) -> Task:
+        """Record a PENDING task onto the allocated `targets` and queue it for `executor`."""
         now = self._clock()
         task = Task(
-            uuid.uuid4().hex, task_type, obj, source, tuple(got), executor, now, on_done, repair
+            uuid.uuid4().hex, task_type, obj, source, targets, executor, now, on_done, repair
         )
         self._tasks[task.task_id] = task
         self._task_of[obj] = task
         self._queues.setdefault(executor, {})[task.task_id] = task
         log.debug("task %r created", task)
-        return task, OK
+        return task
 
     def _executor_for(self, seg: Segment) -> ClientId | None:
         """The source segment's owner when it is alive and not silent, else such a client
@@ -268,6 +282,73 @@ class TaskTable(MetadataObserver):
             if task is not None:
                 return True
         return False
+
+    def move_away(
+        self,
+        moves: Sequence[tuple[ObjectMeta, Replica, TaskDone]],
+        keep_free: Sequence[tuple[int, int]],
+        low_watermark: float,
+    ) -> bool:
+        """Pool-mode defragmentation: move each `(obj, replica, on_done)` of `moves` out of
+        the range being made, through MOVE tasks, all or none. A destination is another
+        serving segment without a replica of its object that stays at or below
+        `low_watermark` with it, the emptiest first, else the replica's own segment outside
+        `keep_free` (the free ranges of the range being made: no move may land in it);
+        allocated directly (never through reclaim). False, with nothing changed, when one of
+        them cannot move (a task on its object, no room, nobody to execute it); otherwise each
+        `on_done` is called once when its task ends."""
+        core = self._core
+        planned: list[tuple[ObjectMeta, Replica, Replica, ClientId, TaskDone]] = []
+        seen: set[ObjectMeta] = set()
+
+        def undo() -> bool:
+            for obj, _, target, _, _ in planned:
+                core.free_replicas((target,), obj.size)
+            return False
+
+        for obj, replica, on_done in moves:
+            if obj in self._task_of or obj in seen or not obj.complete:
+                return undo()
+            home = replica.segment
+            executor = self._executor_for(home) if home.serving else None
+            if executor is None or replica not in obj.replicas:
+                return undo()
+            target = self._destination(obj, home, keep_free, low_watermark)
+            if target is None:
+                return undo()
+            seen.add(obj)
+            planned.append((obj, replica, target, executor, on_done))
+        for obj, replica, target, executor, on_done in planned:
+            # The master's own move, as a repair copy: a Remove or an upsert of the object
+            # cancels it rather than waiting for it (the caller never asked for it).
+            self._launch(TaskType.MOVE, obj, replica, (target,), executor, on_done, True)
+        return True
+
+    def _destination(
+        self,
+        obj: ObjectMeta,
+        home: Segment,
+        keep_free: Sequence[tuple[int, int]],
+        low_watermark: float,
+    ) -> Replica | None:
+        """Where a defragmentation move of `obj`'s replica on `home` goes (see `move_away`)."""
+        core = self._core
+        aligned = core.aligned(obj.size)
+        held = {r.segment for r in obj.replicas}
+        others = sorted(
+            (
+                s
+                for s in core.segments.live
+                if s not in held
+                and s.allocator.allocated + aligned <= low_watermark * s.allocator.capacity
+            ),
+            key=lambda s: s.allocator.allocated / max(1, s.allocator.capacity),
+        )
+        for seg in others:
+            target = core.allocate_on(seg, obj.size)
+            if target is not None:
+                return target
+        return core.allocate_on(home, obj.size, keep_free)
 
     def succeed(self, task: Task) -> None:
         """The executor copied every target: switch the metadata (copy: the targets join the

@@ -9,7 +9,9 @@ Rules (Mooncake's; the protocol module docstring has the whole lifecycle):
   is younger than `put_start_discard_timeout`; an older PutStart is preempted (its space is
   parked until `put_start_release_timeout` after it started). No room: NO_AVAILABLE_HANDLE,
   after one `reclaim_for` and one retry, then at most four `reclaim_range` calls, each
-  followed by a retry (`MetadataCore.allocate`).
+  followed by a retry (`MetadataCore.allocate`); in pool mode, when a segment has the bytes
+  in pieces, the answer carries `retry_after_ms` while neighbours are moved out of one range
+  (`reclaim/defrag.py`).
 * UpsertStart: absent, a put; same size, the replicas are rewritten in place; another size,
   or the same size under a live read lease, new ranges first, then a new object record (the
   old ranges of a leased object stay parked until its lease ends: a reader may be copying).
@@ -129,7 +131,7 @@ class WritePath:
         # a preempted write's ranges stay parked, a dead object's sit on unmounted segments.
         replicas = self._allocate(size, plan)
         if not replicas:
-            return PutStartReply(NO_AVAILABLE_HANDLE)
+            return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
         if old is not None:
             self._core.clear_holder(old, verdict)
         obj = ObjectMeta(
@@ -201,7 +203,7 @@ class WritePath:
             # under the reader): new ranges first, so a full pool leaves the old value intact.
             fresh = core.allocate(size, plan)
             if not fresh:
-                return PutStartReply(NO_AVAILABLE_HANDLE)
+                return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
         obj = core.rewrite_object(
             obj, size, fresh, plan.client_id, now, plan.action, plan.soft_pin, plan.replica_num
         )

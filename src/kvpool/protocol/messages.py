@@ -436,8 +436,13 @@ class SegmentReply(Message):
 
 
 class PutStartReply(Message):
+    """`retry_after_ms` > 0 with NO_AVAILABLE_HANDLE: the master is making room for the put
+    (pool mode: moving neighbours out of a fragmented range); asking again after that many
+    milliseconds may succeed. 0: nothing is under way."""
+
     code: int
     replicas: list[ReplicaDesc] = []
+    retry_after_ms: int = 0
 
 
 class BatchPutStartReply(Message):

@@ -16,6 +16,9 @@ terms, so that neither side knows the other's internals:
 * `reclaim_range` is range reclaim (`fit.py`: evict the neighbours that make one free block
   of a put's size when the bytes `reclaim_for` freed lie in smaller pieces); `_SegmentLayout`
   tells it where a record's replica lies (its segment's allocator and offset);
+* `defragment` (pool mode only) is defragmentation (`defrag.py`: when range reclaim could drop
+  nothing, MOVE tasks for the neighbours that make one free block, and a retry hint for the
+  put); `_ServiceTarget` is its `RangeMover`;
 * `reclaim_for` is direct reclaim (inactive lists only, group commit); kswapd runs one bounded
   step per event-loop callback (see `MasterReclaimHooks`), and `tick` expires soft pins and
   restarts kswapd when it is wanted.
@@ -40,13 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvpool.master import hooks
 from kvpool.master.config import EvictionMode
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.reclaim.base import ReclaimTarget, Verdict
 from kvpool.master.reclaim.config import ReclaimConfig
+from kvpool.master.reclaim.defrag import Defragmenter
 from kvpool.master.reclaim.engine import ReclaimEngine
 from kvpool.master.reclaim.fit import FreeMap, RangeReclaimer
 from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
@@ -77,6 +81,26 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         return self._svc.memory_usage()
 
     def inspect(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
+        return self._verdict(rec, now, pressure=self._pool_mode)
+
+    def movable(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
+        # Defragmentation moves a replica to make a range, not to relieve its segment: the
+        # pressure rule does not apply (`defrag.RangeMover`).
+        return self._verdict(rec, now, pressure=False)
+
+    def room(self) -> int:
+        return self._svc.largest_free()
+
+    def move_away(
+        self,
+        moves: Sequence[tuple[EvictInfo[ObjectMeta], Callable[[bool], None]]],
+        keep_free: Sequence[tuple[int, int]],
+    ) -> bool:
+        return self._svc.move_away(
+            [(rec.key, rec.replica_id, done) for rec, done in moves], keep_free
+        )
+
+    def _verdict(self, rec: EvictInfo[ObjectMeta], now: float, *, pressure: bool) -> Verdict:
         obj = rec.key
         if self._svc.index.get(obj.tenant, obj.key) is not obj:
             return Verdict.STALE
@@ -98,7 +122,7 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         pinned = obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline
         if not pinned and mine is not primary:
             return Verdict.DROPPABLE
-        if self._pool_mode and not _under_pressure(mine, self._low):
+        if pressure and not _under_pressure(mine, self._low):
             # It would have to move, and its segment is at or below the low watermark: a move
             # would relieve nothing (and could only shuttle replicas between segments).
             return Verdict.BUSY
@@ -156,6 +180,7 @@ class MasterReclaimHooks:
         self._alignment = 1
         self._scheduled = False
         self._ranges: RangeReclaimer[ObjectMeta] | None = None
+        self._defrag: Defragmenter[ObjectMeta] | None = None
 
     @property
     def engine(self) -> ReclaimEngine[ObjectMeta]:
@@ -188,6 +213,8 @@ class MasterReclaimHooks:
         self._engine.wakeup = self._wake
         self._pins = SoftPinIndex(num_shards, _shard_of)
         self._ranges = RangeReclaimer(self._engine, _SegmentLayout())
+        if config.mode is EvictionMode.POOL:
+            self._defrag = Defragmenter(self._engine, _SegmentLayout(), service_target)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
         if replica.kind is not ReplicaKind.MEMORY:
@@ -251,6 +278,15 @@ class MasterReclaimHooks:
         assert ranges is not None, "MasterReclaimHooks is not attached to a service"
         return ranges.reclaim_range(size)
 
+    def defragment(self, size: int) -> int:
+        defrag = self._defrag
+        return defrag.defragment(size) if defrag is not None else 0
+
+    @property
+    def defragmenter(self) -> Defragmenter[ObjectMeta] | None:
+        """Pool mode's `Defragmenter` (None in cache mode: range reclaim evicts there)."""
+        return self._defrag
+
     def tick(self, now: float) -> None:
         engine = self.engine
         self.soft_pins.expire(now, self._pin_expired)
@@ -279,6 +315,9 @@ class MasterReclaimHooks:
         out["soft_pins"] = len(self.soft_pins)
         if self._ranges is not None:
             out.update(self._ranges.stats.as_dict())
+        if self._defrag is not None:
+            out.update(self._defrag.defrag.as_dict())
+            out["defrag_in_flight"] = self._defrag.in_flight
         return out
 
     def _wake(self) -> bool:

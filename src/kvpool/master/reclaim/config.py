@@ -49,6 +49,16 @@ class ReclaimConfig:
     a free block large enough) isolates and looks at, at most: the oldest of every shard's
     inactive list, in proportion to its length. Bounds the cost of that slow path."""
 
+    defrag_max_moves: int = 32
+    """Pool mode: moves one defragmentation (`defrag.Defragmenter`: a put found the bytes of a
+    segment only in pieces) may start for one range, at most; a range that needs more is not
+    made."""
+    defrag_max_in_flight: int = 128
+    """Pool mode: defragmentation moves running at once, at most (over every range)."""
+    defrag_retry_ms: int = 50
+    """Pool mode: the retry hint (milliseconds) of a put refused while its range is being made:
+    about a node's task poll (50 ms) plus the copy."""
+
     kswapd_backoff: float = 1.0
     """Seconds kswapd stays asleep above the high watermark after a step found nothing to
     reclaim (a failed allocation wakes it at once): without it every PutEnd above the
@@ -73,6 +83,16 @@ class ReclaimConfig:
             raise InvalidParams(f"scan_limit must be >= 1, got {self.scan_limit}")
         if self.range_scan_limit < 1:
             raise InvalidParams(f"range_scan_limit must be >= 1, got {self.range_scan_limit}")
+        if self.defrag_max_moves < 1:
+            raise InvalidParams(f"defrag_max_moves must be >= 1, got {self.defrag_max_moves}")
+        if self.defrag_max_in_flight < 1:
+            raise InvalidParams(
+                f"defrag_max_in_flight must be >= 1, got {self.defrag_max_in_flight}"
+            )
+        if not 1 <= self.defrag_retry_ms <= 10_000:
+            raise InvalidParams(
+                f"defrag_retry_ms must be in [1, 10000] ms, got {self.defrag_retry_ms}"
+            )
         if self.kswapd_backoff < 0:
             raise InvalidParams(f"kswapd_backoff must be >= 0 seconds, got {self.kswapd_backoff}")
         if self.kswapd_step_records < 1:

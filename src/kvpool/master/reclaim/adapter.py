@@ -55,11 +55,13 @@ from kvpool.master.reclaim.engine import ReclaimEngine
 from kvpool.master.reclaim.fit import FreeMap, RangeReclaimer
 from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
 from kvpool.master.reclaim.softpin import SoftPinIndex
-from kvpool.protocol.messages import ReplicaKind
+from kvpool.protocol.messages import ReplicaKind, ReplicaStatus
 
 __all__ = ["MasterReclaimHooks"]
 
 log = logging.getLogger(__name__)
+
+_COMPLETE = ReplicaStatus.COMPLETE
 
 
 class _ServiceTarget(ReclaimTarget[ObjectMeta]):
@@ -112,6 +114,11 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
                 if r is rec.replica_id:
                     mine = r
         if mine is None:
+            rid = rec.replica_id
+            if rid.status is _COMPLETE and rid.segment.alive and rid in obj.replicas:
+                # On a mounted segment whose owner is silent: neither evicted nor moved while
+                # it may come back with its objects, and kept on the lists for when it does.
+                return Verdict.BUSY
             return Verdict.STALE  # freed, or its segment went away
         if obj.hard_pin:
             return Verdict.HARD_PINNED

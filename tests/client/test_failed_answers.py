@@ -127,7 +127,12 @@ def test_keys_whose_batch_put_end_fails_are_revoked_the_others_kept(
     def change(real: Call, req: Any) -> Any:
         if isinstance(req, BatchPutEnd):
             # The master ends every key but the first, and refuses that one.
-            rest = msgspec.structs.replace(req, keys=req.keys[1:], checksums=req.checksums[1:])
+            rest = msgspec.structs.replace(
+                req,
+                keys=req.keys[1:],
+                checksums=req.checksums[1:],
+                replica_ids=req.replica_ids[1:],
+            )
             codes = real(rest).codes
             return BatchReply([int(ErrorCode.INTERNAL_ERROR), *codes])
         return real(req)

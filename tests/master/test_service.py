@@ -1128,3 +1128,50 @@ def test_upsert_enable_repins_from_the_next_put_end(svc: MasterService, clock: o
     end(svc, "k")
     obj = svc.index.get("default", "k")
     assert obj is not None and obj.soft_pin_deadline == clock() + 1.0  # type: ignore[operator]
+
+
+def test_a_late_put_end_or_revoke_of_a_taken_over_put_leaves_the_new_put_alone(
+    svc: MasterService, clock: object
+) -> None:
+    # Two threads of one Store (one client id) put the same key: the first stalls past the
+    # discard timeout and the second takes the key over. The first's late PutEnd / PutRevoke
+    # name its own put (its first replica id) and must not finish or undo the second.
+    old = start(svc, "k", size=MiB)
+    clock.advance(svc.config.put_start_discard_timeout + 1)  # type: ignore[attr-defined]
+    new = start(svc, "k", size=MiB)
+    assert old.code == OK and new.code == OK
+    old_id, new_id = old.replicas[0].replica_id, new.replicas[0].replica_id
+    assert old_id != new_id  # the old ranges stay parked: never handed out again meanwhile
+    revoke = svc.handle(m.PutRevoke(WRITER, "k", replica_id=old_id))
+    assert revoke == m.Reply(E.ILLEGAL_CLIENT)
+    late = svc.handle(m.PutEnd(WRITER, "k", 111, replica_id=old_id))
+    assert late == m.Reply(E.ILLEGAL_CLIENT)
+    batch = svc.handle(m.BatchPutEnd(WRITER, ["k"], [111], replica_ids=[old_id]))
+    assert isinstance(batch, m.BatchReply) and batch.codes == [E.ILLEGAL_CLIENT]
+    assert get(svc, "k").code == E.REPLICA_IS_NOT_READY  # still the new put's, unfinished
+    assert svc.handle(m.PutEnd(WRITER, "k", 222, replica_id=new_id)) == m.Reply(OK)
+    got = get(svc, "k")
+    assert got.code == OK and got.checksum == 222
+
+
+def test_a_revoke_after_a_failed_write_parks_the_ranges_instead_of_freeing_them(
+    svc: MasterService, clock: object
+) -> None:
+    # A node that took part of the bytes may be frozen, not dead, and write them when it
+    # wakes: the ranges of a put revoked for a failed write stay allocated until the release
+    # timeout, so no other put is placed under the late bytes.
+    r = start(svc, "k", size=MiB)
+    rid = r.replicas[0].replica_id
+    assert svc.handle(m.PutRevoke(WRITER, "k", replica_id=rid, park=True)) == m.Reply(OK)
+    assert get(svc, "k").code == E.OBJECT_NOT_FOUND
+    assert used(svc) == MiB  # parked
+    other = start(svc, "other", size=MiB, client=OTHER)
+    assert (other.replicas[0].segment, other.replicas[0].offset) != (
+        r.replicas[0].segment,
+        r.replicas[0].offset,
+    )
+    assert end(svc, "other", client=OTHER) == OK
+    assert used(svc) == 2 * MiB
+    clock.advance(svc.config.put_start_release_timeout + 1)  # type: ignore[attr-defined]
+    svc.release_stale()
+    assert used(svc) == MiB  # the parked ranges went back; "other" stays

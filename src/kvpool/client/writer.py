@@ -272,28 +272,34 @@ class Writer:
             return 0
         if rep.code:
             raise _refused(rep.code, key, asked)
+        # The put's name at the master: a late PutEnd or PutRevoke of it can then never
+        # finish or undo a later put of the key that took it over.
+        token = [rep.replicas[0].replica_id] if rep.replicas else None
         try:
             code, csum, failed = self._write_replicas(rep.replicas, mv)
             end = OK
             if code == ErrorCode.OK:
-                end = self._node.rpc.call_as(PutEnd(cid, key, csum, self.tenant), Reply).code
+                done = PutEnd(cid, key, csum, self.tenant, token[0] if token else None)
+                end = self._node.rpc.call_as(done, Reply).code
         except BaseException:
             # Whatever escaped (a concurrent close(), KeyboardInterrupt, a fault of the data
             # path or of the PutEnd), the PutStart must not linger: for
             # put_start_discard_timeout it would make a retried put answer "already exists"
             # and hold its space. A PutEnd the master did carry out is not undone: the revoke
             # of a complete object is refused.
-            self._revoke([key])
+            self._revoke([key], token, park=True)
             raise
         if code != ErrorCode.OK:
-            self._revoke([key])
+            # A node may have taken part of the bytes and still write them (frozen, not
+            # dead): the master keeps the ranges parked rather than handing them out at once.
+            self._revoke([key], token, park=True)
             if code in _RETRYABLE and failed:
                 for seg in failed:
                     avoid[seg] = code
                 return None
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         if end != OK:
-            self._revoke([key])
+            self._revoke([key], token)
             raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
         return len(rep.replicas)
 
@@ -406,15 +412,20 @@ class Writer:
             csum = checksum(mv)
         return ErrorCode.OK, csum, []
 
-    def _revoke(self, keys: list[str]) -> None:
-        """Best effort: free what PutStart took. If the master cannot be reached it revokes
-        the put itself (put_start_discard_timeout, or when this client expires); what it
+    def _revoke(self, keys: list[str], ids: list[int] | None = None, *, park: bool = False) -> None:
+        """Best effort: free what PutStart took (`park`: keep it allocated until the master's
+        release timeout, for ranges a node may still write). `ids`, one per key, name the
+        puts (the first replica id each PutStart answered), so a put of the same key that
+        took over meanwhile is left alone. If the master cannot be reached it revokes the
+        put itself (put_start_discard_timeout, or when this client expires); what it
         answers for each key (a key already complete, already revoked) changes nothing."""
+        cid = self._node.client_id
         try:
             if len(keys) == 1:
-                self._node.rpc.call(PutRevoke(self._node.client_id, keys[0], self.tenant))
+                one = ids[0] if ids else None
+                self._node.rpc.call(PutRevoke(cid, keys[0], self.tenant, one, park))
             elif keys:
-                self._node.rpc.call(BatchPutRevoke(self._node.client_id, keys, self.tenant))
+                self._node.rpc.call(BatchPutRevoke(cid, keys, self.tenant, ids or [], park))
         except KVPoolError as exc:
             log.warning("PutRevoke of %d key(s) failed: %s", len(keys), exc)
 
@@ -661,7 +672,7 @@ class Writer:
                 if head:
                     sums[i] = digest_or_checksum(taken, views[i])
         except BaseException:
-            self._revoke([keys[i] for i in started])
+            self._revoke([keys[i] for i in started], _put_ids(rep, started), park=True)
             raise
         for i, code, seg in zip(owner, codes, segs, strict=True):
             if code != ok:
@@ -671,9 +682,10 @@ class Writer:
                     avoid.add(seg)
         good = [i for i in started if out[i] == ok]
         if len(good) != len(started):
-            self._revoke([keys[i] for i in started if out[i] != ok])
+            bad = [i for i in started if out[i] != ok]
+            self._revoke([keys[i] for i in bad], _put_ids(rep, bad), park=True)
         if good:
-            self._end_batch(keys, good, sums, out)
+            self._end_batch(keys, good, sums, out, _put_ids(rep, good))
         if short:
             stored = [i for i in short if out[i] == ok]
             if stored:
@@ -683,22 +695,38 @@ class Writer:
         return out
 
     def _end_batch(
-        self, keys: list[str], good: list[int], sums: dict[int, int], out: list[ErrorCode]
+        self,
+        keys: list[str],
+        good: list[int],
+        sums: dict[int, int],
+        out: list[ErrorCode],
+        ids: list[int],
     ) -> None:
-        """BatchPutEnd of the keys `good` (all written); a key whose end failed is revoked and
-        answers why in `out`."""
+        """BatchPutEnd of the keys `good` (all written; `ids` name their puts); a key whose
+        end failed is revoked and answers why in `out`."""
         good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
-        end = BatchPutEnd(self._node.client_id, good_keys, [sums[i] for i in good], self.tenant)
+        sum_list = [sums[i] for i in good]
+        end = BatchPutEnd(self._node.client_id, good_keys, sum_list, self.tenant, ids)
         try:
             codes = self._node.rpc.call_as(end, BatchReply).codes
             check_count("BatchPutEnd", len(codes), len(good))
         except BaseException:
-            self._revoke(good_keys)  # the complete ones refuse it: only the others go
+            self._revoke(good_keys, ids)  # the complete ones refuse it: only the others go
             raise
         failed: list[str] = []
-        for i, c in zip(good, codes, strict=True):
+        failed_ids: list[int] = []
+        for i, c, put_id in zip(good, codes, ids, strict=True):
             if c:
                 out[i] = ErrorCode.of(c)
                 failed.append(keys[i])
+                failed_ids.append(put_id)
         if failed:
-            self._revoke(failed)
+            self._revoke(failed, failed_ids)
+
+
+def _put_ids(rep: BatchPutStartReply, which: list[int]) -> list[int]:
+    """The put ids (first replica ids) of the started keys `which` of a BatchPutStart; -1 for
+    a key whose answer named no replica (never a replica's id: the master checks nothing
+    it could match)."""
+    results = rep.results
+    return [results[i].replicas[0].replica_id if results[i].replicas else -1 for i in which]

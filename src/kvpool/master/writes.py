@@ -213,12 +213,14 @@ class WritePath:
 
     def put_end(self, req: PutEnd) -> Reply:
         t = self._index.tenant(req.tenant)
-        code = self._end_one(req.client_id, t, req.key, req.checksum, self._clock())
+        code = self._end_one(
+            req.client_id, t, req.key, req.checksum, self._clock(), replica_id=req.replica_id
+        )
         return _OK_REPLY if code == OK else Reply(code)
 
     def batch_put_end(self, req: BatchPutEnd) -> BatchReply:
-        keys, sums = req.keys, req.checksums
-        if sums and len(sums) != len(keys):
+        keys, sums, ids = req.keys, req.checksums, req.replica_ids
+        if (sums and len(sums) != len(keys)) or (ids and len(ids) != len(keys)):
             return BatchReply([INVALID_PARAMS] * len(keys))
         t = self._index.tenant(req.tenant)
         if t is None:
@@ -226,6 +228,13 @@ class WritePath:
         now = self._clock()
         end = self._end_one
         cid = req.client_id
+        if ids:
+            return BatchReply(
+                [
+                    end(cid, t, k, sums[i] if sums else None, now, replica_id=ids[i])
+                    for i, k in enumerate(keys)
+                ]
+            )
         if sums:
             return BatchReply([end(cid, t, k, s, now) for k, s in zip(keys, sums, strict=True)])
         return BatchReply([end(cid, t, k, None, now) for k in keys])
@@ -237,11 +246,13 @@ class WritePath:
         key: str,
         checksum: int | None,
         now: float,
+        *,
+        replica_id: int | None = None,
     ) -> int:
         obj = t.shards[t.shard_of(key)].get(key) if t is not None else None
         if obj is None:
             return OBJECT_NOT_FOUND
-        if obj.client_id != client_id:
+        if obj.client_id != client_id or not _same_put(obj, replica_id):
             return ILLEGAL_CLIENT
         if obj.complete:
             # A repeated PutEnd of a finished write is a no-op; anything else is a misuse.
@@ -250,23 +261,49 @@ class WritePath:
         return OK
 
     def put_revoke(self, req: PutRevoke) -> Reply:
-        code = self._revoke_one(req.client_id, req.tenant, req.key)
+        code = self._revoke_one(req.client_id, req.tenant, req.key, req.replica_id, req.park)
         return _OK_REPLY if code == OK else Reply(code)
 
     def batch_put_revoke(self, req: BatchPutRevoke) -> BatchReply:
-        cid, tenant = req.client_id, req.tenant
-        return BatchReply([self._revoke_one(cid, tenant, k) for k in req.keys])
+        cid, tenant, ids, park = req.client_id, req.tenant, req.replica_ids, req.park
+        if ids and len(ids) != len(req.keys):
+            return BatchReply([INVALID_PARAMS] * len(req.keys))
+        return BatchReply(
+            [
+                self._revoke_one(cid, tenant, k, ids[i] if ids else None, park)
+                for i, k in enumerate(req.keys)
+            ]
+        )
 
-    def _revoke_one(self, client_id: ClientId, tenant: TenantId, key: str) -> int:
+    def _revoke_one(
+        self,
+        client_id: ClientId,
+        tenant: TenantId,
+        key: str,
+        replica_id: int | None = None,
+        park: bool = False,
+    ) -> int:
         obj = self._index.get(tenant, key)
         if obj is None:
             return OBJECT_NOT_FOUND
-        if obj.client_id != client_id:
+        if obj.client_id != client_id or not _same_put(obj, replica_id):
             return ILLEGAL_CLIENT
         if obj.complete:
             return INVALID_WRITE  # nothing in flight to revoke
-        self._core.revoke(obj)
+        if park:
+            self._core.preempt(obj)  # a frozen node may still write its ranges: parked
+        else:
+            self._core.revoke(obj)
         return OK
+
+
+def _same_put(obj: ObjectMeta, replica_id: int | None) -> bool:
+    """Whether a PutEnd / PutRevoke naming `replica_id` (the first replica its PutStart got)
+    is about the put that holds the key now (None: the request does not say; accepted)."""
+    if replica_id is None:
+        return True
+    reps = obj.replicas
+    return bool(reps) and reps[0].replica_id == replica_id
 
 
 def _on_silent(obj: ObjectMeta) -> bool:

@@ -260,33 +260,52 @@ class BatchUpsertStart(Message):
 
 
 class PutEnd(Message):
-    """Finish a PutStart or UpsertStart; `checksum` is xxh3_64 of the whole value."""
+    """Finish a PutStart or UpsertStart; `checksum` is xxh3_64 of the whole value.
+
+    `replica_id` names the put being finished: the id of the first replica its PutStart
+    answered. A PutEnd whose put was taken over meanwhile (a stale write preempted by a later
+    put of the key from the same client) then answers ILLEGAL_CLIENT instead of finishing the
+    later put with its own checksum. None: not checked (older clients)."""
 
     client_id: ClientId
     key: str
     checksum: int | None = None
     tenant: TenantId = DEFAULT_TENANT
+    replica_id: int | None = None
 
 
 class BatchPutEnd(Message):
-    """`checksums` is empty (none recorded) or one per key."""
+    """`checksums` is empty (none recorded) or one per key; `replica_ids` is empty (not
+    checked) or one per key, as `PutEnd.replica_id`."""
 
     client_id: ClientId
     keys: list[str]
     checksums: list[int] = []
     tenant: TenantId = DEFAULT_TENANT
+    replica_ids: list[int] = []
 
 
 class PutRevoke(Message):
+    """Undo an unfinished PutStart. `replica_id` as in `PutEnd`. `park`: a write into its
+    ranges failed part-way (a node may be frozen, not dead, and still write them when it
+    wakes), so the ranges stay allocated until `put_start_release_timeout` instead of being
+    freed at once."""
+
     client_id: ClientId
     key: str
     tenant: TenantId = DEFAULT_TENANT
+    replica_id: int | None = None
+    park: bool = False
 
 
 class BatchPutRevoke(Message):
+    """`PutRevoke` of several keys; `replica_ids` empty (not checked) or one per key."""
+
     client_id: ClientId
     keys: list[str]
     tenant: TenantId = DEFAULT_TENANT
+    replica_ids: list[int] = []
+    park: bool = False
 
 
 class ReserveArena(Message):

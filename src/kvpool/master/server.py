@@ -116,6 +116,8 @@ class MasterServer:
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
         ]
+        if self.service.durable is not None:
+            self._tasks.append(asyncio.create_task(self._durable_ticks(), name="master-oplog"))
 
     async def close(self) -> None:
         """Stop the background tasks and the RPC server. Idempotent."""
@@ -129,6 +131,8 @@ class MasterServer:
                 await task
         self._tasks = []
         await self.rpc.close()
+        if self.service.durable is not None:
+            self.service.durable.close()
 
     async def __aenter__(self) -> MasterServer:
         await self.start()
@@ -212,6 +216,24 @@ class MasterServer:
                 svc.repair_tick()
             except Exception:
                 log.exception("repair tick failed")
+
+    async def _durable_ticks(self) -> None:
+        """Group fsync of the operation log every `fsync_interval`, a snapshot (a forked
+        child) every `snapshot_interval`, reaping the child in between."""
+        durable = self.service.durable
+        assert durable is not None
+        interval = max(self.config.fsync_interval, 0.001)
+        next_snapshot = time.monotonic() + self.config.snapshot_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                durable.sync_due()
+                durable.poll()
+                if time.monotonic() >= next_snapshot:
+                    next_snapshot = time.monotonic() + self.config.snapshot_interval
+                    durable.snapshot()
+            except Exception:
+                log.exception("operation log tick failed")
 
 
 _BATCH_TYPES = (

@@ -178,9 +178,11 @@ def test_a_snapshot_plus_the_log_after_it_gives_what_the_log_alone_gives(
         put(svc, f"k{i}", SA if i % 2 else SB)
     put(svc, "both", SA, SB)
     assert svc.handle(m.PutStart(WRITER, "open", 4096)).code == 0  # in flight at the snapshot
+    assert svc.durable is not None
+    svc.durable.log.flush()  # what the server does before each reply
     alone = tmp_path / "alone"
     shutil.copytree(d, alone)  # the empty startup snapshot and every record so far
-    assert svc.durable is not None and svc.durable.snapshot()
+    assert svc.durable.snapshot()
     deadline = time.monotonic() + 10
     while not svc.durable.poll():
         assert time.monotonic() < deadline, "the snapshot child did not finish"

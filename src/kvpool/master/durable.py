@@ -169,19 +169,34 @@ class Durability:
             if seg is not None:
                 segs[no] = seg
                 recs.append(rec)
-        used: dict[int, list[tuple[int, int]]] = {no: [] for no in segs}
-        done: list[tuple[ObjectMeta, Replica]] = []
-        for o, ranges in state.objects.values():
+        # Replicas by segment, sorted by offset; one overlapping an earlier one is dropped
+        # (it cannot happen in a log this master wrote, but a bad range must not corrupt two).
+        claims: dict[int, list[tuple[int, int, int]]] = {no: [] for no in segs}
+        objs = list(state.objects.values())
+        for i, (o, ranges) in enumerate(objs):
             aligned = core.aligned(o.size)
-            reps: list[Replica] = []
             for no, off in ranges:
-                seg = segs.get(no)
-                if seg is not None and seg.allocator.alloc_at(off, aligned):
-                    seg.objects += 1
-                    reps.append(Replica(seg, off, _COMPLETE))
-                    used[no].append((off, off + aligned))
-            if not reps:
+                if no in claims and off >= 0 and off + aligned <= segs[no].allocator.capacity:
+                    claims[no].append((off, off + aligned, i))
+        kept: dict[int, list[int]] = {}
+        used: dict[int, list[tuple[int, int]]] = {}
+        for no, lst in claims.items():
+            lst.sort()
+            end = 0
+            used[no] = []
+            for lo, hi, i in lst:
+                if lo >= end:
+                    kept.setdefault(i, []).append(no)
+                    used[no].append((lo, hi))
+                    end = hi
+        done: list[tuple[ObjectMeta, Replica]] = []
+        for i, (o, ranges) in enumerate(objs):
+            nos = kept.get(i)
+            if not nos:
                 continue
+            reps = tuple(Replica(segs[no], off, _COMPLETE) for no, off in ranges if no in nos)
+            for r in reps:
+                r.segment.objects += 1
             t = core.index.tenant_for_insert(o.tenant)
             obj = ObjectMeta(
                 o.key,
@@ -189,7 +204,7 @@ class Durability:
                 t.shard_of(o.key),
                 o.size,
                 ClientId(""),
-                tuple(reps),
+                reps,
                 now,
                 o.soft_pin_ttl,
                 o.hard_pin,
@@ -202,20 +217,30 @@ class Durability:
                 obj.soft_pin_deadline = o.pin_until - wall + now
             core.index.insert(obj)
             done.extend((obj, r) for r in reps)
-        if done:
-            core.hooks.on_replicas_complete(done)
-        for v in used.values():
-            v.sort()
         # Latest first: where parks overlap, the longest one holds the range.
+        pieces: list[tuple[Segment, int, int, float]] = []
         parks = state.parks + list(state.flights.values())
         for until, size, ranges in sorted(parks, key=lambda p: -p[0]):
             if until <= wall:
                 continue
             for no, off in ranges:
-                seg = segs.get(no)
-                if seg is not None:
-                    for lo, hi in _gaps(off, off + core.aligned(size), used[no]):
-                        core.take_range(seg, lo, hi - lo, until - wall + now)
+                if no in used:
+                    hi = min(off + core.aligned(size), segs[no].allocator.capacity)
+                    for a, b in list(_gaps(off, hi, used[no])):
+                        bisect.insort(used[no], (a, b))
+                        pieces.append((segs[no], a, b - a, until - wall + now))
+        # Each allocator is rebuilt in one pass: all taken, then every gap freed (alloc_at
+        # per replica is O(free blocks), quadratic on a fragmented segment).
+        for no, seg in segs.items():
+            alloc = seg.allocator
+            if alloc.capacity:
+                alloc.alloc_at(0, alloc.capacity)
+                for a, b in _gaps(0, alloc.capacity, used[no]):
+                    alloc.free(a, b - a)
+        for seg, off, size, until in pieces:
+            core.park_range(seg, off, size, until)
+        if done:
+            core.hooks.on_replicas_complete(done)
         for rec in recs:
             rec.silent = True
         for seg in segs.values():

@@ -14,8 +14,8 @@ it), `ParkRec` ranges someone may still use until a wall-clock time (a lent aren
 range). Replaying set-records is idempotent, so a snapshot followed by the log gives the same
 state as the log alone.
 
-Durability: each record is one `os.write` before the reply leaves, so it survives a kill of
-the master process (the page cache has it); `fdatasync` runs at most every `fsync_interval`,
+Durability: the records of a request are one `os.write` before its reply leaves, so they
+survive a kill of the master process (the page cache has them); `fdatasync` runs at most every `fsync_interval`,
 so a machine crash loses at most that much. A torn last record (a kill mid-write) is cut off on
 load; a bad record followed by good ones is corruption and refused.
 """
@@ -60,6 +60,7 @@ _HEAD = struct.Struct("<cQ")  # kind, sequence number
 _FRAME = struct.Struct("<II")  # payload length, crc32 of the payload
 _MAX_RECORD = 64 << 20
 _COMPLETE = ReplicaStatus.COMPLETE
+_NO_FRAME = bytes(_FRAME.size)
 
 #: (segment name, segment generation, offset) of one replica.
 Where = tuple[str, int, int]
@@ -205,27 +206,44 @@ class OpLog:
         self.seq = seq
 
     def append(self, rec: Rec) -> None:
-        """Write `rec` to the OS now (it survives a kill of this process on return)."""
+        """Add `rec` to the records of this request; `flush` writes them (before the reply)."""
         buf = self._buf
-        del buf[:]
-        buf += b"\0" * _FRAME.size
-        self._enc.encode_into(rec, buf, _FRAME.size)
-        n = len(buf) - _FRAME.size
-        _FRAME.pack_into(buf, 0, n, zlib.crc32(memoryview(buf)[_FRAME.size :]))
-        os.write(self._fd, buf)
+        start = len(buf)
+        buf += _NO_FRAME
+        self._enc.encode_into(rec, buf, -1)
+        body = memoryview(buf)[start + _FRAME.size :]
+        _FRAME.pack_into(buf, start, len(body), zlib.crc32(body))
+        body.release()
         self.records += 1
+
+    def flush(self) -> None:
+        """Write what was appended to the OS (one `write`: it survives a kill of this process
+        on return); fdatasync too with `fsync_interval` 0."""
+        buf = self._buf
+        if not buf:
+            return
+        view = memoryview(buf)
+        done = 0
+        while done < len(buf):  # a regular file takes it all; a full disk raises
+            done += os.write(self._fd, view[done:])
+        view.release()
         self.bytes += len(buf)
+        del buf[:]
         self._dirty = True
         if self._fsync_interval <= 0:
             os.fdatasync(self._fd)
             self._dirty = False
 
     def sync_due(self) -> None:
-        """fdatasync when the last one is `fsync_interval` old and something was written."""
+        """Write what background work appended; fdatasync when the last one is
+        `fsync_interval` old and something was written."""
+        self.flush()
         if self._dirty and self._clock() - self._synced >= self._fsync_interval:
             self.sync()
 
     def sync(self) -> None:
+        if self._fd >= 0:
+            self.flush()
         if self._fd >= 0 and self._dirty:
             os.fdatasync(self._fd)
         self._dirty = False

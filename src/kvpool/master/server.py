@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -80,8 +81,9 @@ class MasterServer:
         self._handlers[RemoveByRegex] = self._remove_by_regex
         for batch_type in _BATCH_TYPES:
             self._handlers[batch_type] = self._batch_handler(self._handlers[batch_type])
+        durable = self.service.durable
         self.rpc = RpcServer(
-            self._handle,
+            self._handle if durable is None else self._durable_handler(durable.log.flush),
             request_type=Request,
             host=self.config.host,
             port=self.config.port,
@@ -145,6 +147,20 @@ class MasterServer:
 
     def _handle(self, request: Any, conn: Connection) -> Any:
         return self._handlers[type(request)](request)
+
+    def _durable_handler(self, flush: Callable[[], None]) -> Callable[[Any, Connection], Any]:
+        """`_handle`, then the request's log records written before its reply leaves (after
+        each step of a chunked request: every step writes its own records first)."""
+        handlers = self._handlers
+
+        def handle(request: Any, conn: Connection) -> Any:
+            reply = handlers[type(request)](request)
+            flush()
+            if inspect.isawaitable(reply):
+                return _flushed(reply, flush)
+            return reply
+
+        return handle
 
     def _batch_handler(self, inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`inner` for batches up to `batch_chunk_keys` keys; a larger batch is served as
@@ -234,6 +250,14 @@ class MasterServer:
                     durable.snapshot()
             except Exception:
                 log.exception("operation log tick failed")
+
+
+async def _flushed(reply: Awaitable[Any], flush: Callable[[], None]) -> Any:
+    """`reply`, its log records written first (a chunked request's last step)."""
+    try:
+        return await reply
+    finally:
+        flush()
 
 
 _BATCH_TYPES = (

@@ -186,8 +186,6 @@ class MetadataCore:
         obj.replicas[0].segment.objects += 1
         shard[obj.key] = obj
         self.index.count += 1
-        if self.journal is not None:
-            self.journal.obj(obj)
 
     def complete_object(self, obj: ObjectMeta, checksum: int | None, now: float) -> None:
         """PutEnd: every replica COMPLETE, the checksum recorded, lease = max(lease, now), the
@@ -214,8 +212,9 @@ class MetadataCore:
     def commit_objects(
         self, done: list[tuple[ObjectMeta, Replica]], pin_deadline: float | None
     ) -> None:
-        """The objects of a commit (indexed COMPLETE by `create_object`) are announced to the
-        hooks in one call, then their soft pins start (as at PutEnd)."""
+        """The objects of a commit (indexed COMPLETE by `create_committed`) are announced to
+        the hooks in one call, then their soft pins start (as at PutEnd); they are logged here,
+        pins set (a commit always ends with this call)."""
         self.hooks.on_replicas_complete(done)
         if pin_deadline is not None:
             for obj, _ in done:

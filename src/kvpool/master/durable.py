@@ -11,6 +11,7 @@ node remounts it with the same generation.
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import os
 import time
@@ -107,7 +108,15 @@ class Durability:
         self._wall = wall
         self._arena_ranges = arena_ranges
         self._child: tuple[int, int] | None = None
-        seq = self.recover()
+        # Millions of new records and no cycles among them: without the collector off, each
+        # full collection walks all of them, and loading takes several times longer.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            seq = self.recover()
+        finally:
+            if was_enabled:
+                gc.enable()
         self.log = OpLog(self._dir, seq, fsync_interval, core.clock)
         self.journal = Journal(self.log, core.clock, wall)
         # The state just loaded becomes snapshot `seq`: later restarts read it, not the logs.
@@ -309,8 +318,9 @@ class Durability:
                 if s < seq:
                     p.unlink(missing_ok=True)
 
-    def sync_due(self) -> None:
-        self.log.sync_due()
+    def sync_due(self) -> int | None:
+        """See `OpLog.sync_due`."""
+        return self.log.sync_due()
 
     def close(self) -> None:
         """Wait for a snapshot child, sync and close the log (idempotent)."""

@@ -60,7 +60,6 @@ _HEAD = struct.Struct("<cQ")  # kind, sequence number
 _FRAME = struct.Struct("<II")  # payload length, crc32 of the payload
 _MAX_RECORD = 64 << 20
 _COMPLETE = ReplicaStatus.COMPLETE
-_NO_FRAME = bytes(_FRAME.size)
 
 #: (segment name, segment generation, offset) of one replica.
 Where = tuple[str, int, int]
@@ -207,13 +206,10 @@ class OpLog:
 
     def append(self, rec: Rec) -> None:
         """Add `rec` to the records of this request; `flush` writes them (before the reply)."""
+        body = self._enc.encode(rec)  # measured: faster than encode_into plus a memoryview
         buf = self._buf
-        start = len(buf)
-        buf += _NO_FRAME
-        self._enc.encode_into(rec, buf, -1)
-        body = memoryview(buf)[start + _FRAME.size :]
-        _FRAME.pack_into(buf, start, len(body), zlib.crc32(body))
-        body.release()
+        buf += _FRAME.pack(len(body), zlib.crc32(body))
+        buf += body
         self.records += 1
 
     def flush(self) -> None:
@@ -234,12 +230,16 @@ class OpLog:
             os.fdatasync(self._fd)
             self._dirty = False
 
-    def sync_due(self) -> None:
-        """Write what background work appended; fdatasync when the last one is
-        `fsync_interval` old and something was written."""
+    def sync_due(self) -> int | None:
+        """Write what background work appended; when the last fdatasync is `fsync_interval`
+        old and something was written since, answer a duplicate of the log's descriptor for
+        the caller to fdatasync (off the loop: `fdatasync_fd`) and count the log synced."""
         self.flush()
         if self._dirty and self._clock() - self._synced >= self._fsync_interval:
-            self.sync()
+            self._dirty = False
+            self._synced = self._clock()
+            return os.dup(self._fd)  # the log may rotate (close its descriptor) meanwhile
+        return None
 
     def sync(self) -> None:
         if self._fd >= 0:
@@ -248,6 +248,14 @@ class OpLog:
             os.fdatasync(self._fd)
         self._dirty = False
         self._synced = self._clock()
+
+    @staticmethod
+    def fdatasync_fd(fd: int) -> None:
+        """fdatasync and close a descriptor from `sync_due` (blocks: run it in a thread)."""
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def rotate(self) -> int:
         """Start log-<seq+1> (the records from now on follow the snapshot of seq+1)."""

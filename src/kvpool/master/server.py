@@ -243,7 +243,9 @@ class MasterServer:
         while True:
             await asyncio.sleep(interval)
             try:
-                durable.sync_due()
+                fd = durable.sync_due()
+                if fd is not None:  # fdatasync blocks for a disk's latency: not on the loop
+                    await asyncio.to_thread(durable.log.fdatasync_fd, fd)
                 durable.poll()
                 if time.monotonic() >= next_snapshot:
                     next_snapshot = time.monotonic() + self.config.snapshot_interval

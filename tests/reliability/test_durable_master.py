@@ -5,6 +5,8 @@ and takes new puts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +112,28 @@ def test_a_master_killed_and_restarted_on_its_data_dir_serves_every_acknowledged
                 assert s.get(k) == v
     finally:
         p.stop()
+
+
+def test_a_master_refuses_a_data_dir_damaged_before_its_last_record(tmp_path: Path) -> None:
+    data_dir = tmp_path / "meta"
+    port = free_port()
+    first = start_master(port, data_dir, "master 1")
+    try:
+        with Store(f"127.0.0.1:{port}", segment_size="4MiB") as s:
+            for k, v in values("k", 20, 5).items():
+                assert s.put(k, v)
+    finally:
+        first.stop()
+    (log,) = sorted(data_dir.glob("log-*.kvp"))[-1:]
+    data = bytearray(log.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    log.write_bytes(bytes(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvpool", "master", "--port", "0", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "corrupt record" in proc.stderr and log.name in proc.stderr, proc.stderr

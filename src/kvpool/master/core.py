@@ -5,8 +5,9 @@ placement, the parked ranges and the clock. Everything else in the master reads 
 and asks the core to change it through the named operations below. Each operation is described
 by plain values (ids, names, offsets, sizes, times; the records it takes are the ones the
 caller looked up by such values, or a new record whose fields are such values), changes
-nothing but what its name says, and tells the reclaim hooks and the observers what left, so
-that a later operation log can record every call and a standby replay it:
+nothing but what its name says, and tells the reclaim hooks and the observers what left; with
+a data directory the durable ones also tell `journal` (`oplog.Journal`, which logs the state
+they leave as one record, docs/parts/ha.md "Durable metadata"):
 
     objects   create_object, create_committed, complete_object, commit_objects,
               rewrite_object, add_replicas, move_replica, release_moved_source,

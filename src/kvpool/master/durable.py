@@ -313,6 +313,11 @@ class Durability:
         return True
 
     def _drop_before(self, seq: int) -> None:
+        """Delete the files a complete snapshot `seq` made useless (and any half-written
+        snapshot of a killed child)."""
+        if self._child is None:
+            for tmp in self._dir.glob("snapshot-*.tmp"):
+                tmp.unlink(missing_ok=True)
         for kind in ("snapshot", "log"):
             for s, p in list_files(self._dir, kind):
                 if s < seq:

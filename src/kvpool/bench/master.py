@@ -89,10 +89,12 @@ class Plan:
 class _Master:
     """A `kvpool master` child plus a client of it; `close()` stops both (idempotent)."""
 
-    def __init__(self, reclaim: bool) -> None:
+    def __init__(self, reclaim: bool, data_dir: str | None = None) -> None:
         # A long client TTL: the benchmark's fake node does not ping while it measures.
         args = ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"]
         args.append("--reclaim" if reclaim else "--no-reclaim")
+        if data_dir is not None:
+            args += ["--data-dir", data_dir]
         self.proc = Child([sys.executable, "-m", "kvpool", *args], name="kvpool master (bench)")
         try:
             self.address = self.proc.wait_ready(60)
@@ -307,11 +309,14 @@ def _row(x: _Measured, repeats: int, reclaim: bool) -> dict[str, Any]:
 
 
 def run(
-    plan: Plan, reclaim: bool = True, log: Callable[[str], None] = lambda s: None
+    plan: Plan,
+    reclaim: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+    data_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """All throughput rows (against a master with or without reclaim hooks), then the memory
-    rows (both ways)."""
-    master = _Master(reclaim)
+    """All throughput rows (against a master with or without reclaim hooks, with its
+    operation log in `data_dir` if given), then the memory rows (both ways)."""
+    master = _Master(reclaim, data_dir)
     try:
         rpc = master.rpc
         # Objects to read: put once, remembered offsets checked on every read.
@@ -605,6 +610,11 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     help="Throughput cases against a master with (the default) or without reclaim hooks.",
 )
 @click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="Throughput cases against a master keeping its operation log here (durable metadata).",
+)
+@click.option(
     "--lockstep-rounds",
     type=click.IntRange(1, 200),
     help="Only measure lock-step GetReplicaList against Echo, in this many interleaved rounds.",
@@ -616,6 +626,7 @@ def command(
     repeats: int | None,
     memory_objects: int | None,
     reclaim: bool,
+    data_dir: str | None,
     lockstep_rounds: int | None,
 ) -> None:
     """Master control-plane throughput (ops/s, keys/s, master CPU per key) and bytes/object."""
@@ -638,7 +649,7 @@ def command(
             repeats or plan.repeats,
             memory_objects or plan.memory_objects,
         )
-    rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True))
+    rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True), data_dir=data_dir)
     click.echo(format_table(rows))
     if json_path:
         click.echo(f"wrote {write_json(json_path, rows)} rows to {json_path}")

@@ -246,6 +246,31 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Connections served at once from one remote IP (Unix-socket clients count as one).",
 )
+# Durable metadata (docs/parts/ha.md, "Durable metadata").
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Keep an operation log and snapshots here; a master restarted on the same directory "
+    "gets its objects back as their nodes remount (default: memory only).",
+)
+@click.option(
+    "--fsync-interval",
+    default="10ms",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="fdatasync the operation log this often (0: every record); a killed master loses "
+    "nothing either way, a crashed machine at most this much.",
+)
+@click.option(
+    "--snapshot-interval",
+    default="60s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="Write a snapshot (a forked child) and start a new log segment this often.",
+)
 def master(
     *,
     host: str,
@@ -274,6 +299,9 @@ def master(
     rpc_idle_timeout: float,
     max_connections: int,
     max_connections_per_peer: int,
+    data_dir: str | None,
+    fsync_interval: float,
+    snapshot_interval: float,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     try:
@@ -303,6 +331,9 @@ def master(
             rpc_idle_timeout=rpc_idle_timeout,
             rpc_max_connections=max_connections,
             rpc_max_connections_per_peer=max_connections_per_peer,
+            data_dir=data_dir,
+            fsync_interval=fsync_interval,
+            snapshot_interval=snapshot_interval,
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

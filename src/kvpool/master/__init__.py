@@ -12,10 +12,13 @@ pyproject.toml holds that; modules on one line do not import each other):
                      the request handlers: WritePath, ReadPath, AdminPath, TaskPath, ArenaPath
     task_table.py    TaskTable: replica tasks by id, object and executor, and their lifecycle
     arena_table.py   ArenaTable: live arenas by id and client, ghosts of unmounted ones
+    durable.py       Durability: --data-dir's log, forked snapshots and the restart (replay,
+                     every segment silent until its node remounts it)
     core.py          MetadataCore: the metadata and the only code that changes it (named
                      operations); MetadataObserver: how the tables hear of removals
     planner.py       PutPlanner / PutPlan: put validation, and the one rule for claiming a key
     parking.py       ParkedRanges: ranges kept allocated until a late writer is surely done
+    oplog.py         the operation log's records and files; Journal: how the core logs a change
     placement.py     Placement: which segments get an object's replicas
     liveness.py      ClientTable: registered clients, ping deadlines, in-flight PutStarts
     lease.py         read leases and soft-pin resolution

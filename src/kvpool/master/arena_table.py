@@ -128,6 +128,10 @@ class ArenaTable(MetadataObserver):
         """(arenas, bytes they hold)."""
         return len(self._arenas), sum(x.size for x in self._arenas.values())
 
+    def lent(self) -> list[tuple[Segment, int, int]]:
+        """(segment, offset, size) of every part of a live arena not yet committed."""
+        return [(a.segment, o, n) for a in self._arenas.values() for o, n in a.gaps()]
+
     def renew(self, arena: Arena) -> None:
         """A request named `arena`: it stays the client's for another lease."""
         arena.deadline = self._clock() + self.lease

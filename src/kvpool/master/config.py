@@ -128,8 +128,17 @@ class MasterConfig:
     to its hard limit first). More are refused with UNAVAILABLE_IN_CURRENT_STATUS."""
     rpc_max_connections_per_peer: int = 1024
     """Connections served at once from one remote IP (Unix-socket clients count as one)."""
+    data_dir: str | None = None
+    """Directory of the operation log and snapshots (durable metadata, docs/parts/ha.md);
+    None: the metadata lives in memory only and a restart empties the pool."""
+    fsync_interval: float = 0.01
+    """Seconds between two fdatasync of the operation log (0: after every record)."""
+    snapshot_interval: float = 60.0
+    """Seconds between two snapshots of the metadata (each starts a new log segment)."""
 
     def __post_init__(self) -> None:
+        _positive("fsync_interval", self.fsync_interval, allow_zero=True)
+        _positive("snapshot_interval", self.snapshot_interval)
         _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)
         _positive("default_kv_soft_pin_ttl", self.default_kv_soft_pin_ttl, allow_zero=True)
         _positive("max_kv_soft_pin_ttl", self.max_kv_soft_pin_ttl, allow_zero=True)

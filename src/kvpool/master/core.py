@@ -5,8 +5,9 @@ placement, the parked ranges and the clock. Everything else in the master reads 
 and asks the core to change it through the named operations below. Each operation is described
 by plain values (ids, names, offsets, sizes, times; the records it takes are the ones the
 caller looked up by such values, or a new record whose fields are such values), changes
-nothing but what its name says, and tells the reclaim hooks and the observers what left, so
-that a later operation log can record every call and a standby replay it:
+nothing but what its name says, and tells the reclaim hooks and the observers what left; with
+a data directory the durable ones also tell `journal` (`oplog.Journal`, which logs the state
+they leave as one record, docs/parts/ha.md "Durable metadata"):
 
     objects   create_object, create_committed, complete_object, commit_objects,
               rewrite_object, add_replicas, move_replica, release_moved_source,
@@ -45,7 +46,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvpool.codes import INVALID_PARAMS, OK, SEGMENT_ALREADY_EXISTS
 from kvpool.master.config import AllocationStrategy, MasterConfig
@@ -64,6 +65,9 @@ from kvpool.protocol.messages import (
     SegmentName,
     SoftPinAction,
 )
+
+if TYPE_CHECKING:
+    from kvpool.master.oplog import Journal
 
 __all__ = ["MetadataCore", "MetadataObserver"]
 
@@ -138,6 +142,8 @@ class MetadataCore:
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
+        #: Told of every durable change (`durable.py`); None without a data directory.
+        self.journal: Journal | None = None
 
     def observe(self, observer: MetadataObserver) -> None:
         """Tell `observer` of removals, mounts, unmounts and expiries from now on."""
@@ -172,6 +178,8 @@ class MetadataCore:
         self.index.count += 1
         if in_flight is not None:
             in_flight[obj] = None
+            if self.journal is not None:  # its writer may write there after a restart
+                self.journal.flight(obj, obj.put_start_time + self._release_timeout)
 
     def create_committed(self, shard: dict[str, ObjectMeta], obj: ObjectMeta) -> None:
         """Index the new COMPLETE record `obj` (a PutCommit: its one replica is a range the
@@ -193,6 +201,8 @@ class MetadataCore:
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             obj.soft_pin_deadline = now + obj.soft_pin_ttl
         self.clients.drop_in_flight(obj)
+        if self.journal is not None:
+            self.journal.obj(obj)
 
     def note_short(self, obj: ObjectMeta) -> None:
         """`obj` was just created with fewer replicas than its put asked for: tell `on_short`
@@ -203,12 +213,16 @@ class MetadataCore:
     def commit_objects(
         self, done: list[tuple[ObjectMeta, Replica]], pin_deadline: float | None
     ) -> None:
-        """The objects of a commit (indexed COMPLETE by `create_object`) are announced to the
-        hooks in one call, then their soft pins start (as at PutEnd)."""
+        """The objects of a commit (indexed COMPLETE by `create_committed`) are announced to
+        the hooks in one call, then their soft pins start (as at PutEnd); they are logged here,
+        pins set (a commit always ends with this call)."""
         self.hooks.on_replicas_complete(done)
         if pin_deadline is not None:
             for obj, _ in done:
                 obj.soft_pin_deadline = pin_deadline
+        if self.journal is not None:
+            for obj, _ in done:
+                self.journal.obj(obj)
 
     def rewrite_object(  # noqa: PLR0917
         self,
@@ -272,6 +286,8 @@ class MetadataCore:
             obj.soft_pin_ttl = None
             obj.soft_pin_deadline = None
         self.clients.add_in_flight(obj)
+        if self.journal is not None:
+            self.journal.flight(obj, now + self._release_timeout)
         return obj
 
     def add_replicas(self, obj: ObjectMeta, targets: tuple[Replica, ...]) -> None:
@@ -282,6 +298,8 @@ class MetadataCore:
         on_complete = self.hooks.on_replica_complete
         for t in targets:
             on_complete(obj, t)
+        if self.journal is not None:
+            self.journal.obj(obj)
 
     def move_replica(self, obj: ObjectMeta, source: Replica, target: Replica) -> None:
         """A move finished: `target` takes `source`'s place (a moved primary stays primary;
@@ -291,6 +309,8 @@ class MetadataCore:
         if target not in obj.replicas:  # the source left meanwhile: keep the copy anyway
             obj.replicas = (*obj.replicas, target)
         self.hooks.on_replica_complete(obj, target)
+        if self.journal is not None:
+            self.journal.obj(obj)
 
     def release_moved_source(self, obj: ObjectMeta, source: Replica, now: float) -> None:
         """The source of a finished move leaves `obj`: freed, or parked until the read lease
@@ -306,6 +326,8 @@ class MetadataCore:
         the read lease ends while one is live (a reader may still be copying from it)."""
         obj.replicas = tuple(r for r in obj.replicas if r is not replica)
         self.release_moved_source(obj, replica, now)
+        if self.journal is not None:
+            self.journal.obj(obj)
 
     def drop_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
@@ -314,6 +336,8 @@ class MetadataCore:
         self.hooks.on_replica_removed(obj, replica)
         if not obj.replicas:
             self._drop(obj)
+        elif self.journal is not None:
+            self.journal.obj(obj)
         return freed
 
     def free_object(self, obj: ObjectMeta) -> int:
@@ -381,6 +405,8 @@ class MetadataCore:
                 live = tuple(r for r in reps if r.segment.alive)
                 if live:
                     obj.replicas = live
+                    if self.journal is not None:
+                        self.journal.obj(obj)
                     for o in self._observers:
                         o.replicas_lost(obj)
                 elif self.index.get(obj.tenant, obj.key) is obj:
@@ -397,6 +423,8 @@ class MetadataCore:
     def _drop(self, obj: ObjectMeta) -> None:
         if self.index.discard(obj):
             self.hooks.on_object_removed(obj)
+            if self.journal is not None:
+                self.journal.gone(obj)
         for o in self._observers:
             o.object_removed(obj)
 
@@ -538,6 +566,7 @@ class MetadataCore:
         if got:
             seg, off = got[0]
             seg.objects -= 1  # placement counted a replica; an arena is not one
+            self._lent(seg, off, size)
             return seg, off, size
         seg = max(self.segments.live, key=lambda x: x.allocator.largest_free())
         a = self._alignment
@@ -547,7 +576,12 @@ class MetadataCore:
         found = seg.allocator.alloc(size)
         if found is None:
             return None
+        self._lent(seg, found, size)
         return seg, found, size
+
+    def _lent(self, seg: Segment, off: int, size: int) -> None:
+        if self.journal is not None:  # a lent range may be written after a restart
+            self.journal.park_range(seg, off, size, self.clock() + self._release_timeout)
 
     def free_range(self, seg: Segment, off: int, size: int) -> None:
         """Free [off, off + size) of `seg`, a range that is no replica (nothing once the
@@ -563,6 +597,8 @@ class MetadataCore:
     def park(self, release_at: float, size: int, replicas: tuple[Replica, ...]) -> None:
         """Keep `replicas` allocated until `release_at` (someone may still use their bytes)."""
         self.parked.add(release_at, size, replicas)
+        if self.journal is not None:
+            self.journal.park(release_at, size, replicas)
 
     def park_range(self, seg: Segment, off: int, size: int, until: float) -> None:
         """Keep [off, off + size) of `seg` allocated until `until` (a late writer may use it)."""
@@ -626,6 +662,8 @@ class MetadataCore:
             # Its owner made new memory under the old name: what the old one held is gone.
             self.unmount_segment(seg)
         new = self.segments.mount(info, rec.client_id, rec.host_id)
+        if self.journal is not None:
+            self.journal.mount(new)
         for o in self._observers:
             o.segment_mounted(new)
         rec.segments[info.name] = None
@@ -636,6 +674,8 @@ class MetadataCore:
         """Take `seg` out of the pool (its replicas vanish from replies at once; the sweep
         clears them out of the metadata later)."""
         self.segments.unmount(seg)
+        if self.journal is not None:
+            self.journal.unmount(seg)
         rec = self.clients.get(seg.client_id)
         if rec is not None:
             rec.segments.pop(seg.name, None)

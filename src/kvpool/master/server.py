@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -80,8 +81,9 @@ class MasterServer:
         self._handlers[RemoveByRegex] = self._remove_by_regex
         for batch_type in _BATCH_TYPES:
             self._handlers[batch_type] = self._batch_handler(self._handlers[batch_type])
+        durable = self.service.durable
         self.rpc = RpcServer(
-            self._handle,
+            self._handle if durable is None else self._durable_handler(durable.log.flush),
             request_type=Request,
             host=self.config.host,
             port=self.config.port,
@@ -116,6 +118,8 @@ class MasterServer:
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
         ]
+        if self.service.durable is not None:
+            self._tasks.append(asyncio.create_task(self._durable_ticks(), name="master-oplog"))
 
     async def close(self) -> None:
         """Stop the background tasks and the RPC server. Idempotent."""
@@ -129,6 +133,8 @@ class MasterServer:
                 await task
         self._tasks = []
         await self.rpc.close()
+        if self.service.durable is not None:
+            self.service.durable.close()
 
     async def __aenter__(self) -> MasterServer:
         await self.start()
@@ -141,6 +147,20 @@ class MasterServer:
 
     def _handle(self, request: Any, conn: Connection) -> Any:
         return self._handlers[type(request)](request)
+
+    def _durable_handler(self, flush: Callable[[], None]) -> Callable[[Any, Connection], Any]:
+        """`_handle`, then the request's log records written before its reply leaves (after
+        each step of a chunked request: every step writes its own records first)."""
+        handlers = self._handlers
+
+        def handle(request: Any, conn: Connection) -> Any:
+            reply = handlers[type(request)](request)
+            flush()
+            if inspect.isawaitable(reply):
+                return _flushed(reply, flush)
+            return reply
+
+        return handle
 
     def _batch_handler(self, inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`inner` for batches up to `batch_chunk_keys` keys; a larger batch is served as
@@ -212,6 +232,34 @@ class MasterServer:
                 svc.repair_tick()
             except Exception:
                 log.exception("repair tick failed")
+
+    async def _durable_ticks(self) -> None:
+        """Group fsync of the operation log every `fsync_interval`, a snapshot (a forked
+        child) every `snapshot_interval`, reaping the child in between."""
+        durable = self.service.durable
+        assert durable is not None
+        interval = max(self.config.fsync_interval, 0.001)
+        next_snapshot = time.monotonic() + self.config.snapshot_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                fd = durable.sync_due()
+                if fd is not None:  # fdatasync blocks for a disk's latency: not on the loop
+                    await asyncio.to_thread(durable.log.fdatasync_fd, fd)
+                durable.poll()
+                if time.monotonic() >= next_snapshot:
+                    next_snapshot = time.monotonic() + self.config.snapshot_interval
+                    durable.snapshot()
+            except Exception:
+                log.exception("operation log tick failed")
+
+
+async def _flushed(reply: Awaitable[Any], flush: Callable[[], None]) -> Any:
+    """`reply`, its log records written first (a chunked request's last step)."""
+    try:
+        return await reply
+    finally:
+        flush()
 
 
 _BATCH_TYPES = (

@@ -33,6 +33,7 @@ from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.arenas import ArenaPath
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MetadataCore
+from kvpool.master.durable import Durability
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.liveness import ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
@@ -162,6 +163,12 @@ class MasterService:
             BatchPutCommit: ar.batch_put_commit,
         }
         self._hooks.attach(self)
+        #: The data directory's log and snapshots (None without `data_dir`).
+        self.durable: Durability | None = None
+        if self._config.data_dir is not None:
+            self.durable = Durability(
+                core, self._config.data_dir, self._config.fsync_interval, self._arenas.lent
+            )
 
     def handle(self, request: Any) -> Message:
         """The reply to `request` (any member of `messages.Request`)."""

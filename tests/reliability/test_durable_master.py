@@ -12,27 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from kvpool.client import ReplicateConfig, Store
-from kvpool.protocol.messages import (
-    BatchGetReplicaList,
-    BatchReplicaListReply,
-    Response,
-    Stats,
-    StatsReply,
-)
-from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool
 from kvtest.procs import Proc, free_port, kvpool_proc, wait_until
-
-
-def stats(address: str) -> StatsReply:
-    with RpcClient(address, response_type=Response) as rpc:
-        return rpc.call_as(Stats(), StatsReply)
-
-
-def segments_of(address: str, keys: list[str]) -> list[set[str]]:
-    with RpcClient(address, response_type=Response) as rpc:
-        reply = rpc.call_as(BatchGetReplicaList(keys), BatchReplicaListReply)
-    return [{d.segment for d in r.replicas} for r in reply.results]
+from kvtest.query import replica_segments, stats
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
@@ -81,7 +63,7 @@ def test_a_master_killed_and_restarted_on_its_data_dir_serves_every_acknowledged
             for k, v in two.items():
                 assert s.put(k, v, ReplicateConfig(replica_num=2))
             s.remove("one-0")
-            assert all(len(found) == 2 for found in segments_of(address, list(two)))
+            assert all(len(found) == 2 for found in replica_segments(address, list(two)))
             segs = {x.name for x in stats(address).segments}
             wait_until(
                 lambda: (
@@ -106,7 +88,7 @@ def test_a_master_killed_and_restarted_on_its_data_dir_serves_every_acknowledged
             for k, v in {**one, **two}.items():
                 assert s.get(k) == v, k
             assert not s.exists("one-0")
-            assert all(len(found) == 2 for found in segments_of(address, list(two)))
+            assert all(len(found) == 2 for found in replica_segments(address, list(two)))
             for k, v in values("after", 20, 4).items():
                 assert s.put(k, v, ReplicateConfig(replica_num=2))
                 assert s.get(k) == v

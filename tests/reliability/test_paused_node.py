@@ -16,27 +16,9 @@ import pytest
 
 from kvpool.client import ReplicateConfig, Store
 from kvpool.errors import ObjectNotFound, ReplicaNotReady
-from kvpool.protocol.messages import (
-    BatchGetReplicaList,
-    BatchReplicaListReply,
-    Response,
-    Stats,
-    StatsReply,
-)
-from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import freeze, wait_until
-
-
-def stats(address: str) -> StatsReply:
-    with RpcClient(address, response_type=Response) as rpc:
-        return rpc.call_as(Stats(), StatsReply)
-
-
-def segments_of(address: str, keys: list[str]) -> list[set[str]]:
-    with RpcClient(address, response_type=Response) as rpc:
-        reply = rpc.call_as(BatchGetReplicaList(keys), BatchReplicaListReply)
-    return [{d.segment for d in r.replicas} for r in reply.results]
+from kvtest.query import replica_segments, stats
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
@@ -78,7 +60,7 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
             assert s.put(k, v, ReplicateConfig(replica_num=2))
         for k, v in pinned.items():
             assert s.put(k, v, ReplicateConfig(preferred_segments=[seg0]))
-        assert all(found == {seg0} for found in segments_of(p.address, list(pinned)))
+        assert all(found == {seg0} for found in replica_segments(p.address, list(pinned)))
         with frozen(p, 0):
             wait_until(
                 lambda: [x.name for x in stats(p.address).silent_segments] == [seg0],
@@ -95,7 +77,7 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
             for k, v in single.items():  # one replica: the arena path (or its fallback)
                 assert s.put(k, v)
             new = list(during) + list(single)
-            assert all(seg0 not in found for found in segments_of(p.address, new))
+            assert all(seg0 not in found for found in replica_segments(p.address, new))
         # Awake: it remounts the same memory and the master restores its segment.
         wait_until(
             lambda: not stats(p.address).silent_segments and len(stats(p.address).segments) == 3,
@@ -105,7 +87,7 @@ def test_a_node_frozen_past_client_ttl_comes_back_with_every_object(
         assert seg0 in {x.name for x in stats(p.address).segments}
         for k, v in {**before, **pinned, **during, **single}.items():
             assert s.get(k) == v, k
-        assert all(found == {seg0} for found in segments_of(p.address, list(pinned)))
+        assert all(found == {seg0} for found in replica_segments(p.address, list(pinned)))
 
 
 def test_a_node_frozen_past_client_dead_ttl_is_dropped_repaired_and_comes_back_empty(
@@ -125,7 +107,7 @@ def test_a_node_frozen_past_client_dead_ttl_is_dropped_repaired_and_comes_back_e
             assert s.put(k, v, ReplicateConfig(preferred_segments=[seg0]))
         for k, v in twice.items():
             assert s.put(k, v, ReplicateConfig(replica_num=2))
-        assert any(seg0 in found for found in segments_of(p.address, list(twice)))
+        assert any(seg0 in found for found in replica_segments(p.address, list(twice)))
         with frozen(p, 0):
             wait_until(
                 lambda: (
@@ -141,7 +123,7 @@ def test_a_node_frozen_past_client_dead_ttl_is_dropped_repaired_and_comes_back_e
             wait_until(
                 lambda: all(
                     len(found) == 2 and seg0 not in found
-                    for found in segments_of(p.address, list(twice))
+                    for found in replica_segments(p.address, list(twice))
                 ),
                 timeout=30,
                 interval=0.1,

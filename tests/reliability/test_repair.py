@@ -8,27 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvpool.client import ReplicateConfig, Store
-from kvpool.protocol.messages import (
-    BatchGetReplicaList,
-    BatchReplicaListReply,
-    Response,
-    Stats,
-    StatsReply,
-)
-from kvpool.rpc.client import RpcClient
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
-
-
-def stats(address: str) -> StatsReply:
-    with RpcClient(address, response_type=Response) as rpc:
-        return rpc.call_as(Stats(), StatsReply)
-
-
-def replica_segments(address: str, keys: list[str]) -> list[set[str]]:
-    with RpcClient(address, response_type=Response) as rpc:
-        reply = rpc.call_as(BatchGetReplicaList(keys), BatchReplicaListReply)
-    return [{d.segment for d in r.replicas} for r in reply.results]
+from kvtest.query import replica_segments, stats
 
 
 def test_a_dead_nodes_replicas_are_copied_back_before_the_next_death(

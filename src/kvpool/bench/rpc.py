@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -263,44 +263,28 @@ async def _async_cases(spec: BenchSpec, cases: Sequence[str]) -> list[dict[str, 
                     batch=1,
                 )
             )
+
+        async def windowed(case: str, send: Callable[[list[Any]], Awaitable[list[Any]]]) -> None:
+            """One window of `w` requests at a time through `send`, each window one latency."""
+            lat: list[float] = []
+            t0 = clock()
+            for start in range(0, spec.n, w):
+                t = clock()
+                replies = await send(reqs[start : start + w])
+                lat.append(clock() - t)
+                for j, reply in enumerate(replies):
+                    spec.check(start + j, reply)
+            out.append(
+                row(spec, case, calls=spec.n, seconds=clock() - t0, latencies_s=lat, batch=w)
+            )
+
+        async def gather(window: list[Any]) -> list[Any]:
+            return list(await asyncio.gather(*(c.call(r) for r in window)))
+
         if "async-pipelined" in cases:
-            lat = []
-            t0 = clock()
-            for start in range(0, spec.n, w):
-                t = clock()
-                replies = await c.call_many(reqs[start : start + w], window=w)
-                lat.append(clock() - t)
-                for j, reply in enumerate(replies):
-                    spec.check(start + j, reply)
-            out.append(
-                row(
-                    spec,
-                    "async-pipelined",
-                    calls=spec.n,
-                    seconds=clock() - t0,
-                    latencies_s=lat,
-                    batch=w,
-                )
-            )
+            await windowed("async-pipelined", lambda window: c.call_many(window, window=w))
         if "async-gather" in cases:
-            lat = []
-            t0 = clock()
-            for start in range(0, spec.n, w):
-                t = clock()
-                replies = await asyncio.gather(*(c.call(r) for r in reqs[start : start + w]))
-                lat.append(clock() - t)
-                for j, reply in enumerate(replies):
-                    spec.check(start + j, reply)
-            out.append(
-                row(
-                    spec,
-                    "async-gather",
-                    calls=spec.n,
-                    seconds=clock() - t0,
-                    latencies_s=lat,
-                    batch=w,
-                )
-            )
+            await windowed("async-gather", gather)
     return out
 
 

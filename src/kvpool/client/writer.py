@@ -235,7 +235,9 @@ class Writer:
             self.stats.retried()
             attempt = self._avoiding(cfg, set(avoid))
             try:
-                got = self._put_started(key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid)
+                got = self._put_started(
+                    key, mv, attempt, asked=cfg, upsert=upsert, avoid=avoid, deadline=deadline
+                )
             except NoSpace as exc:
                 # No other segment can take it: the write's failure is what went wrong.
                 self.stats.retry_failed()
@@ -258,16 +260,18 @@ class Writer:
         asked: ReplicateConfigMsg,
         upsert: bool,
         avoid: dict[str, ErrorCode],
+        deadline: float | None = None,
     ) -> int | None:
         """One PutStart / write / PutEnd; the replicas written (0: the key existed), or None
         when a write to a replica's segment failed (those segments are added to `avoid` with
         the failure; the put was revoked and may start again). `asked` is the caller's config
-        (for messages)."""
+        (for messages); `deadline` bounds waiting for room (None: one retry window from when
+        the master first says it is making room)."""
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
         rep = self._node.rpc.call_as(start, PutStartReply)
         if rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
-            rep = self._start_when_room(start, rep)
+            rep = self._start_when_room(start, rep, deadline)
         if rep.code == OBJECT_ALREADY_EXISTS and not upsert:
             return 0
         if rep.code:
@@ -303,11 +307,14 @@ class Writer:
             raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
         return len(rep.replicas)
 
-    def _start_when_room(self, start: PutStart | UpsertStart, rep: PutStartReply) -> PutStartReply:
+    def _start_when_room(
+        self, start: PutStart | UpsertStart, rep: PutStartReply, deadline: float | None
+    ) -> PutStartReply:
         """The master is making room (pool mode: moving a range's neighbours away) and said
-        when to ask again: ask again after each hint, within the Store's retry window; the
-        last answer."""
-        deadline = time.monotonic() + self._retry_window
+        when to ask again: ask again after each hint, until `deadline` (None: the Store's
+        retry window from now); the last answer."""
+        if deadline is None:
+            deadline = time.monotonic() + self._retry_window
         tries = 0
         while rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
             left = deadline - time.monotonic()

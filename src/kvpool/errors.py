@@ -22,6 +22,7 @@ Families (each a subclass of `KVPoolError`, so callers can catch as broadly as t
     ├── TransferError            TRANSFER_FAIL
     ├── ChecksumMismatch         CHECKSUM_MISMATCH
     ├── RpcError                 RPC_FAIL, RPC_TIMEOUT (a fault of the connection)
+    │   └── NotLeader            NOT_LEADER, LEADER_CHANGED (an HA master that does not lead)
     ├── StoreClosed              calls after close() (UNAVAILABLE_IN_CURRENT_STATUS)
     └── ...                      every other code maps to KVPoolError itself
 """
@@ -39,6 +40,7 @@ __all__ = [
     "KVPoolError",
     "LeaseExpired",
     "NoSpace",
+    "NotLeader",
     "ObjectAlreadyExists",
     "ObjectError",
     "ObjectHasLease",
@@ -128,6 +130,9 @@ class ErrorCode(IntEnum):
     TENANT_QUOTA_EXCEEDED = -1700
     TENANT_NOT_REGISTERED = -1701
     TENANT_NOT_EMPTY = -1702
+    # kvpool's own codes (no Mooncake counterpart): the master of an HA cluster.
+    NOT_LEADER = -1900
+    LEADER_CHANGED = -1901
 
     @classmethod
     def of(cls, value: int) -> ErrorCode:
@@ -218,6 +223,15 @@ class RpcError(KVPoolError, ConnectionError):
     default_code = ErrorCode.RPC_FAIL
 
 
+class NotLeader(RpcError):
+    """The master asked is not the leader of its HA cluster (NOT_LEADER: a standby, or a
+    deposed leader; nothing was applied), or it lost the lead while the request was being
+    replicated (LEADER_CHANGED: it may or may not have been applied). Either way the caller
+    finds the current leader and, where repeating the request is safe, asks it again."""
+
+    default_code = ErrorCode.NOT_LEADER
+
+
 class StoreClosed(KVPoolError, RuntimeError):
     """The object was used after close() (or before it was set up)."""
 
@@ -245,6 +259,8 @@ _FAMILY: dict[ErrorCode, type[KVPoolError]] = {
     ErrorCode.RPC_FAIL: RpcError,
     ErrorCode.RPC_TIMEOUT: RpcError,
     ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS: StoreClosed,
+    ErrorCode.NOT_LEADER: NotLeader,
+    ErrorCode.LEADER_CHANGED: NotLeader,
 }
 for _code in ErrorCode:
     if -714 <= _code <= -700 and _code not in _FAMILY:

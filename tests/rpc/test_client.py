@@ -19,6 +19,7 @@ from kvpool.errors import (
     InvalidParams,
     KVPoolError,
     ObjectNotFound,
+    NotLeader,
     RpcError,
     StoreClosed,
 )
@@ -407,3 +408,29 @@ def test_a_call_timeout_must_be_positive(client: RpcClient, timeout: object) -> 
     with pytest.raises(InvalidParams):
         client.call_many([Add(1, 1)], timeout=timeout)  # type: ignore[arg-type]
     assert client.call(Add(1, 1)) == Sum(2)
+
+
+def test_welcome_carries_the_leader_term_and_an_older_term_is_refused(
+    server: ServerThread,
+) -> None:
+    term = [7]
+    server.server.term = lambda: term[0]
+    with _client(server) as c:
+        c.connect()
+        assert (c.server_term, c.min_term) == (7, 7)
+        assert c.call(Add(1, 1)) == Sum(2)
+        # The server now answers as an older leader (a deposed one, restarted on its port):
+        # the client that saw term 7 refuses it and sends nothing.
+        term[0] = 6
+        c.reconnect()
+        with pytest.raises(NotLeader) as err:
+            c.call(Add(1, 1))
+        assert err.value.code == ErrorCode.NOT_LEADER
+        term[0] = 8
+        assert c.call(Add(2, 2)) == Sum(4)
+        assert c.min_term == 8
+    server.server.term = None
+    with _client(server) as c:  # not HA: term 0, never refused
+        c.min_term = 9
+        assert c.call(Add(1, 2)) == Sum(3)
+        assert c.server_term == 0

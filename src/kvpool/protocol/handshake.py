@@ -72,6 +72,9 @@ class Welcome(msgspec.Struct, tag=True, frozen=True):
     server_name: _Name = ""
     #: The server's abstract Unix socket (leading NUL included), "" when it listens on none.
     unix_address: _Name = ""
+    #: The leader term of an HA master when it answered (0: not HA, or not leading). A client
+    #: that has seen term T refuses a master whose Welcome carries a lower non-zero term.
+    term: int = 0
 
 
 def check_hello(

@@ -57,6 +57,7 @@ from kvpool.errors import (
     ErrorCode,
     InvalidParams,
     KVPoolError,
+    NotLeader,
     RpcError,
     StoreClosed,
     error_for_code,
@@ -245,6 +246,12 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._closed = False
         self.server_name = ""
+        #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
+        self.server_term = 0
+        #: The highest leader term seen (set by the caller from discovery too): a server whose
+        #: Welcome carries a non-zero term below it is a deposed leader and is refused with
+        #: `NotLeader` (NOT_LEADER).
+        self.min_term = 0
         _live_clients.add(self)
 
     # -- public API -------------------------------------------------------------------------
@@ -489,6 +496,16 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         welcome, decoder = self._handshake(sock, deadline, self.address)
         self.server_name = welcome.server_name
+        if welcome.term:
+            if welcome.term < self.min_term:
+                sock.close()
+                raise NotLeader(
+                    f"{self.address} answered as leader of term {welcome.term}, "
+                    f"older than term {self.min_term} seen before",
+                    ErrorCode.NOT_LEADER,
+                )
+            self.min_term = welcome.term
+        self.server_term = welcome.term
         if self.unix and welcome.unix_address:
             try:
                 unix = self._open_unix(welcome.unix_address, deadline)

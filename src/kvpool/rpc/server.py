@@ -291,6 +291,7 @@ class Connection(asyncio.Protocol):
                     server.cluster_id,
                     server.server_name,
                     server.unix_address,
+                    0 if server.term is None else server.term(),
                 ),
             )
         )
@@ -445,6 +446,7 @@ class RpcServer:
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        term: Callable[[], int] | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -483,6 +485,8 @@ class RpcServer:
         self.port = port
         self.cluster_id = cluster_id
         self.server_name = server_name
+        #: The leader term put in each `Welcome` (an HA master's; None: always 0).
+        self.term = term
         self.protocol_version = protocol_version
         self.max_frame_bytes = max_frame_bytes
         #: Whether `start()` also listens on an abstract Unix socket.

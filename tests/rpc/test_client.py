@@ -18,8 +18,8 @@ from kvpool.errors import (
     IllegalClient,
     InvalidParams,
     KVPoolError,
-    ObjectNotFound,
     NotLeader,
+    ObjectNotFound,
     RpcError,
     StoreClosed,
 )

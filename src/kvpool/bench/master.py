@@ -89,15 +89,23 @@ class Plan:
 class _Master:
     """A `kvpool master` child plus a client of it; `close()` stops both (idempotent)."""
 
-    def __init__(self, reclaim: bool, data_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        reclaim: bool,
+        data_dir: str | None = None,
+        extra: Sequence[str] = (),
+        port: int = 0,
+        ready: Callable[[Child], str] | None = None,
+    ) -> None:
         # A long client TTL: the benchmark's fake node does not ping while it measures.
-        args = ["master", "--host", "127.0.0.1", "--port", "0", "--client-ttl", "1h"]
+        args = ["master", "--host", "127.0.0.1", "--port", str(port), "--client-ttl", "1h"]
         args.append("--reclaim" if reclaim else "--no-reclaim")
         if data_dir is not None:
             args += ["--data-dir", data_dir]
+        args += extra
         self.proc = Child([sys.executable, "-m", "kvpool", *args], name="kvpool master (bench)")
         try:
-            self.address = self.proc.wait_ready(60)
+            self.address = self.proc.wait_ready(60) if ready is None else ready(self.proc)
             self.rpc = RpcClient(
                 self.address, response_type=m.Response, timeout=120, client_name="bench"
             )

@@ -4,6 +4,10 @@
   `ReplicateConfig`, `MooncakeConfig`, ...), so vLLM, SGLang, LMCache and users' scripts that
   talk to Mooncake switch by changing an import. The opt-in distribution in
   `compat/mooncake-shim/` installs it as the top-level `mooncake.store` module.
+* `kvpool.compat.mooncake_flags`: Mooncake's master command line (gflags syntax, Mooncake's
+  units) read and turned into `kvpool master` arguments; `kvpool.cli.mooncake_master` runs them
+  (the shim's `mooncake_master` command).
+* `kvpool.compat.mooncake_metadata`: the `mooncake_http_metadata_server` command, a no-op.
 
 May import: kvpool.client (the native `Store` every call is built on), kvpool.errors,
 kvpool.codes and kvpool.config, and from kvpool.protocol only the value types the Store's answers

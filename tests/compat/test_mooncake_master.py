@@ -187,7 +187,6 @@ def test_the_kvpool_master_accepts_every_translation() -> None:
     argv = _argv(
         "--rpc_port=5001",
         "--rpc_address=0.0.0.0",
-        "--cluster_id=c1",
         "--default_kv_lease_ttl=500",
         "--default_kv_soft_pin_ttl=5s",
         "--max_kv_soft_pin_ttl=2h",
@@ -206,7 +205,7 @@ def test_the_kvpool_master_accepts_every_translation() -> None:
     )
     ctx = master.make_context("master", argv)
     p = ctx.params
-    assert (p["port"], p["host"], p["cluster_id"]) == (5001, "0.0.0.0", "c1")
+    assert (p["port"], p["host"], p["cluster_id"]) == (5001, "0.0.0.0", "kvpool")
     assert p["default_kv_lease_ttl"] == pytest.approx(0.5)
     assert p["default_kv_soft_pin_ttl"] == pytest.approx(5.0)
     assert p["max_kv_soft_pin_ttl"] == pytest.approx(7200.0)
@@ -279,6 +278,16 @@ def test_ha_flags_build_kvpools_etcd_url() -> None:
     assert launch.ha_url == "etcd://e1:2379,e2:2379/prod"
     assert _opt(launch.argv, "--cluster-id") == "prod"
     assert translate({"etcd_endpoints": "e1:2379"}).ha_url is None
+
+
+def test_the_cluster_id_names_the_pool_only_with_ha() -> None:
+    """Mooncake's clients send no cluster id; kvpool's handshake checks one. Without HA the
+    pool keeps kvpool's id, which compat stores send."""
+    launch = translate({"cluster_id": "prod", "rpc_address": "127.0.0.1"})
+    assert "--cluster-id" not in launch.argv
+    assert any("only with --enable_ha" in n for n in launch.notes)
+    launch = translate({"enable_ha": "true", "etcd_endpoints": "e:1"})
+    assert _opt(launch.argv, "--cluster-id") == "mooncake_cluster"
 
 
 def test_ha_without_endpoints_or_with_another_backend_is_refused() -> None:

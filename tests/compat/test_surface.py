@@ -19,9 +19,6 @@ import pytest
 import kvpool.compat.mooncake as compat
 
 NOT_SUPPORTED = {
-    # memory pools
-    "alloc_from_mem_pool",
-    "get_offload_rpc_read_count",
     # tensor parallelism, CUDA and safetensors
     "get_tensor_into_cuda",
     "batch_get_tensor_into_cuda",

@@ -127,7 +127,13 @@ FLAGS: tuple[Flag, ...] = (
     _f("max_threads", INT, "16", NOOP, "the master is one event loop"),
     _f("rpc_conn_timeout_seconds", SEC, "0", MAP, "`--rpc-idle-timeout` (0: kvpool's 300 s)"),
     _f("rpc_enable_tcp_no_delay", B, "true", NOOP, "kvpool always sets TCP_NODELAY"),
-    _f("cluster_id", S, DEFAULT_HA_CLUSTER_ID, MAP, "`--cluster-id` (kvpool's default: kvpool)"),
+    _f(
+        "cluster_id",
+        S,
+        DEFAULT_HA_CLUSTER_ID,
+        MAP,
+        "`--cluster-id` and the cluster of `--ha`, with `--enable_ha` only (else kvpool's `kvpool`)",
+    ),
     _f("config_path", S, "", MAP, "a JSON file of these flags; the command line wins"),
     _f("conf_path", S, "", MAP, "old name of `--config_path`"),
     # -- leases, pins, eviction
@@ -536,8 +542,6 @@ def translate(
         )
     if given("rpc_conn_timeout_seconds") and num("rpc_conn_timeout_seconds") > 0:
         argv += ["--rpc-idle-timeout", secs("rpc_conn_timeout_seconds")]
-    if given("cluster_id"):
-        argv += ["--cluster-id", get("cluster_id")]
 
     # Leases, pins, eviction: Mooncake's units made explicit.
     for name in ("default_kv_lease_ttl", "default_kv_soft_pin_ttl", "max_kv_soft_pin_ttl"):
@@ -617,6 +621,12 @@ def _translate_ha(
             )
         cluster = get("cluster_id") if given("cluster_id") else DEFAULT_HA_CLUSTER_ID
         out.ha_url = mooncake_etcd_url(endpoints, cluster)
+        argv += ["--cluster-id", cluster]
+    elif given("cluster_id"):
+        # Without HA, Mooncake's cluster id only names persisted data; kvpool's names the pool
+        # in every connection's handshake, so passing it on would lock out every Mooncake
+        # client (which sends none). The pool keeps kvpool's id, as compat stores expect.
+        out.notes.append("--cluster_id is used only with --enable_ha (kvpool's handshake id)")
     elif given("etcd_endpoints") or given("ha_backend_connstring"):
         out.notes.append("etcd endpoints are used only with --enable_ha (as in Mooncake)")
 

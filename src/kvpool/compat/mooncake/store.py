@@ -48,11 +48,18 @@ from kvpool.codes import (
 )
 from kvpool.compat.mooncake import names
 from kvpool.compat.mooncake.calls import answers, check_key, check_keys, index, one_code, per_key
+from kvpool.compat.mooncake.memory import MooncakeHostMemAllocator
 from kvpool.compat.mooncake.reads import Reads
 from kvpool.compat.mooncake.replicas import Replicas
 from kvpool.compat.mooncake.segments import PAGE, MountedSegments, SegmentCalls
 from kvpool.compat.mooncake.sessions import SessionCalls, Sessions
-from kvpool.compat.mooncake.setup import SetupParams, from_dict, from_positional, split_hostname
+from kvpool.compat.mooncake.setup import (
+    SetupParams,
+    from_dict,
+    from_positional,
+    pool_master_address,
+    split_hostname,
+)
 from kvpool.compat.mooncake.tensor import TensorCalls
 from kvpool.compat.mooncake.writes import Writes
 from kvpool.errors import InvalidParams, KVPoolError
@@ -83,6 +90,10 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         self._params: SetupParams | None = None
         self._sessions = Sessions()
         self._mounted = MountedSegments(self._forget_segment)
+        # alloc_from_mem_pool's blocks: registered for the pointer calls, freed by close().
+        self._pool = MooncakeHostMemAllocator()
+        self._pool_blocks: list[tuple[int, int]] = []
+        self._name_port: socket.socket | None = None
 
     # ------------------------------------------------------------------ setup / close
 
@@ -164,7 +175,7 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         if 0 < segment < PAGE:
             segment = PAGE
         store = Store(
-            p.master_server_addr,
+            pool_master_address(p.master_server_addr),
             segment_size=segment,
             local_buffer_size=p.local_buffer_size,
             host=host,
@@ -174,8 +185,14 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             protocol="auto",
         )
         segments = store.segments
+        reserved = None
         if port is None:
-            port = _endpoint_port(segments) or _any_free_port()
+            port = _endpoint_port(segments)
+        if port is None:
+            # A pure client: named, as in Mooncake, by a port of MC_STORE_CLIENT_MIN_PORT..
+            # MAX_PORT, held bound (never listening) so no other store of this host takes it.
+            reserved = _reserve_name_port()
+            port = int(reserved.getsockname()[1])
         hostname = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         staging = None
         if p.local_buffer_size > 0:
@@ -184,12 +201,15 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
                 store.register_buffer(staging)
             except BaseException:
                 store.close()
+                if reserved is not None:
+                    reserved.close()
                 raise
         names.open_store(hostname, segments)
         self._staging = staging
         self._store, self._params = store, p
         self._hostname = hostname
         self._buffer_size = p.local_buffer_size
+        self._name_port = reserved
 
     def close(self) -> int:
         """Unmount this store's segment and disconnect; 0, also when not set up. Idempotent."""
@@ -207,7 +227,46 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             store.close()
         except KVPoolError as exc:
             log.warning("close: %s", exc)
+        with self._lock:
+            blocks, self._pool_blocks = self._pool_blocks, []
+            reserved, self._name_port = self._name_port, None
+        for address, _ in blocks:
+            self._pool.free(address)
+        if reserved is not None:
+            reserved.close()
         return OK
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of `size` bytes of page-aligned host memory, registered for the pointer
+        calls (`put_from`, `get_into`, ...) as Mooncake's dummy clients get it from their shared
+        pool; 0 when not set up, for a size that is not positive, or once the pool is used up
+        (its size is `local_buffer_size`). The memory stays until `close()`."""
+        n = index(size)
+        with self._lock:
+            if self._store is None or n <= 0:
+                return 0
+            used = sum(b for _, b in self._pool_blocks)
+            if used + n > self._buffer_size:
+                log.error(
+                    "alloc_from_mem_pool(%d): the pool has %d of %d bytes left",
+                    n,
+                    self._buffer_size - used,
+                    self._buffer_size,
+                )
+                return 0
+            address = self._pool.alloc(n)
+            if address == 0:
+                return 0
+            if self._register(address, n) != OK:
+                self._pool.free(address)
+                return 0
+            self._pool_blocks.append((address, n))
+        return address
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads served by this client's SSD-offload RPC server: always 0 (kvpool stores have
+        no disk tier; Mooncake answers 0 too without one)."""
+        return 0
 
     def get_hostname(self) -> str:
         """This store's "host:port" (its segment name in Mooncake); "" before setup."""
@@ -308,8 +367,26 @@ def _endpoint_port(segments: list[str]) -> int | None:
     return None
 
 
-def _any_free_port() -> int:
-    """A port number for a pure client's name (Mooncake binds one; kvpool serves nothing)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+NAME_PORTS: Final = range(12300, 14301)
+"""Mooncake's client port range (MC_STORE_CLIENT_MIN_PORT 12300 .. MAX_PORT 14300): the port
+of `get_hostname()` for a store that serves no segment."""
+
+
+def _reserve_name_port() -> socket.socket:
+    """A socket bound (not listening) on 127.0.0.1 to a free port of `NAME_PORTS`, tried in
+    random order as Mooncake does; an ephemeral port when the whole range is taken."""
+    import random
+
+    candidates = list(NAME_PORTS)
+    random.shuffle(candidates)
+    for port in [*candidates, 0]:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        if port == 0:
+            log.warning("setup: every port of %d..%d is taken", NAME_PORTS[0], NAME_PORTS[-1])
+        return s
+    raise KVPoolError("setup: no free port for the store's name")

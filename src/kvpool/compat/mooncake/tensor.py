@@ -53,6 +53,7 @@ __all__ = [
     "TensorHeader",
     "bytes_to_tensor",
     "encode_header",
+    "encode_tp_shard_header",
     "parse_header",
     "tensor_to_parts",
 ]
@@ -121,6 +122,43 @@ def encode_header(dtype: str, shape: tuple[int, ...], data_bytes: int) -> bytes:
         + _SHAPE.pack(*dims)
         + _AXES.pack(0, 0)
         + bytes(MAX_AXES * _AXIS.size)
+    )
+
+
+AXIS_TP = 1
+"""Mooncake's LayoutAxisKind.TP (DP 0, TP 1, EP 2, PP 3)."""
+
+
+def encode_tp_shard_header(  # noqa: PLR0917  (Mooncake's positional signature)
+    dtype: str,
+    global_shape: tuple[int, ...],
+    local_shape: tuple[int, ...],
+    rank: int,
+    count: int,
+    split_dim: int,
+    data_bytes: int,
+) -> bytes:
+    """The 304-byte header of one tensor-parallel shard (SHARD layout, one TP axis), as
+    Mooncake's `put_tensor_with_tp` writes it: the whole tensor's shape, the shard's shape,
+    and the axis (rank of count along split_dim; its last field the shard's extent there)."""
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"dtype {dtype!r} has no Mooncake code")
+    ndim = len(global_shape)
+    if ndim > MAX_DIMS or len(local_shape) != ndim:
+        raise ValueError(f"shapes {global_shape} / {local_shape}: at most {MAX_DIMS} dims, equal")
+    pad = [-1] * (MAX_DIMS - ndim)
+    head = _HEAD.pack(
+        MAGIC, VERSION, HEADER_SIZE, DTYPE_CODES[dtype], ndim, LAYOUT_SHARD, 0,
+        HEADER_SIZE, data_bytes,
+    )  # fmt: skip
+    axis = _AXIS.pack(AXIS_TP, 0, rank, count, split_dim, 0, local_shape[split_dim])
+    return (
+        head
+        + _SHAPE.pack(*global_shape, *pad)
+        + _SHAPE.pack(*local_shape, *pad)
+        + _AXES.pack(1, 0)
+        + axis
+        + bytes((MAX_AXES - 1) * _AXIS.size)
     )
 
 

@@ -85,6 +85,8 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "assert a.MooncakeDistributedStoreAsync is k.MooncakeDistributedStoreAsync;"
         "import mooncake.cli, mooncake.http_metadata_server as h, kvpool.cli.mooncake_master as m;"
         "assert mooncake.cli.main is m.main and callable(h.main);"
+        "import mooncake.mooncake_store_service as svc, kvpool.compat.mooncake_service as ks;"
+        "assert svc.main is ks.main and callable(svc.sync_main);"
         "print('ok')"
     )
     ran = subprocess.run(
@@ -95,6 +97,7 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
     for script, module in (
         ("mooncake_master", "mooncake.cli"),
         ("mooncake_http_metadata_server", "mooncake.http_metadata_server"),
+        ("mc_store_rest_server", "mooncake.mooncake_store_service"),
     ):
         path = venv / "bin" / script
         assert path.is_file(), f"{script} was not installed"

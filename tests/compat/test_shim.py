@@ -87,6 +87,8 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "assert mooncake.cli.main is m.main and callable(h.main);"
         "import mooncake.mooncake_store_service as svc, kvpool.compat.mooncake_service as ks;"
         "assert svc.main is ks.main and callable(svc.sync_main);"
+        "import mooncake.cli_client as cc, kvpool.compat.mooncake_client as kc;"
+        "assert cc.main is kc.main;"
         "print('ok')"
     )
     ran = subprocess.run(
@@ -96,6 +98,7 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
     # Mooncake's commands, under Mooncake's names.
     for script, module in (
         ("mooncake_master", "mooncake.cli"),
+        ("mooncake_client", "mooncake.cli_client"),
         ("mooncake_http_metadata_server", "mooncake.http_metadata_server"),
         ("mc_store_rest_server", "mooncake.mooncake_store_service"),
     ):

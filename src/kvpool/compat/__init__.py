@@ -9,6 +9,8 @@
   (the shim's `mooncake_master` command).
 * `kvpool.compat.mooncake_metadata`: the `mooncake_http_metadata_server` command, a no-op.
 * `kvpool.compat.mooncake_service`: Mooncake's REST store service (`mooncake_store_service`).
+* `kvpool.compat.mooncake_client`: the per-host standalone client `setup_dummy` attaches to
+  (`mooncake_client`).
 
 May import: kvpool.client (the native `Store` every call is built on), kvpool.errors,
 kvpool.codes and kvpool.config, and from kvpool.protocol only the value types the Store's answers

@@ -334,11 +334,12 @@ def _check_value(flag: Flag, text: str) -> str:
     return text
 
 
-def _unknown(name: str) -> InvalidParams:
-    names = [f.name for f in FLAGS] + list(_BUILTINS)
+def _unknown(name: str, table: Mapping[str, Flag] = BY_NAME, prog: str = "") -> InvalidParams:
+    names = [*table, *_BUILTINS]
     near = difflib.get_close_matches(name.replace("-", "_"), names, n=1, cutoff=0.6)
     hint = f"; did you mean --{near[0]}?" if near else ""
-    return InvalidParams(f"unknown command line flag '{name}'{hint} (mooncake_master --help)")
+    prog = prog or "mooncake_master"
+    return InvalidParams(f"unknown command line flag '{name}'{hint} ({prog} --help)")
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -360,10 +361,16 @@ class Parsed:
 
 
 def parse_argv(
-    argv: Sequence[str], *, read_file: Callable[[str], str] | None = None, _depth: int = 0
+    argv: Sequence[str],
+    *,
+    read_file: Callable[[str], str] | None = None,
+    table: Mapping[str, Flag] = BY_NAME,
+    prog: str = "",
+    _depth: int = 0,
 ) -> Parsed:
     """Read `argv` (without the program name) with gflags' rules; InvalidParams on an unknown
-    flag (naming the nearest one), a missing or malformed value."""
+    flag (naming the nearest one), a missing or malformed value. `table`: the program's flags
+    by name (the master's by default)."""
     read = read_file or (lambda p: Path(p).read_text(encoding="utf-8"))
     out = Parsed()
     i = 0
@@ -399,20 +406,22 @@ def parse_argv(
             inner = parse_argv(
                 [ln for ln in lines if ln and not ln.startswith("#")],
                 read_file=read,
+                table=table,
+                prog=prog,
                 _depth=_depth + 1,
             )
             out.values.update(inner.values)
             out.passthrough += inner.passthrough
             out.positional += inner.positional
             continue
-        flag = BY_NAME.get(name)
-        if flag is None and not eq and name.startswith("no") and name[2:] in BY_NAME:
-            negated = BY_NAME[name[2:]]
+        flag = table.get(name)
+        if flag is None and not eq and name.startswith("no") and name[2:] in table:
+            negated = table[name[2:]]
             if negated.type is FlagType.BOOL:
                 out.values[negated.name] = "false"
                 continue
         if flag is None:
-            raise _unknown(name)
+            raise _unknown(name, table, prog)
         if not eq:
             if flag.type is FlagType.BOOL:
                 out.values[name] = "true"

@@ -40,7 +40,6 @@ from kvpool.client import Store
 from kvpool.codes import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    NOT_SUPPORTED,
     OBJECT_NOT_FOUND,
     OK,
     RPC_FAIL,
@@ -48,6 +47,7 @@ from kvpool.codes import (
 )
 from kvpool.compat.mooncake import names
 from kvpool.compat.mooncake.calls import answers, check_key, check_keys, index, one_code, per_key
+from kvpool.compat.mooncake.dummy import DummyLink
 from kvpool.compat.mooncake.memory import MooncakeHostMemAllocator
 from kvpool.compat.mooncake.reads import Reads
 from kvpool.compat.mooncake.replicas import Replicas
@@ -94,6 +94,8 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         self._pool = MooncakeHostMemAllocator()
         self._pool_blocks: list[tuple[int, int]] = []
         self._name_port: socket.socket | None = None
+        self._pool_limit = 0
+        self._link: DummyLink | None = None
 
     # ------------------------------------------------------------------ setup / close
 
@@ -148,18 +150,57 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         )
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Not supported: Mooncake's dummy client forwards every call to a separate
-        `mooncake_client` process, which kvpool does not have (a kvpool store talks to the
-        master itself); answers NOT_SUPPORTED (-1012). Use `setup()`."""
-        for n in (mem_pool_size, local_buffer_size):
-            index(n)  # TypeError for a non-integer, as pybind11
+        """Attach to the standalone client serving `server_address` (`mooncake_client`, or
+        `python -m kvpool.compat.mooncake_client`) and join the pool it serves, contributing no
+        memory: the host's memory is the standalone client's segment. `alloc_from_mem_pool`
+        hands out registered memory from a pool of `mem_pool_size` bytes. 0, or -1 when no
+        standalone client serves the address (as Mooncake). The dummy survives a restart of
+        the standalone client (it re-attaches in the background)."""
+        pool, buffer = index(mem_pool_size), index(local_buffer_size)
         if not isinstance(server_address, str):
             raise TypeError("server_address: expected str")
-        log.error(
-            "setup_dummy(%r): kvpool has no mooncake_client process to attach to; use setup()",
-            server_address,
-        )
-        return NOT_SUPPORTED
+        if pool < 0 or buffer < 0:
+            log.error("setup_dummy: negative sizes (%d, %d)", pool, buffer)
+            return INVALID_PARAMS
+        if self._store is not None:
+            log.warning("setup_dummy: this store is already set up; the new arguments are ignored")
+            return OK
+        link = DummyLink(server_address)
+        try:
+            info = link.attach()
+        except KVPoolError as exc:
+            log.error("setup_dummy: %s", exc)
+            return INTERNAL_ERROR
+        try:
+            params = SetupParams(
+                local_hostname="127.0.0.1",
+                metadata_server="P2PHANDSHAKE",
+                global_segment_size=0,
+                local_buffer_size=buffer,
+                protocol="tcp",
+                rdma_devices="",
+                master_server_addr=info.master,
+                tenant_id=info.tenant,
+            )
+            with self._lock:
+                if self._set_up():  # another thread's setup won meanwhile
+                    link.close()
+                    return OK
+                self._open(params)
+                self._link = link
+                self._pool_limit = pool
+        except KVPoolError as exc:
+            link.close()
+            log.error("setup_dummy: cannot join the pool at %s: %s", info.master, exc)
+            return INTERNAL_ERROR if exc.code in (RPC_FAIL, RPC_TIMEOUT) else int(exc.code)
+        except Exception as exc:
+            link.close()
+            log.error("setup_dummy: %s", exc, exc_info=not isinstance(exc, OSError))
+            return INTERNAL_ERROR
+        return OK
+
+    def _set_up(self) -> bool:
+        return self._store is not None
 
     def _open(self, p: SetupParams) -> None:
         host, port = split_hostname(p.local_hostname)
@@ -209,6 +250,7 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         self._store, self._params = store, p
         self._hostname = hostname
         self._buffer_size = p.local_buffer_size
+        self._pool_limit = p.local_buffer_size
         self._name_port = reserved
 
     def close(self) -> int:
@@ -230,6 +272,9 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         with self._lock:
             blocks, self._pool_blocks = self._pool_blocks, []
             reserved, self._name_port = self._name_port, None
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
         for address, _ in blocks:
             self._pool.free(address)
         if reserved is not None:
@@ -240,18 +285,18 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         """The address of `size` bytes of page-aligned host memory, registered for the pointer
         calls (`put_from`, `get_into`, ...) as Mooncake's dummy clients get it from their shared
         pool; 0 when not set up, for a size that is not positive, or once the pool is used up
-        (its size is `local_buffer_size`). The memory stays until `close()`."""
+        (its size is `local_buffer_size`, or `mem_pool_size` after `setup_dummy`). The memory stays until `close()`."""
         n = index(size)
         with self._lock:
             if self._store is None or n <= 0:
                 return 0
             used = sum(b for _, b in self._pool_blocks)
-            if used + n > self._buffer_size:
+            if used + n > self._pool_limit:
                 log.error(
                     "alloc_from_mem_pool(%d): the pool has %d of %d bytes left",
                     n,
-                    self._buffer_size - used,
-                    self._buffer_size,
+                    self._pool_limit - used,
+                    self._pool_limit,
                 )
                 return 0
             address = self._pool.alloc(n)

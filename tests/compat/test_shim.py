@@ -89,6 +89,7 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "assert svc.main is ks.main and callable(svc.sync_main);"
         "import mooncake.cli_client as cc, kvpool.compat.mooncake_client as kc;"
         "assert cc.main is kc.main;"
+        "assert s._tensor_metadata_size() == 304;"
         "print('ok')"
     )
     ran = subprocess.run(

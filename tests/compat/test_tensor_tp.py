@@ -188,3 +188,30 @@ def test_cuda_reads_answer_600_without_a_dummy_client(backend: Any) -> None:
     assert store.put_tensor("c", torch.ones(2)) == 0
     assert store.get_tensor_into_cuda("c", torch.empty(2)) == -600
     assert store.batch_get_tensor_into_cuda(["c", "c"], [torch.empty(2)] * 2) == [-600, -600]
+
+
+def test_module_serialize_functions_match_the_stored_format(backend: Any) -> None:
+    """`_serialize_tensor` / `_deserialize_tensor` / `_tensor_metadata_size`, module functions
+    of Mooncake's `mooncake.store` (the shim offers kvpool's)."""
+    if backend.name == "kvpool":
+        from kvpool.compat.mooncake import tensor as module
+
+        ser, de, size = (
+            module.serialize_tensor,
+            module.deserialize_tensor,
+            module.tensor_metadata_size,
+        )
+    else:
+        m = backend.module
+        ser, de, size = m._serialize_tensor, m._deserialize_tensor, m._tensor_metadata_size
+    store = backend.store()
+    t = _random_tensor(torch.float16, (2, 3))
+    header, ptr, nbytes, _owner = ser(t)
+    assert size() == 304 == len(header) and nbytes == 12 and ptr != 0
+    assert store.put_tensor("ser", t) == 0
+    assert store.get("ser") == header + _bits(t)
+    assert _bits(de(header + _bits(t))) == _bits(t)
+    with pytest.raises(ValueError):
+        de(b"not a tensor")
+    with pytest.raises(ValueError):
+        ser(torch.zeros(2, dtype=torch.complex64))

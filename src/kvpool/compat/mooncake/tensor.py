@@ -52,9 +52,12 @@ __all__ = [
     "TensorCalls",
     "TensorHeader",
     "bytes_to_tensor",
+    "deserialize_tensor",
     "encode_header",
     "encode_tp_shard_header",
     "parse_header",
+    "serialize_tensor",
+    "tensor_metadata_size",
     "tensor_to_parts",
 ]
 
@@ -225,6 +228,35 @@ def bytes_to_tensor(obj: bytearray | memoryview) -> Any:
     data = memoryview(obj).cast("B")[header.data_offset : header.data_offset + header.data_bytes]
     flat = torch.frombuffer(data, dtype=torch.uint8) if header.data_bytes else torch.empty(0)
     return flat.view(dtype).reshape(header.shape)
+
+
+def serialize_tensor(tensor: Any) -> tuple[bytes, int, int, Any]:
+    """Mooncake's module function `_serialize_tensor`: (the 304-byte metadata, the address of
+    the tensor's data, its size in bytes, the object owning that memory). ValueError for a
+    tensor Mooncake cannot store."""
+    torch = _torch()
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        raise ValueError("unsupported tensor for Mooncake tensor serialization")
+    t = tensor.detach().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in DTYPE_CODES or t.dim() > MAX_DIMS:
+        raise ValueError("unsupported tensor for Mooncake tensor serialization")
+    size = t.numel() * t.element_size()
+    return encode_header(name, tuple(int(d) for d in t.shape), size), t.data_ptr(), size, t
+
+
+def tensor_metadata_size() -> int:
+    """Mooncake's `_tensor_metadata_size`: the bytes of a tensor object's header (304)."""
+    return HEADER_SIZE
+
+
+def deserialize_tensor(payload: bytes) -> Any:
+    """Mooncake's `_deserialize_tensor`: the tensor of `[metadata][data]` bytes, in memory of
+    its own; ValueError for bytes Mooncake would refuse."""
+    tensor = bytes_to_tensor(bytearray(payload))
+    if tensor is None:
+        raise ValueError("invalid serialized Mooncake tensor payload")
+    return tensor
 
 
 class TensorCalls(StoreBase):

@@ -186,3 +186,20 @@ def test_a_dummy_survives_a_restart_of_the_standalone_client() -> None:
                 second.stop()
         finally:
             store.close()
+
+
+def test_kvpool_client_is_the_standalone_client_with_kvpools_flags() -> None:
+    with kvpool_proc("master", "--port", "0") as master:
+        address = master.wait_ready()
+        port = free_port()
+        with kvpool_proc(
+            "client", "--master", address, "--port", str(port), "--segment-size", "16MiB"
+        ) as standalone:
+            standalone.wait_for_line(r"kvpool client listening on 127.0.0.1:\d+", timeout=30)
+            store = _dummy(f"127.0.0.1:{port}")
+            try:
+                assert store.put("via-kvpool-client", b"v") == 0
+                assert store.get("via-kvpool-client") == b"v"
+            finally:
+                store.close()
+            assert standalone.stop() == 0

@@ -19,6 +19,7 @@ once it serves, and on SIGINT / SIGTERM unmounts its segment and exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -87,6 +88,7 @@ class StandaloneClient:
         self._dummies: dict[int, int] = {}  # connection id -> the dummy's pid
         self._next_id = 0
         self._listeners: list[socket.socket] = []
+        self._conns: set[socket.socket] = set()
         try:
             tcp = socket.create_server((host, port), reuse_port=False)
             self._listeners.append(tcp)
@@ -122,7 +124,9 @@ class StandaloneClient:
             except OSError:
                 return
             with self._lock:
-                full = len(self._dummies) >= MAX_DUMMIES
+                full = len(self._conns) >= MAX_DUMMIES or self._closed.is_set()
+                if not full:
+                    self._conns.add(conn)
             if full:
                 conn.close()
                 continue
@@ -163,6 +167,8 @@ class StandaloneClient:
         except (OSError, EOFError, ValueError, TypeError):
             pass
         finally:
+            with self._lock:
+                self._conns.discard(conn)
             conn.close()
             if conn_id >= 0:
                 with self._lock:
@@ -175,8 +181,14 @@ class StandaloneClient:
         if self._closed.is_set():
             return
         self._closed.set()
-        for listener in self._listeners:
-            listener.close()
+        with self._lock:
+            socks = [*self._listeners, *self._conns]
+        for sock in socks:
+            # shutdown() wakes a thread blocked in accept() or recv() on it; close() alone
+            # does not on Linux.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         self.store.close()
 
 

@@ -435,3 +435,15 @@ def test_the_http_metadata_server_is_a_no_op_that_says_why() -> None:
         proc.wait_for_line("needs no HTTP metadata server")
         assert proc.alive()
         assert proc.stop() == 0  # SIGTERM: a clean exit
+
+
+def test_help_and_version_exit_0() -> None:
+    for flag, expect in (("--help", "--default_kv_lease_ttl"), ("-version", "kvpool")):
+        done = subprocess.run(
+            [sys.executable, "-m", "kvpool.cli.mooncake_master", flag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0 and expect in done.stdout, done.stderr

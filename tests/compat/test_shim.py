@@ -83,12 +83,29 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "assert s.MooncakeDistributedStore().health_check() == 1;"
         "import mooncake.async_store as a;"
         "assert a.MooncakeDistributedStoreAsync is k.MooncakeDistributedStoreAsync;"
+        "import mooncake.cli, mooncake.http_metadata_server as h, kvpool.cli.mooncake_master as m;"
+        "assert mooncake.cli.main is m.main and callable(h.main);"
+        "import mooncake.mooncake_store_service as svc, kvpool.compat.mooncake_service as ks;"
+        "assert svc.main is ks.main and callable(svc.sync_main);"
+        "import mooncake.cli_client as cc, kvpool.compat.mooncake_client as kc;"
+        "assert cc.main is kc.main;"
+        "assert s._tensor_metadata_size() == 304;"
         "print('ok')"
     )
     ran = subprocess.run(
         [sys.executable, "-c", probe, site], capture_output=True, text=True, check=False
     )
     assert ran.stdout.strip() == "ok", ran.stderr
+    # Mooncake's commands, under Mooncake's names.
+    for script, module in (
+        ("mooncake_master", "mooncake.cli"),
+        ("mooncake_client", "mooncake.cli_client"),
+        ("mooncake_http_metadata_server", "mooncake.http_metadata_server"),
+        ("mc_store_rest_server", "mooncake.mooncake_store_service"),
+    ):
+        path = venv / "bin" / script
+        assert path.is_file(), f"{script} was not installed"
+        assert module in path.read_text(encoding="utf-8")
     # Installed once, the shim is no obstacle to itself (upgrades, reinstalls).
     check = subprocess.run(
         [sys.executable, str(SHIM / "_build" / "backend.py"), "check", str(python)],

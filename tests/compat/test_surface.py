@@ -19,24 +19,7 @@ import pytest
 import kvpool.compat.mooncake as compat
 
 NOT_SUPPORTED = {
-    # memory pools
-    "alloc_from_mem_pool",
-    "get_offload_rpc_read_count",
-    # tensor parallelism, CUDA and safetensors
-    "get_tensor_into_cuda",
-    "batch_get_tensor_into_cuda",
-    "save_tensor_to_safetensor",
-    "load_tensor_from_safetensor",
-    "pub_tensor_with_tp",
-    "batch_pub_tensor_with_tp",
-    "put_tensor_with_tp",
-    "put_tensor_with_tp_from",
-    "batch_put_tensor_with_tp",
-    "batch_put_tensor_with_tp_from",
-    "get_tensor_with_tp",
-    "get_tensor_with_tp_into",
-    "batch_get_tensor_with_tp",
-    "batch_get_tensor_with_tp_into",
+    # the parallelism-descriptor family (TensorParallelism, ReadTarget, writer partitions)
     "put_tensor_with_parallelism",
     "put_tensor_with_parallelism_from",
     "batch_put_tensor_with_parallelism",
@@ -100,9 +83,9 @@ def test_every_mooncake_method_is_offered_or_listed_as_not_supported() -> None:
 
 def test_the_docs_list_what_is_not_supported() -> None:
     text = DOCS.read_text(encoding="utf-8")
-    # The tensor-parallel families are listed by pattern, everything else by name.
-    assert "`*_with_tp`" in text and "`*_with_parallelism*`" in text
-    by_name = [n for n in NOT_SUPPORTED if "_with_tp" not in n and "_with_parallelism" not in n]
+    # The parallelism-descriptor family is listed by pattern, everything else by name.
+    assert "`*_with_parallelism*`" in text
+    by_name = [n for n in NOT_SUPPORTED if "_with_parallelism" not in n]
     assert sorted(n for n in by_name if f"`{n}`" not in text) == []
 
 

@@ -107,6 +107,10 @@ def _write_dist_info(directory: Path) -> dict[str, bytes]:
         ).encode(),
         "top_level.txt": b"mooncake\n",
     }
+    scripts = _project().get("scripts") or {}
+    if scripts:
+        lines = ["[console_scripts]"] + [f"{k} = {v}" for k, v in scripts.items()]  # type: ignore[attr-defined]
+        files["entry_points.txt"] = ("\n".join(lines) + "\n").encode()
     out = directory / _dist_info()
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -162,7 +166,7 @@ def build_wheel(
 def build_editable(
     wheel_directory: str, config_settings: object = None, metadata_directory: object = None
 ) -> str:
-    # An editable install of the shim is a normal one: it is three re-exporting modules.
+    # An editable install of the shim is a normal one: it is a few re-exporting modules.
     return build_wheel(wheel_directory, config_settings, metadata_directory)
 
 

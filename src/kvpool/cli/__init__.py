@@ -23,6 +23,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "master": ("kvpool.cli.master", "master", "Run the metadata master of a pool."),
     "node": ("kvpool.cli.node", "node", "Contribute a memory segment to a pool."),
     "up": ("kvpool.cli.up", "up", "Run the embedded pool: master and one node, one command."),
+    "client": ("kvpool.cli.client", "client", "Per-host standalone client for setup_dummy."),
     "status": ("kvpool.cli.status", "status", "Show a pool's segments, clients and objects."),
     "demo": ("kvpool.cli.demo", "demo", "The main job: prefill writes KV cache, decode reuses it."),
     "bench": ("kvpool.cli", "bench", "Benchmarks that print tables (and JSON rows)."),

@@ -19,6 +19,12 @@ from kvpool.compat.mooncake import (
     TaskStatus,
     TaskType,
 )
+from kvpool.compat.mooncake import tensor as _tensor
+
+# Mooncake's private module functions over its tensor object format.
+_serialize_tensor = _tensor.serialize_tensor
+_deserialize_tensor = _tensor.deserialize_tensor
+_tensor_metadata_size = _tensor.tensor_metadata_size
 
 # Mooncake's module also exports each enum member at top level (pybind11 export_values()).
 UNDEFINED, INITIALIZED, PROCESSING, COMPLETE, REMOVED, FAILED = list(ReplicaStatus)

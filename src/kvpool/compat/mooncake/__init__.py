@@ -22,6 +22,8 @@ Modules (each imports only those above it):
     sessions.py     put and get sessions (ranged writes and reads in phases)
     segments.py     segments mounted after setup
     tensor.py       Mooncake's tensor object format (304-byte header + data), the tensor calls
+    tensor_tp.py    the tensor-parallel (`*_with_tp*`), safetensors and CUDA tensor calls
+    dummy.py        the link of a `setup_dummy` store to its standalone client
     store.py        MooncakeDistributedStore: the families above, plus setup, close, removal
     async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
 

@@ -31,12 +31,22 @@ __all__ = [
     "MooncakeConfig",
     "parse_bool",
     "parse_mooncake_size",
+    "store_cluster_id",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_GLOBAL_SEGMENT_SIZE = 3355443200  # 3.125 GiB, Mooncake's MooncakeConfig default
 DEFAULT_LOCAL_BUFFER_SIZE = 1073741824  # 1 GiB
+DEFAULT_CLUSTER_ID = "mooncake_cluster"
+"""Mooncake's cluster id when `MC_STORE_CLUSTER_ID` is unset (the etcd namespace of HA)."""
+
+
+def store_cluster_id() -> str:
+    """The cluster id a Mooncake client uses to find an HA master in etcd:
+    `MC_STORE_CLUSTER_ID`, else "mooncake_cluster" (as Mooncake's etcd leader coordinator)."""
+    return os.environ.get("MC_STORE_CLUSTER_ID", "").strip() or DEFAULT_CLUSTER_ID
+
 
 KNOWN_PROTOCOLS = frozenset(
     {

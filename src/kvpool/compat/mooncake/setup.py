@@ -19,13 +19,19 @@ returns -600), as Mooncake's setup does.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvpool.compat.mooncake.config import KNOWN_PROTOCOLS, parse_bool, parse_mooncake_size
+from kvpool.compat.mooncake.config import (
+    KNOWN_PROTOCOLS,
+    parse_bool,
+    parse_mooncake_size,
+    store_cluster_id,
+)
 from kvpool.errors import InvalidParams
 
-__all__ = ["SetupParams", "from_dict", "from_positional", "split_hostname"]
+__all__ = ["SetupParams", "from_dict", "from_positional", "pool_master_address", "split_hostname"]
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +166,25 @@ def split_hostname(hostname: str) -> tuple[str, int | None]:
             return host, int(port)
         raise InvalidParams(f"local_hostname: bad port in {hostname!r}")
     return hostname, None
+
+
+def pool_master_address(address: str, cluster_id: str | None = None) -> str:
+    """kvpool's master address for Mooncake's `master_server_addr`.
+
+    "host:port" passes through. Mooncake's HA form, `etcd://h1:2379;h2:2379` (endpoints
+    separated by ';', or ','), becomes kvpool's `etcd://h1:2379,h2:2379/CLUSTER_ID`, the
+    cluster id being `cluster_id` or, as Mooncake's clients find it, `MC_STORE_CLUSTER_ID` or
+    "mooncake_cluster". An `etcd://` address that already names its cluster (kvpool's form)
+    passes through. Other schemes (`redis://`, ...) pass through too, for the Store to refuse.
+    """
+    text = address.strip()
+    if not text.lower().startswith("etcd://"):
+        return text
+    rest = text[len("etcd://") :]
+    hosts_part, slash, cluster_part = rest.partition("/")
+    hosts = [h.strip() for h in re.split(r"[;,]", hosts_part) if h.strip()]
+    if not hosts:
+        raise InvalidParams(f"master_server_addr: no etcd endpoint in {address!r}")
+    cluster = cluster_part.strip("/") if slash and cluster_part.strip("/") else None
+    cluster = cluster or cluster_id or store_cluster_id()
+    return f"etcd://{','.join(hosts)}/{cluster}"

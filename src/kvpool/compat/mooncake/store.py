@@ -40,7 +40,6 @@ from kvpool.client import Store
 from kvpool.codes import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    NOT_SUPPORTED,
     OBJECT_NOT_FOUND,
     OK,
     RPC_FAIL,
@@ -48,12 +47,20 @@ from kvpool.codes import (
 )
 from kvpool.compat.mooncake import names
 from kvpool.compat.mooncake.calls import answers, check_key, check_keys, index, one_code, per_key
+from kvpool.compat.mooncake.dummy import DummyLink
+from kvpool.compat.mooncake.memory import MooncakeHostMemAllocator
 from kvpool.compat.mooncake.reads import Reads
 from kvpool.compat.mooncake.replicas import Replicas
 from kvpool.compat.mooncake.segments import PAGE, MountedSegments, SegmentCalls
 from kvpool.compat.mooncake.sessions import SessionCalls, Sessions
-from kvpool.compat.mooncake.setup import SetupParams, from_dict, from_positional, split_hostname
-from kvpool.compat.mooncake.tensor import TensorCalls
+from kvpool.compat.mooncake.setup import (
+    SetupParams,
+    from_dict,
+    from_positional,
+    pool_master_address,
+    split_hostname,
+)
+from kvpool.compat.mooncake.tensor_tp import TensorTpCalls
 from kvpool.compat.mooncake.writes import Writes
 from kvpool.errors import InvalidParams, KVPoolError
 
@@ -65,7 +72,7 @@ INIT_ALL_BUFFER: Final = 1 << 30
 """init_all's local buffer size in Mooncake (1 GiB, fixed by the wheel)."""
 
 
-class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorCalls):
+class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorTpCalls):
     """Mooncake's store API on a kvpool pool (see the module docstring).
 
     ::
@@ -83,6 +90,12 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         self._params: SetupParams | None = None
         self._sessions = Sessions()
         self._mounted = MountedSegments(self._forget_segment)
+        # alloc_from_mem_pool's blocks: registered for the pointer calls, freed by close().
+        self._pool = MooncakeHostMemAllocator()
+        self._pool_blocks: list[tuple[int, int]] = []
+        self._name_port: socket.socket | None = None
+        self._pool_limit = 0
+        self._link: DummyLink | None = None
 
     # ------------------------------------------------------------------ setup / close
 
@@ -137,18 +150,57 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         )
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Not supported: Mooncake's dummy client forwards every call to a separate
-        `mooncake_client` process, which kvpool does not have (a kvpool store talks to the
-        master itself); answers NOT_SUPPORTED (-1012). Use `setup()`."""
-        for n in (mem_pool_size, local_buffer_size):
-            index(n)  # TypeError for a non-integer, as pybind11
+        """Attach to the standalone client serving `server_address` (`mooncake_client`, or
+        `python -m kvpool.compat.mooncake_client`) and join the pool it serves, contributing no
+        memory: the host's memory is the standalone client's segment. `alloc_from_mem_pool`
+        hands out registered memory from a pool of `mem_pool_size` bytes. 0, or -1 when no
+        standalone client serves the address (as Mooncake). The dummy survives a restart of
+        the standalone client (it re-attaches in the background)."""
+        pool, buffer = index(mem_pool_size), index(local_buffer_size)
         if not isinstance(server_address, str):
             raise TypeError("server_address: expected str")
-        log.error(
-            "setup_dummy(%r): kvpool has no mooncake_client process to attach to; use setup()",
-            server_address,
-        )
-        return NOT_SUPPORTED
+        if pool < 0 or buffer < 0:
+            log.error("setup_dummy: negative sizes (%d, %d)", pool, buffer)
+            return INVALID_PARAMS
+        if self._store is not None:
+            log.warning("setup_dummy: this store is already set up; the new arguments are ignored")
+            return OK
+        link = DummyLink(server_address)
+        try:
+            info = link.attach()
+        except KVPoolError as exc:
+            log.error("setup_dummy: %s", exc)
+            return INTERNAL_ERROR
+        try:
+            params = SetupParams(
+                local_hostname="127.0.0.1",
+                metadata_server="P2PHANDSHAKE",
+                global_segment_size=0,
+                local_buffer_size=buffer,
+                protocol="tcp",
+                rdma_devices="",
+                master_server_addr=info.master,
+                tenant_id=info.tenant,
+            )
+            with self._lock:
+                if self._set_up():  # another thread's setup won meanwhile
+                    link.close()
+                    return OK
+                self._open(params)
+                self._link = link
+                self._pool_limit = pool
+        except KVPoolError as exc:
+            link.close()
+            log.error("setup_dummy: cannot join the pool at %s: %s", info.master, exc)
+            return INTERNAL_ERROR if exc.code in (RPC_FAIL, RPC_TIMEOUT) else int(exc.code)
+        except Exception as exc:
+            link.close()
+            log.error("setup_dummy: %s", exc, exc_info=not isinstance(exc, OSError))
+            return INTERNAL_ERROR
+        return OK
+
+    def _set_up(self) -> bool:
+        return self._store is not None
 
     def _open(self, p: SetupParams) -> None:
         host, port = split_hostname(p.local_hostname)
@@ -164,7 +216,7 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         if 0 < segment < PAGE:
             segment = PAGE
         store = Store(
-            p.master_server_addr,
+            pool_master_address(p.master_server_addr),
             segment_size=segment,
             local_buffer_size=p.local_buffer_size,
             host=host,
@@ -174,8 +226,14 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             protocol="auto",
         )
         segments = store.segments
+        reserved = None
         if port is None:
-            port = _endpoint_port(segments) or _any_free_port()
+            port = _endpoint_port(segments)
+        if port is None:
+            # A pure client: named, as in Mooncake, by a port of MC_STORE_CLIENT_MIN_PORT..
+            # MAX_PORT, held bound (never listening) so no other store of this host takes it.
+            reserved = _reserve_name_port()
+            port = int(reserved.getsockname()[1])
         hostname = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         staging = None
         if p.local_buffer_size > 0:
@@ -184,12 +242,16 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
                 store.register_buffer(staging)
             except BaseException:
                 store.close()
+                if reserved is not None:
+                    reserved.close()
                 raise
         names.open_store(hostname, segments)
         self._staging = staging
         self._store, self._params = store, p
         self._hostname = hostname
         self._buffer_size = p.local_buffer_size
+        self._pool_limit = p.local_buffer_size
+        self._name_port = reserved
 
     def close(self) -> int:
         """Unmount this store's segment and disconnect; 0, also when not set up. Idempotent."""
@@ -207,7 +269,49 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             store.close()
         except KVPoolError as exc:
             log.warning("close: %s", exc)
+        with self._lock:
+            blocks, self._pool_blocks = self._pool_blocks, []
+            reserved, self._name_port = self._name_port, None
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
+        for address, _ in blocks:
+            self._pool.free(address)
+        if reserved is not None:
+            reserved.close()
         return OK
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of `size` bytes of page-aligned host memory, registered for the pointer
+        calls (`put_from`, `get_into`, ...) as Mooncake's dummy clients get it from their shared
+        pool; 0 when not set up, for a size that is not positive, or once the pool is used up
+        (its size is `local_buffer_size`, or `mem_pool_size` after `setup_dummy`). The memory stays until `close()`."""
+        n = index(size)
+        with self._lock:
+            if self._store is None or n <= 0:
+                return 0
+            used = sum(b for _, b in self._pool_blocks)
+            if used + n > self._pool_limit:
+                log.error(
+                    "alloc_from_mem_pool(%d): the pool has %d of %d bytes left",
+                    n,
+                    self._pool_limit - used,
+                    self._pool_limit,
+                )
+                return 0
+            address = self._pool.alloc(n)
+            if address == 0:
+                return 0
+            if self._register(address, n) != OK:
+                self._pool.free(address)
+                return 0
+            self._pool_blocks.append((address, n))
+        return address
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads served by this client's SSD-offload RPC server: always 0 (kvpool stores have
+        no disk tier; Mooncake answers 0 too without one)."""
+        return 0
 
     def get_hostname(self) -> str:
         """This store's "host:port" (its segment name in Mooncake); "" before setup."""
@@ -308,8 +412,26 @@ def _endpoint_port(segments: list[str]) -> int | None:
     return None
 
 
-def _any_free_port() -> int:
-    """A port number for a pure client's name (Mooncake binds one; kvpool serves nothing)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+NAME_PORTS: Final = range(12300, 14301)
+"""Mooncake's client port range (MC_STORE_CLIENT_MIN_PORT 12300 .. MAX_PORT 14300): the port
+of `get_hostname()` for a store that serves no segment."""
+
+
+def _reserve_name_port() -> socket.socket:
+    """A socket bound (not listening) on 127.0.0.1 to a free port of `NAME_PORTS`, tried in
+    random order as Mooncake does; an ephemeral port when the whole range is taken."""
+    import random
+
+    candidates = list(NAME_PORTS)
+    random.shuffle(candidates)
+    for port in [*candidates, 0]:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        if port == 0:
+            log.warning("setup: every port of %d..%d is taken", NAME_PORTS[0], NAME_PORTS[-1])
+        return s
+    raise KVPoolError("setup: no free port for the store's name")

@@ -52,8 +52,12 @@ __all__ = [
     "TensorCalls",
     "TensorHeader",
     "bytes_to_tensor",
+    "deserialize_tensor",
     "encode_header",
+    "encode_tp_shard_header",
     "parse_header",
+    "serialize_tensor",
+    "tensor_metadata_size",
     "tensor_to_parts",
 ]
 
@@ -124,6 +128,43 @@ def encode_header(dtype: str, shape: tuple[int, ...], data_bytes: int) -> bytes:
     )
 
 
+AXIS_TP = 1
+"""Mooncake's LayoutAxisKind.TP (DP 0, TP 1, EP 2, PP 3)."""
+
+
+def encode_tp_shard_header(  # noqa: PLR0917  (Mooncake's positional signature)
+    dtype: str,
+    global_shape: tuple[int, ...],
+    local_shape: tuple[int, ...],
+    rank: int,
+    count: int,
+    split_dim: int,
+    data_bytes: int,
+) -> bytes:
+    """The 304-byte header of one tensor-parallel shard (SHARD layout, one TP axis), as
+    Mooncake's `put_tensor_with_tp` writes it: the whole tensor's shape, the shard's shape,
+    and the axis (rank of count along split_dim; its last field the shard's extent there)."""
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"dtype {dtype!r} has no Mooncake code")
+    ndim = len(global_shape)
+    if ndim > MAX_DIMS or len(local_shape) != ndim:
+        raise ValueError(f"shapes {global_shape} / {local_shape}: at most {MAX_DIMS} dims, equal")
+    pad = [-1] * (MAX_DIMS - ndim)
+    head = _HEAD.pack(
+        MAGIC, VERSION, HEADER_SIZE, DTYPE_CODES[dtype], ndim, LAYOUT_SHARD, 0,
+        HEADER_SIZE, data_bytes,
+    )  # fmt: skip
+    axis = _AXIS.pack(AXIS_TP, 0, rank, count, split_dim, 0, local_shape[split_dim])
+    return (
+        head
+        + _SHAPE.pack(*global_shape, *pad)
+        + _SHAPE.pack(*local_shape, *pad)
+        + _AXES.pack(1, 0)
+        + axis
+        + bytes((MAX_AXES - 1) * _AXIS.size)
+    )
+
+
 def parse_header(obj: bytes | bytearray | memoryview) -> TensorHeader | None:
     """The header of a tensor object of `len(obj)` bytes, or None when Mooncake would refuse
     it (the checks of Mooncake's ValidateTensorMetadata)."""
@@ -187,6 +228,35 @@ def bytes_to_tensor(obj: bytearray | memoryview) -> Any:
     data = memoryview(obj).cast("B")[header.data_offset : header.data_offset + header.data_bytes]
     flat = torch.frombuffer(data, dtype=torch.uint8) if header.data_bytes else torch.empty(0)
     return flat.view(dtype).reshape(header.shape)
+
+
+def serialize_tensor(tensor: Any) -> tuple[bytes, int, int, Any]:
+    """Mooncake's module function `_serialize_tensor`: (the 304-byte metadata, the address of
+    the tensor's data, its size in bytes, the object owning that memory). ValueError for a
+    tensor Mooncake cannot store."""
+    torch = _torch()
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        raise ValueError("unsupported tensor for Mooncake tensor serialization")
+    t = tensor.detach().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in DTYPE_CODES or t.dim() > MAX_DIMS:
+        raise ValueError("unsupported tensor for Mooncake tensor serialization")
+    size = t.numel() * t.element_size()
+    return encode_header(name, tuple(int(d) for d in t.shape), size), t.data_ptr(), size, t
+
+
+def tensor_metadata_size() -> int:
+    """Mooncake's `_tensor_metadata_size`: the bytes of a tensor object's header (304)."""
+    return HEADER_SIZE
+
+
+def deserialize_tensor(payload: bytes) -> Any:
+    """Mooncake's `_deserialize_tensor`: the tensor of `[metadata][data]` bytes, in memory of
+    its own; ValueError for bytes Mooncake would refuse."""
+    tensor = bytes_to_tensor(bytearray(payload))
+    if tensor is None:
+        raise ValueError("invalid serialized Mooncake tensor payload")
+    return tensor
 
 
 class TensorCalls(StoreBase):

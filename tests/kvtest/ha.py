@@ -33,7 +33,7 @@ from kvpool.protocol.messages import (
     SegmentName,
 )
 from kvpool.rpc.client import RpcClient
-from kvtest.procs import Proc, free_port, kvpool_proc, wait_until
+from kvtest.procs import Proc, kvpool_proc, wait_until
 
 __all__ = ["FakeNode", "HaMaster", "checksum", "checksums", "put", "role", "wait_leader"]
 
@@ -51,13 +51,11 @@ class HaMaster:
         port: int | None = None,
     ) -> None:
         self.name = name
-        self.port = port if port is not None else free_port()
-        self.address = f"127.0.0.1:{self.port}"
         self.cluster = cluster
         self.args = [
             "master",
             "--port",
-            str(self.port),
+            str(port or 0),
             "--ha",
             f"etcd://{etcd_endpoint}/{cluster}",
             "--member-id",
@@ -71,9 +69,12 @@ class HaMaster:
             *extra,
         ]
         self.proc: Proc = kvpool_proc(*self.args, name=f"master {name}")
-        self.proc.wait_ready(timeout=30)
+        self.address = self.proc.wait_ready(timeout=30)
+        self.port = int(self.address.rsplit(":", 1)[1])
 
     def restart(self) -> None:
+        """Start it again on the same port (and data directory, if any)."""
+        self.args[2] = str(self.port)
         self.proc = kvpool_proc(*self.args, name=f"master {self.name}")
         self.proc.wait_ready(timeout=30)
 

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from kvpool.errors import ErrorCode, NotLeader
@@ -84,7 +83,7 @@ class ReplicationSource:
         self._in_sync = 0
         self._acked = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._more = asyncio.Event()
+        self._more: asyncio.Future[None] | None = None
         self._closed: str | None = None
         #: Counters for status and measurement.
         self.acks = 0
@@ -114,9 +113,13 @@ class ReplicationSource:
         self._end += len(data)
         if not self._standbys:
             self._trim(self._end)
+        elif self._end - self._base > self._limit:
+            self._settle()  # drops the standby that holds the buffer past its bound
         more = self._more
-        self._more = asyncio.Event()
-        more.set()
+        if more is not None:
+            self._more = None
+            if not more.done():
+                more.set_result(None)
 
     def wait(self, position: int) -> asyncio.Future[None] | None:
         """None when `position` needs no wait (acknowledged, or no standby in sync); else a
@@ -131,7 +134,9 @@ class ReplicationSource:
 
     # ------------------------------------------------------------------ standby requests
 
-    async def follow(self, req: FollowLog) -> LogReply:
+    def follow(self, req: FollowLog) -> LogReply | Awaitable[LogReply]:
+        """The reply at once when records past the position exist (or it is refused), else
+        an awaitable of it (the long poll). The ack takes effect before either."""
         if self._closed is not None:
             raise NotLeader(self._closed)
         now = self._clock()
@@ -157,14 +162,28 @@ class ReplicationSource:
             )
         self._settle()
         if pos >= self._end and req.wait_ms > 0:
+            return self._poll(s, pos, req.wait_ms)
+        return LogReply(0, self.term, pos, self._read(pos))
+
+    async def _poll(self, s: _Standby, pos: int, wait_ms: int) -> LogReply:
+        # Records may have come between the request and this task's first step.
+        if pos >= self._end and self._closed is None:
             more = self._more
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(more.wait(), min(req.wait_ms / 1000, _MAX_WAIT_S))
-            if self._closed is not None:
-                raise NotLeader(self._closed)
-            s.seen = self._clock()
-            if not self._valid(pos):  # dropped (too far behind) while it waited
-                return LogReply(0, self.term, pos, b"", snapshot_needed=True)
+            if more is None or more.done():
+                more = self._more = asyncio.get_running_loop().create_future()
+            # One future for every poller (no task per poll): woken by `append` or the timer.
+            timer = asyncio.get_running_loop().call_later(
+                min(wait_ms / 1000, _MAX_WAIT_S), _wake, more
+            )
+            try:
+                await asyncio.shield(more)
+            finally:
+                timer.cancel()
+        if self._closed is not None:
+            raise NotLeader(self._closed)
+        s.seen = self._clock()
+        if not self._valid(pos):  # dropped (too far behind) while it waited
+            return LogReply(0, self.term, pos, b"", snapshot_needed=True)
         return LogReply(0, self.term, pos, self._read(pos))
 
     def fetch_snapshot(self, req: FetchSnapshot) -> SnapshotReply:
@@ -214,7 +233,8 @@ class ReplicationSource:
             _, fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_exception(NotLeader(reason, ErrorCode.LEADER_CHANGED))
-        self._more.set()
+        if self._more is not None and not self._more.done():
+            self._more.set_result(None)
         self._chunks.clear()
         self._starts.clear()
         self._standbys.clear()
@@ -289,3 +309,8 @@ class ReplicationSource:
         if head > 1024 and head * 2 > len(starts):
             del starts[:head], chunks[:head]
             self._head = 0
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

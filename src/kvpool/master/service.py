@@ -22,6 +22,7 @@ This module builds them, maps each request type to its handler, and implements
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -190,7 +191,14 @@ class MasterService:
     def load(self, state: Replay) -> None:
         """Fill the (empty) metadata from a standby's copy, as a restart does
         (`durable.build`: every segment silent until its node remounts it)."""
-        build(self._core, state, time.time())
+        # As for a restart (`Durability`): a million new acyclic records, no collections.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            build(self._core, state, time.time())
+        finally:
+            if was_enabled:
+                gc.enable()
 
     def state_records(self) -> Iterator[Rec]:
         """The metadata as records (a standby's bootstrap snapshot); needs a journal."""

@@ -211,6 +211,22 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
         10,
         what="the old leader to follow the new one",
     )
+    # The deposed member's copy now comes from the new leader; it leads with it next time.
+    with rpc(new) as c:
+        put(c, node.client_id, "later")
+    wait_until(
+        lambda: (s := old.status()) is not None and s.objects == 3,
+        10,
+        what="the old leader's copy of the new leader's metadata",
+    )
+    new.proc.kill9()
+    wait_leader([old], timeout=10)
+    node.point(old.address)
+    node.mount()
+    keys = ["before", "at-new", "later", "during", "after-1"]
+    assert checksums(old.address, cluster, keys) == {
+        k: checksum(k) for k in ("before", "at-new", "later")
+    }
 
 
 def test_a_late_standby_bootstraps_from_a_snapshot_then_the_log_and_can_take_over(

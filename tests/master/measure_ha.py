@@ -9,8 +9,8 @@ this is the metadata path alone, which is what replication changes):
 
 1. puts with HA off (a plain master), an HA leader alone, and an HA leader with one standby
    in sync: lock-step single puts (PutStart + PutEnd: p50 / p99 of the pair), lock-step
-   64-key batches (BatchPutStart + BatchPutEnd), and 8 writer threads of single puts (group
-   commit: many writes wait on one ack);
+   64-key batches (BatchPutStart + BatchPutEnd), 8 writer threads of single puts and 4 of
+   64-key batches (group commit: many writes wait on one ack);
 2. failover: leader SIGKILL → the first successful put through the new leader (TTL `--ttl`);
 3. promotion: with `--objects` objects in the standby's copy, the leader SIGKILLed: how long
    the standby's promotion took (its log line) and kill → first put.
@@ -101,6 +101,22 @@ def threaded_puts(address: str, cluster: str, client: ClientId, n: int, tag: str
     return per * 8 / (time.perf_counter() - t)
 
 
+def threaded_batches(address: str, cluster: str, client: ClientId, n: int, tag: str) -> float:
+    """Keys per second of 4 threads of lock-step 64-key batches (n keys in all)."""
+    per = n // 4
+
+    def work(w: int) -> None:
+        batch_puts(address, cluster, client, per, f"{tag}-tb{w}")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return per * 4 / (time.perf_counter() - t)
+
+
 def put_rows(system: str, address: str, cluster: str, client: ClientId, n: int) -> list[Row]:
     single_puts(address, cluster, client, 300, f"{system}-warm")
     lat = sorted(single_puts(address, cluster, client, n, system))
@@ -108,11 +124,13 @@ def put_rows(system: str, address: str, cluster: str, client: ClientId, n: int) 
     p99 = lat[int(len(lat) * 0.99)] * 1e6
     batch = batch_puts(address, cluster, client, n * 4, system)
     threaded = threaded_puts(address, cluster, client, n, system)
+    tbatch = threaded_batches(address, cluster, client, n * 4, system)
     base = {"system": system, "path": "tcp", "op": "put", "value_size": 4096}
     return [
         {**base, "batch": 1, "ops_per_s": 1e6 / p50, "p50_us": p50, "p99_us": p99},
         {**base, "batch": 64, "ops_per_s": batch, "p50_us": 0.0, "p99_us": 0.0},
         {**base, "batch": 1, "threads": 8, "ops_per_s": threaded, "p50_us": 0.0, "p99_us": 0.0},
+        {**base, "batch": 64, "threads": 4, "ops_per_s": tbatch, "p50_us": 0.0, "p99_us": 0.0},
     ]
 
 

@@ -68,6 +68,7 @@ from kvpool.protocol.messages import (
     ReMountSegment,
     ReserveArena,
     Stats,
+    StatsReply,
     UpsertStart,
 )
 from kvpool.rpc.server import Connection
@@ -379,6 +380,8 @@ class HaMasterServer(MasterServer):
     def _handle_ha(self, request: Any, conn: Connection) -> Any:
         kind = type(request)
         if kind in READS:
+            if kind is Stats:
+                return self._stats(request)
             if self._term:
                 return self._handlers[kind](request)
             if self._lost and not self._deposed:
@@ -415,6 +418,15 @@ class HaMasterServer(MasterServer):
         if pending is None:
             return reply
         return self._acked(pending, reply)
+
+    def _stats(self, request: Stats) -> Any:
+        if not self._term and not (self._lost and not self._deposed):
+            raise self._refusal()
+        reply = self._handlers[Stats](request)
+        source = self._source
+        if source is not None and isinstance(reply, StatsReply):
+            reply.standbys = len(source.in_sync())
+        return reply
 
     def _leading(self) -> bool:
         e = self.election

@@ -602,6 +602,8 @@ class StatsReply(Message):
     """Repair copies that succeeded since the master started."""
     repair_failed: int = 0
     """Repair copies that failed (each is retried with backoff, up to a limit)."""
+    standbys: int = 0
+    """HA leader: standbys in sync (each write waits for all of them); 0 otherwise."""
 
 
 # ---------------------------------------------------------------- replica tasks

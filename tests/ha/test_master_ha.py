@@ -4,6 +4,9 @@ writers speaking the protocol. Lease TTL 2 s unless a test is about the default.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +39,8 @@ def masters() -> Iterator[list[HaMaster]]:
         yield started
     finally:
         for m in started:
-            m.proc.kill9() if m.proc.alive() else None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(m.proc.pid, signal.SIGCONT)
             m.stop()
 
 
@@ -190,9 +194,6 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
         with rpc(new) as c:
             put(c, node.client_id, "at-new")
     finally:
-        import os
-        import signal
-
         os.kill(old.proc.pid, signal.SIGCONT)
     t.join(30)
     late.close()
@@ -324,3 +325,44 @@ def test_standbys_with_data_dirs_keep_the_copy_on_disk_and_lead_from_it_after_a_
     node.mount()
     found = checksums(standby.address, cluster, keys)
     assert found == {k: checksum(k) for k in keys}
+
+
+def test_a_deposed_leader_with_a_data_dir_keeps_the_new_leaders_copy_there(
+    etcd_shared: EtcdServer,
+    cluster: str,
+    masters: list[HaMaster],
+    nodes: list[FakeNode],
+    tmp_path: Path,
+) -> None:
+    def member(name: str) -> HaMaster:
+        return HaMaster(etcd_shared.endpoint, cluster, name, "--data-dir", str(tmp_path / name))
+
+    masters.append(member("m1"))
+    old = wait_leader(masters)
+    masters.append(member("m2"))
+    new = masters[1]
+    node = FakeNode(old.address, cluster)
+    nodes.append(node)
+    batch_put(old, node.client_id, [f"o{i}" for i in range(100)])
+    wait_until(lambda: (s := new.status()) is not None and s.objects == 100, 10, what="copy")
+    freeze(old.proc.pid)
+    try:
+        wait_leader([new], timeout=15)
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    node.point(new.address)
+    node.mount()
+    batch_put(new, node.client_id, [f"n{i}" for i in range(100)])
+    wait_until(
+        lambda: (s := old.status()) is not None and s.role == "standby" and s.objects == 200,
+        15,
+        what="the deposed leader's copy of the new leader",
+    )
+    new.proc.kill9()
+    old.proc.kill9()
+    old.restart()  # from its directory alone: the copy it kept as a standby
+    wait_leader([old], timeout=15)
+    node.point(old.address)
+    node.mount()
+    keys = [f"o{i}" for i in range(100)] + [f"n{i}" for i in range(100)]
+    assert checksums(old.address, cluster, keys) == {k: checksum(k) for k in keys}

@@ -226,8 +226,8 @@ class HaMasterServer(MasterServer):
 
     def _leader_to_follow(self) -> tuple[str, int] | None:
         e = self.election
-        if e is None or (self._term and not self._deposed):
-            return None
+        if e is None or (self._core_term and not self._deposed):
+            return None  # its own metadata is the newest it knows of
         view = e.state.leader
         if view is None or view.member_id == self.member_id or e.state.role is not Role.FOLLOWER:
             return None
@@ -277,6 +277,11 @@ class HaMasterServer(MasterServer):
                 view.term,
                 self._core_term,
             )
+            durable = self.service.durable
+            if durable is not None:
+                # The data directory is the copy's from now on (`StandbyCopy` writes there).
+                durable.close()
+                self.service.durable = None
         if leading and state.role is Role.LEADER and state.term != self._term:
             await self._promote(state.term)
         if self._source is not None:

@@ -31,11 +31,13 @@ from kvpool.protocol.messages import (
     Response,
     SegmentInfo,
     SegmentName,
+    Stats,
+    StatsReply,
 )
 from kvpool.rpc.client import RpcClient
 from kvtest.procs import Proc, kvpool_proc, wait_until
 
-__all__ = ["FakeNode", "HaMaster", "checksum", "checksums", "put", "role", "wait_leader"]
+__all__ = ["FakeNode", "HaMaster", "checksum", "checksums", "put", "role", "stats", "wait_leader"]
 
 
 class HaMaster:
@@ -181,3 +183,9 @@ def checksums(address: str, cluster: str, keys: list[str]) -> dict[str, int | No
                 if r.code == 0 and r.replicas:
                     out[k] = r.checksum
     return out
+
+
+def stats(address: str, cluster: str) -> StatsReply:
+    """The master's Stats (of a pool with its own cluster id)."""
+    with RpcClient(address, response_type=Response, cluster_id=cluster) as rpc:
+        return rpc.call_as(Stats(), StatsReply)

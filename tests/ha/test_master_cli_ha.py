@@ -22,6 +22,7 @@ from kvtest.procs import kvpool_proc, wait_until
         (["--enable_ha"], "--etcd_endpoints"),
         (["--etcd_endpoints", "127.0.0.1:2379"], "--enable_ha"),
         (["--enable_snapshot"], "--data-dir"),
+        (["--ha", "etcd://127.0.0.1:2379/a", "--host", "0.0.0.0"], "--advertise"),
         (["--ha", "etcd://127.0.0.1:2379/a", "--ha-lease-ttl", "1"], "--ha-lease-ttl"),
     ],
 )

@@ -388,6 +388,11 @@ def master(
     ha_url, cluster_id = _ha_url(
         ha_url, cluster_id, enable_ha, etcd_endpoints, ha_backend_connstring
     )
+    if ha_url is not None and advertise is None and host in ("0.0.0.0", "::", ""):
+        raise click.UsageError(
+            f"--advertise: needed with --ha when binding {host!r} (the other masters, nodes "
+            "and clients must be told an address they can reach)"
+        )
     if enable_snapshot and data_dir is None:
         raise click.UsageError(
             "--enable_snapshot: needs --data-dir PATH (where the snapshots and the operation "

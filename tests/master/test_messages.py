@@ -142,6 +142,12 @@ SAMPLES: list[m.Message] = [
     m.MarkTaskComplete(m.ClientId("c1"), "abc", False, "transfer failed"),
     m.BatchReplicaClear(["a", "b"], m.ClientId("c1"), m.SegmentName("s1")),
     m.BatchReplicaClearReply(0, ["a"]),
+    m.HaStatus(),
+    m.HaStatusReply(0, "leader", "m1", 3, "127.0.0.1:1", 3, 100, ["m2"], 0, 5),
+    m.FollowLog("m2", 3, 100, 500),
+    m.LogReply(0, 3, 100, b"\x01\x02", False),
+    m.FetchSnapshot("m2", 3, 0),
+    m.SnapshotReply(0, 3, 100, 0, b"\x03", True),
 ]
 
 

@@ -20,7 +20,9 @@ import click
 from kvpool.cli.params import Name
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
+from kvpool.ha import EtcdUrl
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
+from kvpool.master.ha import HaMasterServer
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.master.server import MasterServer
@@ -66,7 +68,12 @@ def _ratio() -> click.FloatRange:
     "--port", default=50051, show_default=True, type=click.IntRange(0, 65535), help="RPC port."
 )
 @click.option(
-    "--cluster-id", default="kvpool", show_default=True, type=Name(), help="Pool identity."
+    "--cluster-id",
+    "--cluster_id",
+    "cluster_id",
+    default=None,
+    type=Name(),
+    help="Pool identity (also the HA cluster in etcd). [default: kvpool, or the one of --ha]",
 )
 @click.option(
     "--unix-socket/--no-unix-socket",
@@ -271,11 +278,75 @@ def _ratio() -> click.FloatRange:
     callback=_to_seconds,
     help="Write a snapshot (a forked child) and start a new log segment this often.",
 )
+# High availability (docs/parts/ha.md, "The master's HA").
+@click.option(
+    "--ha",
+    "ha_url",
+    default=None,
+    metavar="etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID",
+    help="Run as one master of an HA group: elect a leader through etcd; standbys keep a "
+    "copy of the leader's metadata and take over when it dies.",
+)
+@click.option(
+    "--advertise",
+    default=None,
+    metavar="HOST:PORT",
+    help="Where other masters, nodes and clients reach this master (published in etcd). "
+    "[default: the bound host:port]",
+)
+@click.option(
+    "--member-id",
+    default=None,
+    metavar="ID",
+    help="This master's name in its HA group. [default: from --advertise]",
+)
+@click.option(
+    "--ha-lease-ttl",
+    default=5,
+    show_default=True,
+    type=click.IntRange(2, 3600),
+    help="Seconds of the leader's etcd lease: a dead leader is replaced about this long "
+    "after its last keepalive.",
+)
+@click.option(
+    "--ha-standby-timeout",
+    default="2s",
+    show_default=True,
+    metavar="DURATION",
+    callback=_to_seconds,
+    help="A standby silent this long is no longer waited for: the leader acknowledges writes "
+    "alone (and logs it) until a standby is in sync again.",
+)
+# Mooncake's master flags for the same settings.
+@click.option("--enable_ha", is_flag=True, help="Mooncake: run HA (with --etcd_endpoints).")
+@click.option(
+    "--etcd_endpoints",
+    default=None,
+    metavar="HOST:PORT[;HOST:PORT...]",
+    help="Mooncake: etcd endpoints for --enable_ha (the cluster from --cluster_id).",
+)
+@click.option(
+    "--ha_backend_connstring",
+    default=None,
+    metavar="ENDPOINTS",
+    help="Mooncake: the same as --etcd_endpoints (an etcd:// URL is also accepted).",
+)
+@click.option(
+    "--enable_snapshot",
+    is_flag=True,
+    help="Mooncake: keep snapshots and the operation log; needs --data-dir.",
+)
+@click.option(
+    "--snapshot_interval_seconds",
+    default=None,
+    type=click.IntRange(1),
+    help="Mooncake: --snapshot-interval in whole seconds.",
+)
 def master(
     *,
     host: str,
     port: int,
-    cluster_id: str,
+    cluster_id: str | None,
     unix_socket: bool,
     default_kv_lease_ttl: float,
     default_kv_soft_pin_ttl: float,
@@ -302,8 +373,33 @@ def master(
     data_dir: str | None,
     fsync_interval: float,
     snapshot_interval: float,
+    ha_url: str | None,
+    advertise: str | None,
+    member_id: str | None,
+    ha_lease_ttl: int,
+    ha_standby_timeout: float,
+    enable_ha: bool,
+    etcd_endpoints: str | None,
+    ha_backend_connstring: str | None,
+    enable_snapshot: bool,
+    snapshot_interval_seconds: int | None,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
+    ha_url, cluster_id = _ha_url(
+        ha_url, cluster_id, enable_ha, etcd_endpoints, ha_backend_connstring
+    )
+    if ha_url is not None and advertise is None and host in ("0.0.0.0", "::", ""):
+        raise click.UsageError(
+            f"--advertise: needed with --ha when binding {host!r} (the other masters, nodes "
+            "and clients must be told an address they can reach)"
+        )
+    if enable_snapshot and data_dir is None:
+        raise click.UsageError(
+            "--enable_snapshot: needs --data-dir PATH (where the snapshots and the operation "
+            "log are kept)"
+        )
+    if snapshot_interval_seconds is not None:
+        snapshot_interval = float(snapshot_interval_seconds)
     try:
         config = MasterConfig(
             host=host,
@@ -334,6 +430,11 @@ def master(
             data_dir=data_dir,
             fsync_interval=fsync_interval,
             snapshot_interval=snapshot_interval,
+            ha_url=ha_url,
+            advertise=advertise,
+            member_id=member_id,
+            ha_lease_ttl=ha_lease_ttl,
+            ha_standby_timeout=ha_standby_timeout,
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc
@@ -345,11 +446,46 @@ def master(
         raise click.ClickException(exc.message) from exc
 
 
+def _ha_url(
+    ha_url: str | None,
+    cluster_id: str | None,
+    enable_ha: bool,
+    etcd_endpoints: str | None,
+    connstring: str | None,
+) -> tuple[str | None, str]:
+    """(the etcd:// URL or None, the cluster id) from --ha or Mooncake's flags."""
+    if enable_ha and ha_url is None:
+        given = etcd_endpoints or connstring
+        if not given:
+            raise click.UsageError("--enable_ha: needs --etcd_endpoints (or --ha)")
+        if given.lower().startswith("etcd://"):
+            ha_url = given
+        else:
+            ha_url = f"etcd://{given.strip()}/{cluster_id or 'kvpool'}"
+    elif (etcd_endpoints or connstring) and ha_url is None:
+        raise click.UsageError("--etcd_endpoints / --ha_backend_connstring: need --enable_ha")
+    if ha_url is None:
+        return None, cluster_id or "kvpool"
+    try:
+        url = EtcdUrl.parse(ha_url)
+    except KVPoolError as exc:
+        raise click.BadParameter(exc.message, param_hint="--ha") from exc
+    if cluster_id is not None and cluster_id != url.cluster_id:
+        raise click.UsageError(
+            f"--cluster-id {cluster_id!r} differs from the cluster id of --ha ({url.cluster_id!r})"
+        )
+    return str(url), url.cluster_id
+
+
 async def _serve(config: MasterConfig, reclaim: bool) -> None:
-    hooks: ReclaimHooks | None = None
-    if reclaim:
-        hooks = MasterReclaimHooks()
-    server = MasterServer(config, hooks=hooks)
+    def hooks() -> ReclaimHooks | None:
+        return MasterReclaimHooks() if reclaim else None
+
+    server: MasterServer
+    if config.ha_url is not None:
+        server = HaMasterServer(config, hooks_factory=hooks)
+    else:
+        server = MasterServer(config, hooks=hooks())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -357,6 +493,10 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
     try:
         await server.start()
         host, port = server.address
+        if isinstance(server, HaMasterServer):
+            click.echo(
+                f"kvpool master: HA member {server.member_id} advertising {server.advertise}"
+            )
         click.echo(f"kvpool master listening on {host}:{port}")
         sys.stdout.flush()
         await stop.wait()

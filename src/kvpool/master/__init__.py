@@ -5,7 +5,12 @@ event loop, so nothing locks; it never touches object bytes. Layers, highest fir
 imports only modules of the layers below its own (an import-linter `layers` contract in
 pyproject.toml holds that; modules on one line do not import each other):
 
+    ha.py            HaMasterServer: a MasterServer that leads or stands by in an etcd-elected
+                     group (`--ha`): the request gate (NOT_LEADER), promotion, acks
     server.py        MasterServer: RpcServer + service + background tasks on one loop
+    replication.py  standby.py
+                     the leader's stream for standbys (ReplicationSource: acks, snapshots);
+                     the standby's hot copy (StandbyCopy) and its puller (Follower)
     service.py       MasterService: builds the parts below, dispatches requests, ReclaimTarget
     reclaim/         seed 001's active/inactive lists (plugs in through hooks.py)
     writes.py  reads.py  admin.py  tasks.py  arenas.py
@@ -29,5 +34,5 @@ pyproject.toml holds that; modules on one line do not import each other):
     config.py        MasterConfig: every setting, Mooncake's flag names and defaults
 
 May import `kvpool.protocol`, `kvpool.rpc`, `kvpool.errors`, `kvpool.codes`, `kvpool.override`,
-`kvpool.config`; never the data plane or the client (an import-linter contract holds that).
+`kvpool.config`, `kvpool.ha` (election, membership: ha.py only); never the data plane or the client (an import-linter contract holds that).
 """

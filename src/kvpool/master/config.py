@@ -135,8 +135,36 @@ class MasterConfig:
     """Seconds between two fdatasync of the operation log (0: after every record)."""
     snapshot_interval: float = 60.0
     """Seconds between two snapshots of the metadata (each starts a new log segment)."""
+    # -- high availability (docs/parts/ha.md, "The master's HA")
+    ha_url: str | None = None
+    """`etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID`: run as one master of an HA group (elect a
+    leader through etcd, standbys follow its log). None: a single master."""
+    advertise: str | None = None
+    """HOST:PORT the other masters, nodes and clients reach this master at (published in
+    etcd); None: the bound host and port."""
+    member_id: str | None = None
+    """This master's name in its HA group (None: derived from the advertised address)."""
+    ha_lease_ttl: int = 5
+    """Seconds of the leader's etcd lease (whole seconds; a dead leader is replaced this long
+    after its last keepalive; it stops serving writes a fifth of it earlier)."""
+    ha_standby_timeout: float = 2.0
+    """A standby that asked nothing for this long is no longer waited for: the leader
+    acknowledges writes without it (and says so in its log) until it is in sync again."""
+    ha_buffer_bytes: int = 256 << 20
+    """Bytes of operation log the leader keeps for standbys; one further behind is dropped
+    and bootstraps again from a snapshot."""
+    ha_chunk_bytes: int = 1 << 20
+    """Largest piece of log or snapshot sent in one reply to a standby."""
 
     def __post_init__(self) -> None:
+        if self.ha_lease_ttl < 2 or isinstance(self.ha_lease_ttl, bool):
+            raise InvalidParams(
+                f"ha_lease_ttl must be whole seconds >= 2, got {self.ha_lease_ttl!r}"
+            )
+        _positive("ha_standby_timeout", self.ha_standby_timeout)
+        for name in ("ha_buffer_bytes", "ha_chunk_bytes"):
+            if getattr(self, name) < 4096:
+                raise InvalidParams(f"{name} must be >= 4096, got {getattr(self, name)}")
         _positive("fsync_interval", self.fsync_interval, allow_zero=True)
         _positive("snapshot_interval", self.snapshot_interval)
         _positive("default_kv_lease_ttl", self.default_kv_lease_ttl, allow_zero=True)

@@ -44,14 +44,14 @@ from kvpool.protocol.messages import ClientId, HostId, ReplicaStatus, SegmentInf
 if TYPE_CHECKING:
     from kvpool.master.core import MetadataCore
 
-__all__ = ["Durability"]
+__all__ = ["Durability", "Replay", "build", "state_records"]
 
 log = logging.getLogger(__name__)
 
 _COMPLETE = ReplicaStatus.COMPLETE
 
 
-class _Replay:
+class Replay:
     """The state the records describe, keyed by mount (a name mounted again is a new mount)."""
 
     def __init__(self) -> None:
@@ -83,6 +83,12 @@ class _Replay:
         elif isinstance(rec, ParkRec):
             self.parks.append((rec.until, rec.size, self._resolve(rec.ranges)))
         elif isinstance(rec, SegRec):
+            m = self.mounts.get(rec.name)
+            if m is not None and m[1].generation == rec.generation:
+                # The same memory named again (a fuzzy snapshot followed by the log that
+                # overlaps it, a revived node): its objects stay where they are.
+                self.mounts[rec.name] = (m[0], rec)
+                return
             self.mount_no += 1
             self.mounts[rec.name] = (self.mount_no, rec)
         else:
@@ -130,11 +136,11 @@ class Durability:
         """Load the newest complete snapshot and the logs after it; answers the next seq."""
         snaps = list_files(self._dir, "snapshot")
         logs = list_files(self._dir, "log")
-        state = _Replay()
+        state = Replay()
         base = 0
         for seq, path in reversed(snaps):
             try:
-                attempt = _Replay()
+                attempt = Replay()
                 for rec in read_records(path, tolerate_tail=False):
                     attempt.apply(rec)
             except OpLogCorrupt:
@@ -156,128 +162,16 @@ class Durability:
         )
         return last + 1
 
-    def _build(self, state: _Replay) -> None:
-        core = self._core
-        now = core.clock()
-        wall = self._wall()
-        segs: dict[int, Segment] = {}
-        recs = []
-        for no, m in state.mounts.values():
-            rec = core.register_client(ClientId(m.client_id), HostId(m.host_id), now)
-            info = SegmentInfo(
-                SegmentName(m.name),
-                m.size,
-                HostId(m.host_id),
-                m.endpoint,
-                m.shm_path,
-                ClientId(m.client_id),
-                m.generation,
-            )
-            core.mount_segment(rec, info)
-            seg = core.segments.get(info.name)
-            if seg is not None:
-                segs[no] = seg
-                recs.append(rec)
-        # Replicas by segment, sorted by offset; one overlapping an earlier one is dropped
-        # (it cannot happen in a log this master wrote, but a bad range must not corrupt two).
-        claims: dict[int, list[tuple[int, int, int]]] = {no: [] for no in segs}
-        objs = list(state.objects.values())
-        for i, (o, ranges) in enumerate(objs):
-            aligned = core.aligned(o.size)
-            for no, off in ranges:
-                if no in claims and off >= 0 and off + aligned <= segs[no].allocator.capacity:
-                    claims[no].append((off, off + aligned, i))
-        kept: dict[int, list[int]] = {}
-        used: dict[int, list[tuple[int, int]]] = {}
-        for no, lst in claims.items():
-            lst.sort()
-            end = 0
-            used[no] = []
-            for lo, hi, i in lst:
-                if lo >= end:
-                    kept.setdefault(i, []).append(no)
-                    used[no].append((lo, hi))
-                    end = hi
-        done: list[tuple[ObjectMeta, Replica]] = []
-        for i, (o, ranges) in enumerate(objs):
-            nos = kept.get(i)
-            if not nos:
-                continue
-            reps = tuple(Replica(segs[no], off, _COMPLETE) for no, off in ranges if no in nos)
-            for r in reps:
-                r.segment.objects += 1
-            t = core.index.tenant_for_insert(o.tenant)
-            obj = ObjectMeta(
-                o.key,
-                o.tenant,  # type: ignore[arg-type]
-                t.shard_of(o.key),
-                o.size,
-                ClientId(""),
-                reps,
-                now,
-                o.soft_pin_ttl,
-                o.hard_pin,
-                o.group_id,
-                o.replica_num,
-            )
-            obj.complete = True
-            obj.checksum = o.checksum
-            if o.pin_until is not None:
-                obj.soft_pin_deadline = o.pin_until - wall + now
-            core.index.insert(obj)
-            done.extend((obj, r) for r in reps)
-        # Latest first: where parks overlap, the longest one holds the range.
-        pieces: list[tuple[Segment, int, int, float]] = []
-        parks = state.parks + list(state.flights.values())
-        for until, size, ranges in sorted(parks, key=lambda p: -p[0]):
-            if until <= wall:
-                continue
-            for no, off in ranges:
-                if no in used:
-                    hi = min(off + core.aligned(size), segs[no].allocator.capacity)
-                    for a, b in list(_gaps(off, hi, used[no])):
-                        bisect.insort(used[no], (a, b))
-                        pieces.append((segs[no], a, b - a, until - wall + now))
-        # Each allocator is rebuilt in one pass: all taken, then every gap freed (alloc_at
-        # per replica is O(free blocks), quadratic on a fragmented segment).
-        for no, seg in segs.items():
-            alloc = seg.allocator
-            if alloc.capacity:
-                alloc.alloc_at(0, alloc.capacity)
-                for a, b in _gaps(0, alloc.capacity, used[no]):
-                    alloc.free(a, b - a)
-        for seg, off, size, until in pieces:
-            core.park_range(seg, off, size, until)
-        if done:
-            core.hooks.on_replicas_complete(done)
-        for rec in recs:
-            rec.silent = True
-        for seg in segs.values():
-            core.segments.silence(seg)
+    def _build(self, state: Replay) -> None:
+        build(self._core, state, self._wall())
 
     # ------------------------------------------------------------------ snapshots
 
     def records(self) -> Iterator[Rec]:
         """The current state as records (segments, complete objects, parked and lent ranges)."""
-        core = self._core
-        to_wall = self.journal.to_wall
-        for seg in core.segments.mounted():
-            yield seg_rec(seg)
-        for obj in core.index.snapshot():
-            if obj.complete:
-                yield obj_rec(obj, to_wall)
-        now = core.clock()
-        for until, _, size, reps in list(core.parked._heap):
-            if until > now:
-                yield ParkRec(to_wall(until), size, [where(r) for r in reps if r.segment.alive])
-        for obj in [o for b in core.clients.in_flight.values() for o in b]:
-            until = obj.put_start_time + core.config.put_start_release_timeout
-            yield FlightRec(
-                obj.tenant, obj.key, to_wall(until), obj.size, [where(r) for r in obj.replicas]
-            )
-        lent_until = to_wall(now + core.config.put_start_release_timeout)
-        for seg, off, size in self._arena_ranges():
-            yield ParkRec(lent_until, size, [(seg.name, seg.generation, off)])
+        return state_records(self._core, self.journal.to_wall, self._arena_ranges)
+
+    # ------------------------------------------------------------------ files
 
     def snapshot(self) -> bool:
         """Rotate the log and fork a child that writes the state as of now; False while the
@@ -334,6 +228,135 @@ class Durability:
             self._child = None
         self._core.journal = None
         self.log.close()
+
+
+def state_records(
+    core: MetadataCore,
+    to_wall: Callable[[float], float],
+    arena_ranges: Callable[[], Iterable[tuple[Segment, int, int]]],
+) -> Iterator[Rec]:
+    """`core`'s state as records: segments, complete objects, parked, in-flight and lent
+    ranges. Walked lazily (a standby's snapshot is sent in chunks across loop turns): each
+    record is the state when it is made, and every change after the walk began is also in the
+    log after that point, so the snapshot followed by that log converges (records set state)."""
+    for seg in core.segments.mounted():
+        yield seg_rec(seg)
+    for obj in core.index.snapshot():
+        if obj.complete:
+            yield obj_rec(obj, to_wall)
+    now = core.clock()
+    for until, _, size, reps in list(core.parked._heap):
+        if until > now:
+            yield ParkRec(to_wall(until), size, [where(r) for r in reps if r.segment.alive])
+    for obj in [o for b in core.clients.in_flight.values() for o in b]:
+        until = obj.put_start_time + core.config.put_start_release_timeout
+        yield FlightRec(
+            obj.tenant, obj.key, to_wall(until), obj.size, [where(r) for r in obj.replicas]
+        )
+    lent_until = to_wall(now + core.config.put_start_release_timeout)
+    for seg, off, size in arena_ranges():
+        yield ParkRec(lent_until, size, [(seg.name, seg.generation, off)])
+
+
+def build(core: MetadataCore, state: Replay, wall: float) -> None:
+    """Load `state` into the empty `core`: every segment mounted and silent until its node
+    remounts it with the same generation, objects on them, parked ranges kept until their
+    (wall-clock) time; `wall` is the wall clock now."""
+    now = core.clock()
+    segs: dict[int, Segment] = {}
+    recs = []
+    for no, m in state.mounts.values():
+        rec = core.register_client(ClientId(m.client_id), HostId(m.host_id), now)
+        info = SegmentInfo(
+            SegmentName(m.name),
+            m.size,
+            HostId(m.host_id),
+            m.endpoint,
+            m.shm_path,
+            ClientId(m.client_id),
+            m.generation,
+        )
+        core.mount_segment(rec, info)
+        seg = core.segments.get(info.name)
+        if seg is not None:
+            segs[no] = seg
+            recs.append(rec)
+    # Replicas by segment, sorted by offset; one overlapping an earlier one is dropped
+    # (it cannot happen in a log this master wrote, but a bad range must not corrupt two).
+    claims: dict[int, list[tuple[int, int, int]]] = {no: [] for no in segs}
+    objs = list(state.objects.values())
+    for i, (o, ranges) in enumerate(objs):
+        aligned = core.aligned(o.size)
+        for no, off in ranges:
+            if no in claims and off >= 0 and off + aligned <= segs[no].allocator.capacity:
+                claims[no].append((off, off + aligned, i))
+    kept: dict[int, list[int]] = {}
+    used: dict[int, list[tuple[int, int]]] = {}
+    for no, lst in claims.items():
+        lst.sort()
+        end = 0
+        used[no] = []
+        for lo, hi, i in lst:
+            if lo >= end:
+                kept.setdefault(i, []).append(no)
+                used[no].append((lo, hi))
+                end = hi
+    done: list[tuple[ObjectMeta, Replica]] = []
+    for i, (o, ranges) in enumerate(objs):
+        nos = kept.get(i)
+        if not nos:
+            continue
+        reps = tuple(Replica(segs[no], off, _COMPLETE) for no, off in ranges if no in nos)
+        for r in reps:
+            r.segment.objects += 1
+        t = core.index.tenant_for_insert(o.tenant)
+        obj = ObjectMeta(
+            o.key,
+            o.tenant,  # type: ignore[arg-type]
+            t.shard_of(o.key),
+            o.size,
+            ClientId(""),
+            reps,
+            now,
+            o.soft_pin_ttl,
+            o.hard_pin,
+            o.group_id,
+            o.replica_num,
+        )
+        obj.complete = True
+        obj.checksum = o.checksum
+        if o.pin_until is not None:
+            obj.soft_pin_deadline = o.pin_until - wall + now
+        core.index.insert(obj)
+        done.extend((obj, r) for r in reps)
+    # Latest first: where parks overlap, the longest one holds the range.
+    pieces: list[tuple[Segment, int, int, float]] = []
+    parks = state.parks + list(state.flights.values())
+    for until, size, ranges in sorted(parks, key=lambda p: -p[0]):
+        if until <= wall:
+            continue
+        for no, off in ranges:
+            if no in used:
+                hi = min(off + core.aligned(size), segs[no].allocator.capacity)
+                for a, b in list(_gaps(off, hi, used[no])):
+                    bisect.insort(used[no], (a, b))
+                    pieces.append((segs[no], a, b - a, until - wall + now))
+    # Each allocator is rebuilt in one pass: all taken, then every gap freed (alloc_at
+    # per replica is O(free blocks), quadratic on a fragmented segment).
+    for no, seg in segs.items():
+        alloc = seg.allocator
+        if alloc.capacity:
+            alloc.alloc_at(0, alloc.capacity)
+            for a, b in _gaps(0, alloc.capacity, used[no]):
+                alloc.free(a, b - a)
+    for seg, off, size, until in pieces:
+        core.park_range(seg, off, size, until)
+    if done:
+        core.hooks.on_replicas_complete(done)
+    for rec in recs:
+        rec.silent = True
+    for seg in segs.values():
+        core.segments.silence(seg)
 
 
 def _gaps(lo: int, hi: int, used: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:

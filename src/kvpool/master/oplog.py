@@ -47,6 +47,9 @@ __all__ = [
     "Rec",
     "SegRec",
     "UnmountRec",
+    "encode_frames",
+    "file_header",
+    "frames",
     "list_files",
     "obj_rec",
     "read_records",
@@ -124,6 +127,9 @@ class OpLogCorrupt(InvalidParams):
     """A data-dir file is damaged somewhere other than its last record."""
 
 
+_DECODER = msgspec.msgpack.Decoder(Rec)
+
+
 def list_files(data_dir: Path, prefix: str) -> list[tuple[int, Path]]:
     """(seq, path) of `prefix-<seq>.kvp` files, by seq."""
     out: list[tuple[int, Path]] = []
@@ -172,12 +178,34 @@ def _has_later_record(data: bytes, start: int) -> bool:
     return False
 
 
+def frames(data: bytes | memoryview) -> Iterator[Rec]:
+    """The records of `data`: whole frames as `OpLog` writes them (a replication stream or a
+    snapshot chunk); `OpLogCorrupt` on a bad frame."""
+    dec = _DECODER
+    pos = 0
+    end = len(data)
+    view = memoryview(data)
+    while pos < end:
+        if pos + _FRAME.size > end:
+            raise OpLogCorrupt(f"replication stream: torn frame at byte {pos}")
+        n, crc = _FRAME.unpack_from(data, pos)
+        body = view[pos + _FRAME.size : pos + _FRAME.size + n]
+        if len(body) != n or zlib.crc32(body) != crc:
+            raise OpLogCorrupt(f"replication stream: corrupt frame at byte {pos}")
+        yield dec.decode(body)
+        pos += _FRAME.size + n
+
+
 class OpLog:
-    """Appends records to the current log file; rotates to a new one at each snapshot."""
+    """Appends records to the current log file; rotates to a new one at each snapshot.
+
+    Without a data directory (`data_dir` None: an HA master without `--data-dir`) nothing is
+    written to disk; `tap`, when set, is given the bytes of each flush either way (the
+    replication stream of an HA leader, `replication.py`)."""
 
     def __init__(
         self,
-        data_dir: Path,
+        data_dir: Path | None,
         seq: int,
         fsync_interval: float,
         clock: Callable[[], float] = time.monotonic,
@@ -194,9 +222,13 @@ class OpLog:
         #: Records appended since start (for stats and benchmarks).
         self.records = 0
         self.bytes = 0
-        self._open(seq)
+        #: Given the bytes of every flush (whole frames), after they were written.
+        self.tap: Callable[[bytes], None] | None = None
+        if data_dir is not None:
+            self._open(seq)
 
     def _open(self, seq: int) -> None:
+        assert self.data_dir is not None
         path = self.data_dir / f"log-{seq:08d}.kvp"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         if os.fstat(fd).st_size == 0:
@@ -212,23 +244,30 @@ class OpLog:
         buf += body
         self.records += 1
 
+    def append_frames(self, data: bytes) -> None:
+        """Add whole frames encoded elsewhere (a standby logging its leader's stream)."""
+        self._buf += data
+
     def flush(self) -> None:
         """Write what was appended to the OS (one `write`: it survives a kill of this process
-        on return); fdatasync too with `fsync_interval` 0."""
+        on return); fdatasync too with `fsync_interval` 0. Then hand the bytes to `tap`."""
         buf = self._buf
         if not buf:
             return
-        view = memoryview(buf)
-        done = 0
-        while done < len(buf):  # a regular file takes it all; a full disk raises
-            done += os.write(self._fd, view[done:])
-        view.release()
         self.bytes += len(buf)
+        if self._fd >= 0:
+            view = memoryview(buf)
+            done = 0
+            while done < len(buf):  # a regular file takes it all; a full disk raises
+                done += os.write(self._fd, view[done:])
+            view.release()
+            self._dirty = True
+            if self._fsync_interval <= 0:
+                os.fdatasync(self._fd)
+                self._dirty = False
+        if self.tap is not None:
+            self.tap(bytes(buf))
         del buf[:]
-        self._dirty = True
-        if self._fsync_interval <= 0:
-            os.fdatasync(self._fd)
-            self._dirty = False
 
     def sync_due(self) -> int | None:
         """Write what background work appended; when the last fdatasync is `fsync_interval`
@@ -260,6 +299,9 @@ class OpLog:
     def rotate(self) -> int:
         """Start log-<seq+1> (the records from now on follow the snapshot of seq+1)."""
         self.sync()
+        if self._fd < 0:
+            self.seq += 1
+            return self.seq
         os.close(self._fd)
         self._open(self.seq + 1)
         return self.seq
@@ -269,6 +311,28 @@ class OpLog:
             self.sync()
             os.close(self._fd)
             self._fd = -1
+        else:
+            self.flush()
+        self.tap = None
+
+
+def file_header(kind: bytes, seq: int) -> bytes:
+    """The header of a data file (`kind` b"S" snapshot, b"L" log)."""
+    return MAGIC + _HEAD.pack(kind, seq)
+
+
+def encode_frames(records: Iterable[Rec], limit: int) -> tuple[bytes, bool]:
+    """Frames of `records` (an iterator) until about `limit` bytes; (frames, exhausted)."""
+    enc = msgspec.msgpack.Encoder()
+    out = bytearray()
+    it = iter(records)
+    for rec in it:
+        body = enc.encode(rec)
+        out += _FRAME.pack(len(body), zlib.crc32(body))
+        out += body
+        if len(out) >= limit:
+            return bytes(out), False
+    return bytes(out), True
 
 
 def write_snapshot(path: Path, seq: int, records: Iterator[Rec]) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.fdlimit import raise_fd_limit
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import ReclaimHooks
@@ -49,6 +50,10 @@ from kvpool.protocol.messages import (
     BatchRemove,
     BatchReply,
     BatchUpsertStart,
+    FetchSnapshot,
+    FollowLog,
+    HaStatus,
+    HaStatusReply,
     LocationsReply,
     Message,
     RemoveAll,
@@ -73,17 +78,19 @@ class MasterServer:
         clock: Callable[[], float] = time.monotonic,
         hooks: ReclaimHooks | None = None,
         server_name: str = "kvpool-master",
+        open_data_dir: bool = True,
+        term: Callable[[], int] | None = None,
     ) -> None:
         self.config = config if config is not None else MasterConfig()
-        self.service = MasterService(self.config, clock=clock, hooks=hooks)
-        self._handlers: dict[type[Any], Callable[[Any], Any]] = dict(self.service.handlers)
-        self._handlers[RemoveAll] = self._remove_all
-        self._handlers[RemoveByRegex] = self._remove_by_regex
-        for batch_type in _BATCH_TYPES:
-            self._handlers[batch_type] = self._batch_handler(self._handlers[batch_type])
+        self._clock = clock
+        self.service = MasterService(
+            self.config, clock=clock, hooks=hooks, open_data_dir=open_data_dir
+        )
+        self._handlers: dict[type[Any], Callable[[Any], Any]] = {}
+        self._install(self.service)
         durable = self.service.durable
         self.rpc = RpcServer(
-            self._handle if durable is None else self._durable_handler(durable.log.flush),
+            self._rpc_handler(),
             request_type=Request,
             host=self.config.host,
             port=self.config.port,
@@ -94,9 +101,34 @@ class MasterServer:
             idle_timeout=self.config.rpc_idle_timeout,
             max_connections=self.config.rpc_max_connections,
             max_connections_per_peer=self.config.rpc_max_connections_per_peer,
+            term=term,
         )
+        del durable
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+
+    def _install(self, service: MasterService) -> None:
+        """Serve `service` from now on (an HA master replaces a stale one)."""
+        self.service = service
+        handlers: dict[type[Any], Callable[[Any], Any]] = dict(service.handlers)
+        handlers[RemoveAll] = self._remove_all
+        handlers[RemoveByRegex] = self._remove_by_regex
+        for batch_type in _BATCH_TYPES:
+            handlers[batch_type] = self._batch_handler(handlers[batch_type])
+        handlers[HaStatus] = self._ha_status
+        handlers[FollowLog] = handlers[FetchSnapshot] = self._not_ha
+        self._handlers.clear()
+        self._handlers.update(handlers)
+
+    def _rpc_handler(self) -> Callable[[Any, Connection], Any]:
+        durable = self.service.durable
+        return self._handle if durable is None else self._durable_handler(durable.log.flush)
+
+    def _ha_status(self, req: HaStatus) -> HaStatusReply:
+        return HaStatusReply(0, "single", objects=len(self.service.index))
+
+    def _not_ha(self, req: Any) -> Message:
+        raise KVPoolError("this master runs without --ha", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -117,9 +149,8 @@ class MasterServer:
             asyncio.create_task(self._monitor(), name="master-monitor"),
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
+            asyncio.create_task(self._durable_ticks(), name="master-oplog"),
         ]
-        if self.service.durable is not None:
-            self._tasks.append(asyncio.create_task(self._durable_ticks(), name="master-oplog"))
 
     async def close(self) -> None:
         """Stop the background tasks and the RPC server. Idempotent."""
@@ -187,10 +218,10 @@ class MasterServer:
     # ------------------------------------------------------------------ background
 
     async def _monitor(self) -> None:
-        svc = self.service
         interval = self.config.monitor_interval
         while True:
             await asyncio.sleep(interval)
+            svc = self.service
             # Move everything that survived the last interval out of the collector's sight.
             # The metadata (a million slotted records) holds no reference cycles and is freed
             # by reference counting; without this, each full collection walks all of it (a
@@ -214,20 +245,20 @@ class MasterServer:
                 log.exception("master monitor step failed")
 
     async def _reclaim_ticks(self) -> None:
-        svc = self.service
         interval = self.config.reclaim_interval
         while True:
             await asyncio.sleep(interval)
+            svc = self.service
             try:
                 svc.hooks.tick(svc.now())
             except Exception:
                 log.exception("reclaim tick failed")
 
     async def _repair_ticks(self) -> None:
-        svc = self.service
         interval = self.config.repair_interval
         while True:
             await asyncio.sleep(interval)
+            svc = self.service
             try:
                 svc.repair_tick()
             except Exception:
@@ -236,12 +267,14 @@ class MasterServer:
     async def _durable_ticks(self) -> None:
         """Group fsync of the operation log every `fsync_interval`, a snapshot (a forked
         child) every `snapshot_interval`, reaping the child in between."""
-        durable = self.service.durable
-        assert durable is not None
         interval = max(self.config.fsync_interval, 0.001)
         next_snapshot = time.monotonic() + self.config.snapshot_interval
         while True:
             await asyncio.sleep(interval)
+            durable = self.service.durable
+            if durable is None:
+                next_snapshot = time.monotonic() + self.config.snapshot_interval
+                continue
             try:
                 fd = durable.sync_due()
                 if fd is not None:  # fdatasync blocks for a disk's latency: not on the loop

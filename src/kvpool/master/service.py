@@ -22,6 +22,7 @@ This module builds them, maps each request type to its handler, and implements
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -33,10 +34,11 @@ from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.arenas import ArenaPath
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MetadataCore
-from kvpool.master.durable import Durability
+from kvpool.master.durable import Durability, Replay, build, state_records
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.liveness import ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.oplog import Journal, OpLog, Rec
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.planner import PutPlanner
 from kvpool.master.reads import ReadPath
@@ -103,7 +105,10 @@ class MasterService:
         *,
         clock: Callable[[], float] = time.monotonic,
         hooks: ReclaimHooks | None = None,
+        open_data_dir: bool = True,
     ) -> None:
+        """`open_data_dir` False leaves `config.data_dir` closed until `open_data_dir()` (an
+        HA master opens it when it starts to lead)."""
         self._config = config if config is not None else MasterConfig()
         self._hooks: ReclaimHooks = hooks if hooks is not None else NoopReclaimHooks()
         core = self._core = MetadataCore(self._config, clock, self._hooks, ParkedRanges())
@@ -165,10 +170,41 @@ class MasterService:
         self._hooks.attach(self)
         #: The data directory's log and snapshots (None without `data_dir`).
         self.durable: Durability | None = None
-        if self._config.data_dir is not None:
-            self.durable = Durability(
-                core, self._config.data_dir, self._config.fsync_interval, self._arenas.lent
-            )
+        if self._config.data_dir is not None and open_data_dir:
+            self.open_data_dir()
+
+    # ------------------------------------------------------------------ durability, HA
+
+    def open_data_dir(self) -> Durability:
+        """Load `config.data_dir` (restart: snapshot + logs) and log every change there."""
+        assert self._config.data_dir is not None and self.durable is None
+        self.durable = Durability(
+            self._core, self._config.data_dir, self._config.fsync_interval, self._arenas.lent
+        )
+        return self.durable
+
+    def journal_to(self, oplog: OpLog) -> None:
+        """Log every change into `oplog` (an HA leader without a data directory: a log with
+        no file whose flushes feed the standbys)."""
+        self._core.journal = Journal(oplog, self._core.clock, time.time)
+
+    def load(self, state: Replay) -> None:
+        """Fill the (empty) metadata from a standby's copy, as a restart does
+        (`durable.build`: every segment silent until its node remounts it)."""
+        # As for a restart (`Durability`): a million new acyclic records, no collections.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            build(self._core, state, time.time())
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def state_records(self) -> Iterator[Rec]:
+        """The metadata as records (a standby's bootstrap snapshot); needs a journal."""
+        journal = self._core.journal
+        assert journal is not None
+        return state_records(self._core, journal.to_wall, self._arenas.lent)
 
     def handle(self, request: Any) -> Message:
         """The reply to `request` (any member of `messages.Request`)."""

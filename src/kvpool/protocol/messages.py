@@ -92,6 +92,14 @@ live in a tenant (default "default"); shards are chosen by a stable hash of (ten
 
 from __future__ import annotations
 
+from kvpool.protocol.replication import (
+    FetchSnapshot,
+    FollowLog,
+    HaStatus,
+    HaStatusReply,
+    LogReply,
+    SnapshotReply,
+)
 from kvpool.protocol.values import (
     DEFAULT_REPLICATE_CONFIG,
     DEFAULT_TENANT,
@@ -139,13 +147,18 @@ __all__ = [
     "EchoReply",
     "ExistKey",
     "ExistReply",
+    "FetchSnapshot",
     "FetchTasks",
     "FetchTasksReply",
+    "FollowLog",
     "GetReplicaList",
     "GetSegment",
     "GetSize",
+    "HaStatus",
+    "HaStatusReply",
     "HostId",
     "LocationsReply",
+    "LogReply",
     "MarkTaskComplete",
     "Message",
     "MountSegment",
@@ -180,6 +193,7 @@ __all__ = [
     "SegmentReply",
     "SegmentStats",
     "SizeReply",
+    "SnapshotReply",
     "SoftPinAction",
     "Stats",
     "StatsReply",
@@ -588,6 +602,8 @@ class StatsReply(Message):
     """Repair copies that succeeded since the master started."""
     repair_failed: int = 0
     """Repair copies that failed (each is retried with backoff, up to a limit)."""
+    standbys: int = 0
+    """HA leader: standbys in sync (each write waits for all of them); 0 otherwise."""
 
 
 # ---------------------------------------------------------------- replica tasks
@@ -741,6 +757,9 @@ Request = (
     | ReleaseArenas
     | PutCommit
     | BatchPutCommit
+    | HaStatus
+    | FollowLog
+    | FetchSnapshot
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 
@@ -766,6 +785,9 @@ Response = (
     | FetchTasksReply
     | BatchReplicaClearReply
     | ArenaReply
+    | HaStatusReply
+    | LogReply
+    | SnapshotReply
 )
 """Every reply of the master (the `response_type` of an RpcClient talking to it). Named
 `Response` because `Reply` is the plain `Reply(code)` message of the contract."""

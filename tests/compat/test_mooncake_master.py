@@ -205,7 +205,8 @@ def test_the_kvpool_master_accepts_every_translation() -> None:
     )
     ctx = master.make_context("master", argv)
     p = ctx.params
-    assert (p["port"], p["host"], p["cluster_id"]) == (5001, "0.0.0.0", "kvpool")
+    # No --cluster_id without HA: kvpool master's own default ("kvpool", chosen when unset).
+    assert (p["port"], p["host"], p["cluster_id"]) == (5001, "0.0.0.0", None)
     assert p["default_kv_lease_ttl"] == pytest.approx(0.5)
     assert p["default_kv_soft_pin_ttl"] == pytest.approx(5.0)
     assert p["max_kv_soft_pin_ttl"] == pytest.approx(7200.0)
@@ -297,15 +298,13 @@ def test_ha_without_endpoints_or_with_another_backend_is_refused() -> None:
         translate({"enable_ha": "true", "ha_backend_type": "redis", "etcd_endpoints": "e:1"})
 
 
-def test_ha_needs_the_masters_ha_option() -> None:
+def test_ha_becomes_the_masters_ha_option_and_kvpool_master_parses_it() -> None:
     from kvpool.cli.master import master
 
-    args = ["--enable_ha", "--etcd_endpoints=e1:2379"]
-    if any("--ha" in p.opts for p in master.params):
-        assert _opt(_argv(*args), "--ha") == "etcd://e1:2379/mooncake_cluster"
-    else:
-        with pytest.raises(InvalidParams, match="no --ha option yet"):
-            _argv(*args)
+    args = _argv("--enable_ha", "--etcd_endpoints=e1:2379", "--rpc_port=5001")
+    assert _opt(args, "--ha") == "etcd://e1:2379/mooncake_cluster"
+    p = master.make_context("master", list(args)).params
+    assert p["ha_url"] == "etcd://e1:2379/mooncake_cluster"
 
 
 def test_mooncakes_etcd_endpoint_lists_become_one_url() -> None:

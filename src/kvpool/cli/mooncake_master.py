@@ -36,12 +36,6 @@ __all__ = ["kvpool_master_argv", "main"]
 log = logging.getLogger("mooncake_master")
 
 
-def _master_has_option(option: str) -> bool:
-    from kvpool.cli.master import master
-
-    return any(option in p.opts for p in master.params)
-
-
 def kvpool_master_argv(argv: Sequence[str], env: dict[str, str] | None = None) -> list[str]:
     """`kvpool master`'s arguments for a `mooncake_master` command line (logs its warnings);
     InvalidParams when the command line is wrong or asks for what kvpool cannot do."""
@@ -61,15 +55,7 @@ def kvpool_master_argv(argv: Sequence[str], env: dict[str, str] | None = None) -
     if parsed.positional:
         log.warning("arguments that are not flags are ignored: %s", " ".join(parsed.positional))
     args = list(launch.argv)
-    if launch.ha_url is not None:
-        # HA (etcd): `kvpool master --ha etcd://H:P[,H:P]/CLUSTER_ID`, added to kvpool master
-        # by the HA work. Until this build's master has it, refuse rather than run an
-        # unreplicated master the deployment believes is highly available.
-        if not _master_has_option("--ha"):
-            raise InvalidParams(
-                f"--enable_ha: this kvpool's master has no --ha option yet (would pass --ha "
-                f"{launch.ha_url})"
-            )
+    if launch.ha_url is not None:  # HA (etcd): kvpool master --ha etcd://H:P[,H:P]/CLUSTER_ID
         args += ["--ha", launch.ha_url]
     return args + parsed.passthrough
 

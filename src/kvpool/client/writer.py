@@ -38,6 +38,13 @@ A batch answer with a number of entries other than the keys asked is a fault of 
 of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
 are revoked (the master refuses for those it did complete).
 
+The leader of an HA cluster changed during a put (`kvpool.client.leader`)
+    The failover client settles a PutEnd or PutCommit whose outcome is unknown by asking the
+    new leader (complete with this put's checksum: done). When the new leader does not hold the
+    put, `put_one` starts it again from PutStart within the Store's retry window (the failed
+    attempt was revoked, so nothing is applied twice). A batch reports LEADER_CHANGED for the
+    keys the new leader does not hold, and the caller decides.
+
 The inputs are checked by the Store (`kvpool.client.validation`); the Writer takes flat views.
 """
 
@@ -70,6 +77,7 @@ from kvpool.errors import (
     InvalidParams,
     KVPoolError,
     NoSpace,
+    NotLeader,
     error_for_code,
     raise_for_code,
 )
@@ -194,6 +202,23 @@ class Writer:
         """Put (or upsert) one value; the replicas written, 0 when the key existed (put only)."""
         self._opened()
         cfg = _DEFAULT_MSG if config is None else _config_msg(config)
+        deadline = 0.0
+        while True:
+            try:
+                return self._put_one(key, mv, cfg, upsert=upsert)
+            except NotLeader as exc:
+                # The leader changed and the new one does not hold this put (the failover
+                # client checked; the attempt was revoked): put it again, from PutStart.
+                if exc.code != ErrorCode.LEADER_CHANGED:
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self._retry_window
+                if now >= deadline:
+                    raise
+                self.stats.retried()
+                log.info("put of %r: %s; putting it again", key, exc.message)
+
+    def _put_one(self, key: str, mv: memoryview, cfg: ReplicateConfigMsg, *, upsert: bool) -> int:
         if not upsert and _arena_config(cfg):
             arenas = self._arenas
             if arenas is not None and mv.nbytes <= arenas.max_value:

@@ -404,6 +404,23 @@ class RpcClient:
         if conn is not None:
             self._fail(conn, RpcError(f"connection to {self.address} replaced"))
 
+    def retarget(self, address: str) -> bool:
+        """Point the client at `address` (an HA leader moved there), keeping the object:
+        calls in flight on the old connection fail with `RpcError` (RPC_FAIL), and the next
+        call connects to `address`. Whether anything changed (False: the same address, or the
+        client is closed). `InvalidParams` for an address that is not "host:port"."""
+        host, port = parse_address(address)
+        with self._connect_lock:
+            if self._closed or address == self.address:
+                return False
+            old, self.address = self.address, address
+            self._host, self._port = host, port
+            conn = self._conn
+        log.info("RPC client moves from %s to %s", old, address)
+        if conn is not None:
+            self._fail(conn, RpcError(f"connection to {old} replaced: the leader is at {address}"))
+        return True
+
     @property
     def connected(self) -> bool:
         conn = self._conn

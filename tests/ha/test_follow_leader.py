@@ -1,0 +1,140 @@
+"""Stores and `kvpool node`s given `etcd://.../CLUSTER` follow the leader key to a new master.
+
+The election is played by the test (`kvtest.leader.publish`): two plain masters A and B of the
+cluster, the leader key moved from A (term 1) to B (term 2), A killed. Until `kvpool master --ha`
+replicates metadata, B starts empty: what must move is the clients (retarget, remount), not the
+objects.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from kvpool import Store
+from kvpool.ha import EtcdGateway
+from kvpool.protocol.messages import StatsReply
+from kvtest.etcd import EtcdServer
+from kvtest.leader import master, publish, stats
+from kvtest.procs import Proc, kvpool_proc, wait_until
+
+
+@pytest.fixture
+def masters(cluster: str) -> Iterator[list[tuple[Proc, str]]]:
+    started: list[tuple[Proc, str]] = []
+    try:
+        for name in ("A", "B"):
+            started.append(master(cluster, "--client-ttl", "2s", name=f"master-{name}"))
+        yield started
+    finally:
+        for proc, _ in started:
+            proc.stop()
+
+
+def _segments(address: str, cluster: str) -> StatsReply | None:
+    reply = stats(address, cluster)
+    return reply if reply.segments else None
+
+
+def test_store_and_node_follow_the_leader_key_to_a_new_master(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+) -> None:
+    (proc_a, a), (_, b) = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 1)
+    node = kvpool_proc(
+        "node",
+        "--master",
+        url,
+        "--segment-size",
+        "16MiB",
+        "--heartbeat-interval",
+        "200ms",
+        "--no-progress",
+        name="ha-node",
+    )
+    try:
+        node.wait_ready()
+        wait_until(lambda: _segments(a, cluster), 10, what="the node's segment at A")
+        with Store(url, heartbeat_interval=0.2, failover_timeout=10.0) as store:
+            assert store._node.rpc.address == a
+            assert store.put("before", b"x" * 1000)
+            assert store.get("before") == b"x" * 1000
+
+            t0 = time.monotonic()
+            publish(gateway, cluster, b, 2)
+            proc_a.kill9()
+            # The node remounts at B at once (no NEED_REMOUNT round needed), the Store moves.
+            got = wait_until(lambda: _segments(b, cluster), 5, what="the node's segment at B")
+            node_moved = time.monotonic() - t0
+            wait_until(lambda: store._node.rpc.address == b, 5, what="the Store to move to B")
+            assert store.put("after", b"y" * 5000)
+            assert store.get("after") == b"y" * 5000
+            assert store.put_ex("after-big", b"z" * (1 << 20)).replicas == 1
+            assert store.get("after-big") == b"z" * (1 << 20)
+            first_put = time.monotonic() - t0
+            assert store._node.heartbeat.stats.switches >= 1
+            assert len(got.segments) == 1
+        print(f"node remounted at B {node_moved:.2f} s, first put at B {first_put:.2f} s")
+    finally:
+        node.stop()
+
+
+def test_a_leader_key_with_an_older_term_is_ignored(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+) -> None:
+    (_, a), (_, b) = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 5)
+    with Store(url, heartbeat_interval=0.2, segment_size="16MiB") as store:
+        follower = store._node.follower
+        assert follower is not None
+        publish(gateway, cluster, b, 3)  # a stale record (a slow etcd member, an old leader)
+        view = follower.refresh()
+        assert view is not None and (view.address, view.term) == (a, 5)
+        assert store._node.rpc.address == a
+        assert store._node.rpc.min_term == 5
+        assert store.put("k", b"v")
+        publish(gateway, cluster, b, 6)  # a real successor is followed
+        wait_until(lambda: store._node.rpc.address == b, 5, what="the Store to move to B")
+        wait_until(lambda: _segments(b, cluster), 5, what="the Store's segment at B")
+        assert store._node.rpc.min_term == 6
+        assert store.put("k2", b"v2")
+        assert store.get("k2") == b"v2"
+
+
+def test_status_and_node_accept_an_etcd_master(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+) -> None:
+    (_, a), _ = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 1)
+    ok = _kvpool("status", "--master", url, "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert '"objects"' in ok.stdout
+    bad = _kvpool("status", "--master", url, "--cluster-id", "other")
+    assert bad.returncode != 0
+    assert "conflicts with the cluster" in bad.stderr
+
+
+def _kvpool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

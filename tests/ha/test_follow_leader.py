@@ -8,8 +8,10 @@ objects.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -138,3 +140,60 @@ def _kvpool(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+def test_writers_keep_putting_through_a_leader_switch(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+) -> None:
+    """Two writer threads put without pause while the leader moves from A to B and A is killed:
+    no put fails (calls in flight are settled or put again, calls after the switch wait for the
+    Store's remount at B), and every key acknowledged after the switch reads back exactly."""
+    (proc_a, a), (_, b) = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 1)
+    with Store(url, segment_size="64MiB", heartbeat_interval=0.2, arena_size="1MiB") as store:
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        acked: list[tuple[str, bytes, str]] = []  # (key, value, the master that was leading)
+
+        def writer(tag: str) -> None:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                key = f"{tag}-{i}"
+                value = f"{key}:".encode() * (1 + i % 50)
+                try:
+                    if store.put(key, value):
+                        acked.append((key, value, store._node.rpc.address))
+                except BaseException as exc:  # any failure fails the test
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in ("w0", "w1")]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: len(acked) > 50, 10, what="puts at A")
+            t0 = time.monotonic()
+            publish(gateway, cluster, b, 2)
+            proc_a.kill9()
+            wait_until(lambda: acked[-1][2] == b, 10, what="a put at B")
+            first_at_b = time.monotonic() - t0
+            at_b = wait_until(
+                lambda: sum(1 for x in acked if x[2] == b) > 100, 10, what="puts at B"
+            )
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        assert not errors, errors[:3]
+        assert at_b
+        print(f"first put at B {first_at_b:.3f} s; calls asked again: {store._node.rpc.retries}")
+        late = [(k, v) for k, v, where in acked[-50:] if where == b]
+        assert late
+        for key, value in late:
+            assert store.get(key) == value
+        assert stats(b, cluster).objects >= len(late)

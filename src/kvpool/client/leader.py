@@ -283,14 +283,34 @@ class FailoverRpcClient(RpcClient):
         self.min_term = view.term
         #: Calls asked again after their master failed (tests and status read it).
         self.retries = 0
+        #: Whether a switch holds calls until `release()` (a node with segments sets it: the
+        #: new leader can place nothing on them before the remount).
+        self.hold_on_switch = False
+        self._released = threading.Event()
+        self._released.set()
         follower.subscribe(self._on_leader)
 
     def _on_leader(self, view: LeaderView) -> None:
-        self.min_term = max(self.min_term, view.term)
+        if view.term < self.min_term:
+            return
+        self.min_term = view.term
+        if view.address != self.address and self.hold_on_switch:
+            self._released.clear()
         self.retarget(view.address)
+
+    def release(self) -> None:
+        """Let calls held since the last switch go (the node remounted, or gave up trying)."""
+        self._released.set()
+
+    def _held(self, request: Any, deadline: float) -> None:
+        """Wait while a switch holds calls (never Ping / ReMountSegment: they end the hold)."""
+        if not self._released.is_set() and policy_of(request) is not Policy.PASS:
+            self._released.wait(max(deadline - time.monotonic(), 0.0))
 
     @override
     def call(self, request: Any, timeout: float | None = None) -> Any:
+        if not self._released.is_set():
+            self._held(request, time.monotonic() + self.failover_timeout)
         try:
             return super().call(request, timeout)
         except RpcError as exc:
@@ -343,6 +363,8 @@ class FailoverRpcClient(RpcClient):
             if left <= 0:
                 break
             self.retries += 1
+            self._held(request, deadline)
+            left = deadline - time.monotonic()
             budget = min(self.timeout if timeout is None else timeout, max(left, 0.05))
             try:
                 return super().call(request, budget)

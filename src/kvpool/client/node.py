@@ -219,6 +219,8 @@ class Heartbeat:
             )
             self._switched = True  # again at the next beat
             return
+        finally:
+            self.node.release_calls()
         st.remounts += 1
         st.failures = 0
         log.info(
@@ -281,6 +283,10 @@ class NodeRuntime:
                 self.follower.close()
             raise
         self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
+        if isinstance(self.rpc, FailoverRpcClient):
+            # Calls wait for the remount after a switch: before it, the new leader has no
+            # room on this node's segments (a put would fail NO_AVAILABLE_HANDLE).
+            self.rpc.hold_on_switch = True
         if self.follower is not None:
             self.follower.subscribe(lambda _view: self.heartbeat.leader_changed())
             self.follower.start()
@@ -353,6 +359,11 @@ class NodeRuntime:
                 ", ".join(restored),
             )
         self.restored = list(restored)
+
+    def release_calls(self) -> None:
+        """After a leader switch: the remount was tried, let the held calls go."""
+        if isinstance(self.rpc, FailoverRpcClient):
+            self.rpc.release()
 
     def reconnect(self) -> None:
         """Drop the control-plane connection: calls in flight on it fail with `RpcError`, and

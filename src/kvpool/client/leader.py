@@ -92,7 +92,10 @@ def parse_master(master: str) -> EtcdUrl | None:
     if not isinstance(master, str):
         raise InvalidParams(f"master: expected 'host:port' or etcd://..., got {master!r}")
     if master.strip().lower().startswith(SCHEME):
-        return EtcdUrl.parse(master)
+        try:
+            return EtcdUrl.parse(master)
+        except InvalidParams as exc:
+            raise InvalidParams(f"master: {exc.message}") from None
     try:
         parse_address(master)
     except InvalidParams:

@@ -197,3 +197,32 @@ def test_writers_keep_putting_through_a_leader_switch(
         for key, value in late:
             assert store.get(key) == value
         assert stats(b, cluster).objects >= len(late)
+
+
+def test_without_the_watch_three_failed_pings_find_the_new_leader(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+) -> None:
+    """A pure client (no segment, so no task poll either: any failed call of the Store's own
+    would ask etcd too) whose watch is gone finds the new leader by seed 000's rule."""
+    (proc_a, a), (_, b) = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 1)
+    with Store(url, heartbeat_interval=0.1) as store:
+        follower = store._node.follower
+        assert follower is not None
+        follower.discovery.close()  # no watch, no resync: only the heartbeat's rule is left
+        publish(gateway, cluster, b, 2)
+        proc_a.kill9()
+        wait_until(lambda: store._node.heartbeat.stats.switches, 10, what="a switch")
+        st = store._node.heartbeat.stats
+        assert st.total_failures >= 3
+        assert st.reconnects >= 1
+        assert store._node.rpc.address == b
+        wait_until(
+            lambda: any(c.client_id == store.client_id for c in stats(b, cluster).clients),
+            5,
+            what="the Store registered at B",
+        )

@@ -273,3 +273,34 @@ def test_a_remove_of_unknown_outcome_that_finds_nothing_on_retry_is_done(
                 store.remove("k")  # a plain remove of an absent key still says so
     finally:
         proxy.rpc.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "mode"),
+    [("putstart", "applied"), ("putstart", "dropped"), ("arena", "applied"), ("arena", "dropped")],
+)
+def test_a_batch_put_of_unknown_outcome_is_settled_key_by_key(
+    etcd: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    serve: Callable[[Handler], str],
+    real_master: str,
+    path: str,
+    mode: str,
+) -> None:
+    proxy = Proxy(real_master, cluster, mode, (m.BatchPutEnd, m.BatchPutCommit))
+    publish(gateway, cluster, serve(proxy), 1)
+    keys = [f"k{i}" for i in range(8)]
+    values = [bytes([i]) * (1000 + i) for i in range(8)]
+    arena = "0" if path == "putstart" else "4MiB"
+    url = f"etcd://{etcd.endpoint}/{cluster}"
+    try:
+        with Store(url, segment_size="32MiB", arena_size=arena, heartbeat_interval=0.2) as store:
+            assert store.batch_put(keys, values) == [ErrorCode.OK] * len(keys)
+            assert proxy.faults == 0
+            assert store.batch_get(keys) == values
+            assert stats(real_master, cluster).objects == len(keys)
+            end = "BatchPutEnd" if path == "putstart" else "BatchPutCommit"
+            assert proxy.forwarded[end] == 1
+    finally:
+        proxy.rpc.close()

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvpool import Store
+from kvpool.errors import ErrorCode
 from kvpool.ha import EtcdGateway
 from kvpool.protocol.messages import StatsReply
 from kvtest.etcd import EtcdServer
@@ -226,3 +227,75 @@ def test_without_the_watch_three_failed_pings_find_the_new_leader(
             5,
             what="the Store registered at B",
         )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_pure_client_writers_keep_putting_while_nodes_remount(
+    etcd_shared: EtcdServer,
+    gateway: EtcdGateway,
+    cluster: str,
+    masters: list[tuple[Proc, str]],
+    batch: int,
+) -> None:
+    """Writers in a Store without a segment put to a `kvpool node`'s memory: after the switch
+    the new leader has no segment until the node has remounted, which the Store does not wait
+    for; its puts wait for room briefly instead of failing NO_AVAILABLE_HANDLE."""
+    (proc_a, a), (_, b) = masters
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+    publish(gateway, cluster, a, 1)
+    node = kvpool_proc(
+        "node",
+        "--master",
+        url,
+        "--segment-size",
+        "64MiB",
+        "--heartbeat-interval",
+        "1s",
+        "--no-progress",
+        name="ha-node",
+    )
+    try:
+        node.wait_ready()
+        with Store(url, heartbeat_interval=0.2, arena_size=0) as store:
+            stop = threading.Event()
+            errors: list[BaseException] = []
+            acked: list[tuple[str, bytes, str]] = []
+
+            def writer(tag: str) -> None:
+                for i in itertools.count():
+                    if stop.is_set():
+                        return
+                    keys = [f"{tag}-{i}-{j}" for j in range(batch)]
+                    values = [k.encode() * 20 for k in keys]
+                    try:
+                        if batch == 1:
+                            codes = [ErrorCode.OK if store.put(keys[0], values[0]) else -1]
+                        else:
+                            codes = store.batch_put(keys, values)
+                    except BaseException as exc:
+                        errors.append(exc)
+                        return
+                    if any(c != ErrorCode.OK for c in codes):
+                        errors.append(AssertionError(f"{keys}: {codes}"))
+                        return
+                    where = store._node.rpc.address
+                    acked.extend((k, v, where) for k, v in zip(keys, values, strict=True))
+
+            threads = [threading.Thread(target=writer, args=(t,)) for t in ("w0", "w1")]
+            for t in threads:
+                t.start()
+            try:
+                wait_until(lambda: len(acked) > 50, 10, what="puts at A")
+                publish(gateway, cluster, b, 2)
+                proc_a.kill9()
+                wait_until(lambda: sum(1 for x in acked if x[2] == b) > 50, 10, what="puts at B")
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(timeout=30)
+            assert not errors, errors[:3]
+            for key, value, where in acked[-20:]:
+                if where == b:
+                    assert store.get(key) == value
+    finally:
+        node.stop()

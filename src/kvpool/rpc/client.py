@@ -252,6 +252,11 @@ class RpcClient:
         #: Welcome carries a non-zero term below it is a deposed leader and is refused with
         #: `NotLeader` (NOT_LEADER).
         self.min_term = 0
+        #: `retarget`s that moved the client so far, and time.monotonic() of the last one:
+        #: a caller that noted `epoch` before a request knows whether its master may have
+        #: changed since (an HA leader switch).
+        self.epoch = 0
+        self.retargeted_at = 0.0
         _live_clients.add(self)
 
     # -- public API -------------------------------------------------------------------------
@@ -415,6 +420,8 @@ class RpcClient:
                 return False
             old, self.address = self.address, address
             self._host, self._port = host, port
+            self.epoch += 1
+            self.retargeted_at = time.monotonic()
             conn = self._conn
         log.info("RPC client moves from %s to %s", old, address)
         if conn is not None:

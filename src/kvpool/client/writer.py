@@ -41,9 +41,13 @@ are revoked (the master refuses for those it did complete).
 The leader of an HA cluster changed during a put (`kvpool.client.leader`)
     The failover client settles a PutEnd or PutCommit whose outcome is unknown by asking the
     new leader (complete with this put's checksum: done). When the new leader does not hold the
-    put, `put_one` starts it again from PutStart within the Store's retry window (the failed
-    attempt was revoked, so nothing is applied twice). A batch reports LEADER_CHANGED for the
-    keys the new leader does not hold, and the caller decides.
+    put (the settled end raises LEADER_CHANGED, or the client was retargeted between PutStart
+    and PutEnd and the end was refused), `put_one` starts it again from PutStart within the
+    Store's retry window; the failed attempt was revoked, so nothing is applied twice. A batch
+    that spanned a switch puts its keys answered OBJECT_NOT_FOUND, ILLEGAL_CLIENT,
+    LEADER_CHANGED or NO_AVAILABLE_HANDLE again (`_put_batch_after_switch`). For
+    `_SWITCH_GRACE_S` after a switch a PutStart answered NO_AVAILABLE_HANDLE without a hint is
+    asked again every 50 ms (the nodes are remounting at the new leader).
 
 The inputs are checked by the Store (`kvpool.client.validation`); the Writer takes flat views.
 """

@@ -59,6 +59,8 @@ def test_sizes_are_converted_to_bytes_and_the_config_is_frozen() -> None:
         ("transfer_timeout", -1.0),
         ("heartbeat_interval", 0),
         ("task_poll_interval", 0),
+        ("failover_timeout", 0),
+        ("master", "etcd://127.0.0.1/no-port"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(field: str, value: Any) -> None:
@@ -116,3 +118,12 @@ def test_async_store_has_a_coroutine_for_every_store_method() -> None:
         assert inspect.iscoroutinefunction(coroutine), name
         same = inspect.signature(getattr(Store, name)).parameters
         assert list(inspect.signature(coroutine).parameters) == list(same), name
+
+
+def test_an_etcd_master_gives_the_cluster_id_and_refuses_another() -> None:
+    cfg = StoreConfig(master="etcd://127.0.0.1:2379,127.0.0.1:2380/pool-a")
+    assert cfg.cluster_id == "pool-a"
+    assert StoreConfig(master="etcd://h:1/pool-a", cluster_id="pool-a").cluster_id == "pool-a"
+    with pytest.raises(InvalidParams, match="conflicts with the cluster 'pool-a'"):
+        StoreConfig(master="etcd://h:1/pool-a", cluster_id="pool-b")
+    assert StoreConfig(master="127.0.0.1:1", cluster_id="x").cluster_id == "x"

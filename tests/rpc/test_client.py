@@ -434,3 +434,57 @@ def test_welcome_carries_the_leader_term_and_an_older_term_is_refused(
         c.min_term = 9
         assert c.call(Add(1, 2)) == Sum(3)
         assert c.server_term == 0
+
+
+def test_retarget_moves_the_same_client_to_another_server() -> None:
+    first = ServerThread(make_server()).start()
+    second = ServerThread(make_server()).start()
+    try:
+        client = _client(first)
+        try:
+            assert client.call(Add(1, 1)) == Sum(2)
+            got: list[BaseException] = []
+
+            def sleeper() -> None:
+                try:
+                    client.call(Sleep(5.0, 1), timeout=10.0)
+                except BaseException as exc:
+                    got.append(exc)
+
+            thread = threading.Thread(target=sleeper)
+            thread.start()
+            wait_until(lambda: client.connected, 5, what="a connection")
+            assert client.retarget(second.endpoint) is True
+            thread.join(timeout=5)
+            assert got and isinstance(got[0], RpcError)  # in flight on the old connection
+            assert client.address == second.endpoint
+            assert client.call(Add(2, 2)) == Sum(4)
+            assert client.retarget(second.endpoint) is False  # the same address: nothing
+            with pytest.raises(InvalidParams):
+                client.retarget("no-port")
+        finally:
+            client.close()
+        assert client.retarget(first.endpoint) is False  # closed
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_async_retarget_moves_the_same_client_to_another_server() -> None:
+    first = ServerThread(make_server()).start()
+    second = ServerThread(make_server()).start()
+
+    async def main() -> None:
+        async with AsyncRpcClient(
+            first.endpoint, response_type=Response, cluster_id=CLUSTER
+        ) as client:
+            assert await client.call(Add(1, 1)) == Sum(2)
+            assert client.retarget(second.endpoint) is True
+            assert client.address == second.endpoint
+            assert await client.call(Add(2, 2)) == Sum(4)
+
+    try:
+        asyncio.run(main())
+    finally:
+        first.stop()
+        second.stop()

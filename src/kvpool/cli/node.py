@@ -18,7 +18,7 @@ from types import FrameType
 
 import click
 
-from kvpool.cli.params import Address, Duration, Name, Size
+from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
@@ -88,7 +88,13 @@ def mount_with_progress(
 
 
 @click.command()
-@click.option("--master", required=True, type=Address(), help="HOST:PORT of the master.")
+@click.option(
+    "--master",
+    required=True,
+    type=MasterAddress(),
+    help="HOST:PORT of the master, or etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID to find and "
+    "follow the leader of a highly available cluster (the cluster id is the URL's).",
+)
 @click.option(
     "--segment-size",
     default="1GiB",
@@ -240,6 +246,7 @@ def node(
         click.echo(
             f"kvpool node: segment {mem.name} ({format_size(mem.size)}, pre-faulted in "
             f"{time.perf_counter() - t0:.1f} s) mounted at {master}"
+            + (f" (leader {runtime.rpc.address})" if runtime.follower is not None else "")
         )
         click.echo(f"listening on {runtime.endpoint}")
         while not stop.wait(1.0):

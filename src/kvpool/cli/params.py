@@ -14,6 +14,7 @@ import click
 
 from kvpool.config import MAX_DURATION_S, MAX_SIZE, parse_duration, parse_size
 from kvpool.errors import KVPoolError
+from kvpool.ha.url import EtcdUrl
 from kvpool.rpc.client import parse_address
 
 __all__ = ["Address", "Duration", "Name", "Size"]
@@ -73,6 +74,32 @@ class Address(click.ParamType[str]):
             parse_address(text)
         except KVPoolError:
             self.fail(f"{text!r} is not HOST:PORT (for example 127.0.0.1:50051)", param, ctx)
+        return text
+
+
+class MasterAddress(click.ParamType[str]):
+    """ "HOST:PORT" of a master, or `etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID` of a highly
+    available cluster (its leader is found through etcd), kept as the text given."""
+
+    name = "host:port|etcd://..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if text.strip().lower().startswith("etcd://"):
+            try:
+                EtcdUrl.parse(text)
+            except KVPoolError as exc:
+                self.fail(exc.message, param, ctx)
+            return text
+        try:
+            parse_address(text)
+        except KVPoolError:
+            self.fail(
+                f"{text!r} is neither HOST:PORT (for example 127.0.0.1:50051) nor "
+                "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID",
+                param,
+                ctx,
+            )
         return text
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import click
 import msgspec
 
-from kvpool.cli.params import Address, Duration, Name
+from kvpool.cli.params import Duration, MasterAddress, Name
+from kvpool.client.leader import LeaderFollower, check_master, parse_master
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import Response, Stats, StatsReply
@@ -135,8 +136,9 @@ def render_table(address: str, reply: StatsReply) -> str:
     "address",
     default="127.0.0.1:50051",
     show_default=True,
-    type=Address(),
-    help="HOST:PORT of the master.",
+    type=MasterAddress(),
+    help="HOST:PORT of the master, or etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID to ask the "
+    "current leader of a highly available cluster.",
 )
 @click.option("--cluster-id", default="kvpool", show_default=True, type=Name())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -149,7 +151,19 @@ def render_table(address: str, reply: StatsReply) -> str:
 )
 def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
     """Show the segments, clients and objects of the pool whose master is at --master."""
+    master = address
     try:
+        url = parse_master(master)
+        cluster_id = check_master(master, cluster_id)
+        if url is not None:
+            follower = LeaderFollower(url)
+            try:
+                view = follower.leader(timeout)
+            finally:
+                follower.close()
+            address = view.address
+            if not as_json:
+                click.echo(f"leader of {url}: {view.member_id} at {view.address}, term {view.term}")
         with RpcClient(
             address,
             response_type=Response,
@@ -159,7 +173,7 @@ def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> N
         ) as rpc:
             reply = rpc.call_as(Stats(), StatsReply)
     except KVPoolError as exc:
-        raise click.ClickException(f"cannot get the status of {address}: {exc}") from exc
+        raise click.ClickException(f"cannot get the status of {master}: {exc}") from exc
     if reply.code != 0:
         raise click.ClickException(f"master {address} answered code {reply.code}")
     if as_json:

@@ -6,7 +6,8 @@ Sizes are bytes (an int, or a string such as "4GiB", converted when the config i
 durations seconds. Validation raises `InvalidParams` naming the field and the offending value:
 sizes within `kvpool.config.MAX_SIZE` (a segment at least a page and at most this machine's
 memory), durations positive and finite (at most a year; the heartbeat and task poll at most an
-hour), names non-empty strs, `master` "host:port".
+hour), names non-empty strs, `master` "host:port" or `etcd://HOST:PORT[,...]/CLUSTER_ID` (the
+cluster id then comes from the URL; a different explicit `cluster_id` is refused).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
 from kvpool.client.validation import check_segment_size
 from kvpool.config import MAX_DURATION_S, parse_size
 from kvpool.errors import InvalidParams
-from kvpool.rpc.client import parse_address
 
 __all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "Protocol", "StoreConfig"]
 
@@ -34,6 +35,7 @@ _DURATIONS: Final = {
     "transfer_timeout": MAX_DURATION_S,
     "heartbeat_interval": 3600.0,
     "task_poll_interval": 3600.0,
+    "failover_timeout": MAX_DURATION_S,
 }
 """The duration fields and their maxima (seconds; a heartbeat slower than an hour would let
 every master expire the Store)."""
@@ -44,7 +46,8 @@ class StoreConfig:
     """The settings of one `Store` (Mooncake's `setup`, in Python form)."""
 
     master: str = "127.0.0.1:50051"
-    """"host:port" of the master."""
+    """"host:port" of the master, or `etcd://HOST:PORT[,HOST:PORT...]/CLUSTER_ID` to find and
+    follow the leader of a highly available cluster (`kvpool.client.leader`)."""
     segment_size: int = 0
     """Bytes of this process's memory to contribute to the pool at start; 0 for a pure client
     (`Store.mount_segment` adds segments later)."""
@@ -67,13 +70,18 @@ class StoreConfig:
     heartbeat_interval: float = 1.0
     """Seconds between Pings to the master (tests shorten it)."""
     cluster_id: str = "kvpool"
-    """Must match the master's (checked in the RPC handshake)."""
+    """Must match the master's (checked in the RPC handshake). With an `etcd://` master, left
+    at "kvpool" it takes the URL's cluster id; another value must equal it."""
     task_poll_interval: float = DEFAULT_POLL_INTERVAL_S
     """With a segment, seconds between polls for the replica copy/move tasks the master assigns
     to this process (`kvpool.client.tasks`)."""
     arena_size: int = 64 << 20
     """Bytes of each arena the master lends the Store for puts in one round trip (values up to a
     quarter of it take that path); 0 turns arenas off."""
+    failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S
+    """With an `etcd://` master: seconds a call whose leader failed waits for a (new) leader
+    before it fails (NotLeader / RpcError); also how long the Store waits for a leader at
+    start."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -91,12 +99,7 @@ class StoreConfig:
                     f"{name}: expected a non-empty str of at most {MAX_NAME_CHARS} characters, "
                     f"got {value!r:.80}"
                 )
-        if not isinstance(self.master, str):
-            raise InvalidParams(f"master: expected 'host:port', got {self.master!r}")
-        try:
-            parse_address(self.master)
-        except InvalidParams:
-            raise InvalidParams(f"master: expected 'host:port', got {self.master!r}") from None
+        object.__setattr__(self, "cluster_id", check_master(self.master, self.cluster_id))
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
         for name, most in _DURATIONS.items():

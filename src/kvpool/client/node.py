@@ -20,6 +20,14 @@ may mount a segment with `segment_size > 0`) and the storage-only `kvpool node` 
   have restarted at the same address) and keeps trying with exponential backoff up to
   `max_backoff`; a successful Ping resets it.
 
+With an `etcd://HOST:PORT[,...]/CLUSTER_ID` master (`kvpool.client.leader`) the node follows the
+cluster's leader: its `rpc` is a `FailoverRpcClient` that moves to each newer leader the
+`LeaderFollower` reports (the etcd watch, or a NOT_LEADER answer), and after `max_failures`
+failed pings the heartbeat asks etcd again instead of only reconnecting. After every switch the
+heartbeat wakes at once, gives up what the old leader lent (`on_heartbeat(False)`: arenas) and
+remounts every segment with its generation (the new leader restores them with their objects),
+without waiting for a Ping to say NEED_REMOUNT.
+
 `close()` is idempotent and undoes everything in reverse: stop the heartbeat, unmount every
 segment at the master (best effort: a dead master cannot be told, and it will expire us after
 `client_ttl` anyway), stop serving, unmap the memory, close the connection.
@@ -37,6 +45,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvpool.client.leader import (
+    DEFAULT_FAILOVER_TIMEOUT_S,
+    FailoverRpcClient,
+    LeaderFollower,
+    check_master,
+    parse_master,
+)
 from kvpool.config import parse_size
 from kvpool.errors import (
     ErrorCode,
@@ -86,6 +101,8 @@ class HeartbeatStats:
     total_failures: int = 0
     remounts: int = 0
     reconnects: int = 0
+    switches: int = 0
+    """Leader switches acted on (an HA master moved)."""
     last_ok: float = 0.0
     """time.monotonic() of the last successful Ping (0: none yet)."""
 
@@ -112,6 +129,8 @@ class Heartbeat:
         self.max_backoff = max(max_backoff, interval)
         self.stats = HeartbeatStats()
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._switched = False
         self._thread = threading.Thread(
             target=self._run, name=f"kvpool-heartbeat-{node.client_id[:8]}", daemon=True
         )
@@ -119,9 +138,18 @@ class Heartbeat:
     def start(self) -> None:
         self._thread.start()
 
+    def leader_changed(self) -> None:
+        """The master moved (an HA leader switch): beat now, remounting first. Any thread."""
+        self._switched = True
+        self._wake.set()
+
     def _run(self) -> None:
         delay = self.interval
-        while not self._stop.wait(delay):
+        while True:
+            self._wake.wait(delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 delay = self.beat()
             except Exception:  # the heartbeat must outlive any one beat's surprise
@@ -131,6 +159,9 @@ class Heartbeat:
     def beat(self) -> float:
         """One ping (and whatever recovery it calls for); returns the delay before the next."""
         st = self.stats
+        if self._switched:
+            self._switched = False
+            self._after_switch()
         try:
             reply = self.node.ping()
         except KVPoolError as exc:
@@ -173,8 +204,34 @@ class Heartbeat:
                 log.warning("remount failed (will retry on the next ping): %s", exc)
         return self.interval
 
+    def _after_switch(self) -> None:
+        """A new leader: what the old one lent is given up, the segments are remounted now."""
+        st = self.stats
+        st.switches += 1
+        listener = self.node.on_heartbeat
+        if listener is not None:
+            listener(False)
+        try:
+            self.node.remount()
+        except KVPoolError as exc:
+            log.warning(
+                "remount at the new leader %s failed (retried): %s", self.node.rpc.address, exc
+            )
+            self._switched = True  # again at the next beat
+            return
+        finally:
+            self.node.release_calls()
+        st.remounts += 1
+        st.failures = 0
+        log.info(
+            "remounted %d segment(s) at the new leader %s",
+            len(self.node.segments),
+            self.node.rpc.address,
+        )
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
@@ -195,9 +252,10 @@ class NodeRuntime:
         heartbeat_interval: float = 1.0,
         cluster_id: str = "kvpool",
         name: str = "kvpool-client",
+        failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
     ) -> None:
-        if not isinstance(master, str) or ":" not in master:
-            raise InvalidParams(f"master: expected 'host:port', got {master!r}")
+        url = parse_master(master)
+        cluster_id = check_master(master, cluster_id)
         self.master = master
         self.host = host
         self.name = name
@@ -205,6 +263,9 @@ class NodeRuntime:
         self.host_id = HostId(host_id())
         self._rpc_timeout = rpc_timeout
         self._cluster_id = cluster_id
+        self._failover_timeout = failover_timeout
+        #: Follows the leader of an `etcd://` master (None for "host:port").
+        self.follower = LeaderFollower(url) if url is not None else None
         self._lock = threading.RLock()
         self._closed = False
         self.segments: dict[SegmentName, tuple[SegmentMemory, SegmentInfo]] = {}
@@ -215,8 +276,20 @@ class NodeRuntime:
         #: The segments the master kept, with their objects, at the last remount (it held
         #: this client as silent and the generations matched); empty after a fresh mount.
         self.restored: list[SegmentName] = []
-        self.rpc = self._connect()
+        try:
+            self.rpc = self._connect()
+        except BaseException:
+            if self.follower is not None:
+                self.follower.close()
+            raise
         self.heartbeat = Heartbeat(self, interval=heartbeat_interval)
+        if isinstance(self.rpc, FailoverRpcClient):
+            # Calls wait for the remount after a switch: before it, the new leader has no
+            # room on this node's segments (a put would fail NO_AVAILABLE_HANDLE).
+            self.rpc.hold_on_switch = True
+        if self.follower is not None:
+            self.follower.subscribe(lambda _view: self.heartbeat.leader_changed())
+            self.follower.start()
         self.on_pending_tasks: Callable[[], None] | None = None
         """Called by the heartbeat when a Ping says replica tasks wait for this client (the
         `TaskExecutor` of `kvpool.client.tasks` sets it to its `wake`)."""
@@ -226,6 +299,17 @@ class NodeRuntime:
         or expired this client). The Store's arenas (`kvpool.client.arena`) listen."""
 
     def _connect(self) -> RpcClient:
+        follower = self.follower
+        if follower is not None:
+            return FailoverRpcClient(
+                follower,
+                follower.leader(self._failover_timeout),
+                failover_timeout=self._failover_timeout,
+                response_type=Response,
+                cluster_id=self._cluster_id,
+                client_name=self.name,
+                timeout=self._rpc_timeout,
+            )
         return RpcClient(
             self.master,
             response_type=Response,
@@ -276,12 +360,23 @@ class NodeRuntime:
             )
         self.restored = list(restored)
 
+    def release_calls(self) -> None:
+        """After a leader switch: the remount was tried, let the held calls go."""
+        if isinstance(self.rpc, FailoverRpcClient):
+            self.rpc.release()
+
     def reconnect(self) -> None:
         """Drop the control-plane connection: calls in flight on it fail with `RpcError`, and
         the next call connects anew. The client object stays the same, so no caller that took
         `self.rpc` a moment earlier can meet a closed client (`StoreClosed` on a live Store)."""
         with self._lock:
             if self._closed:
+                return
+        follower = self.follower
+        if follower is not None:
+            before = self.rpc.address
+            view = follower.refresh()  # a newer leader retargets `rpc` through its listener
+            if view is not None and view.address != before:
                 return
         self.rpc.reconnect()
 
@@ -389,6 +484,8 @@ class NodeRuntime:
             self._server.close()
             self._server = None
         self.rpc.close()
+        if self.follower is not None:
+            self.follower.close()
 
     def __enter__(self) -> NodeRuntime:
         return self

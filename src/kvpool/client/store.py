@@ -41,6 +41,7 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
+from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
@@ -109,7 +110,9 @@ class Store:
     Mooncake's `setup` order: `segment_size` and `arena_size` (bytes, an int or "4GiB"),
     `local_buffer_size` (accepted for Mooncake compatibility, only validated), `host`, `tenant`,
     `protocol` ("auto", "shm" or "tcp"), `verify_checksum`, `rpc_timeout`, `transfer_timeout`,
-    `heartbeat_interval`, `cluster_id`, `task_poll_interval` (seconds). `Store.from_config`
+    `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout` (seconds).
+    `master` is "host:port", or `etcd://HOST:PORT[,...]/CLUSTER_ID` to follow the leader of a
+    highly available cluster (`kvpool.client.leader`). `Store.from_config`
     takes a `StoreConfig` instead.
     """
 
@@ -129,6 +132,7 @@ class Store:
         cluster_id: str = "kvpool",
         task_poll_interval: float = DEFAULT_POLL_INTERVAL_S,
         arena_size: int | str = "64MiB",
+        failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -145,6 +149,7 @@ class Store:
             cluster_id=cluster_id,
             task_poll_interval=task_poll_interval,
             arena_size=parse_size(arena_size, name="arena_size"),
+            failover_timeout=failover_timeout,
         )
         self._setup(config)
 
@@ -170,6 +175,7 @@ class Store:
             heartbeat_interval=config.heartbeat_interval,
             cluster_id=config.cluster_id,
             name="kvpool-store",
+            failover_timeout=config.failover_timeout,
         )
         try:
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)

@@ -38,6 +38,17 @@ A batch answer with a number of entries other than the keys asked is a fault of 
 of the connection: it raises `RpcError` (RPC_FAIL); after a BatchPutEnd, once the batch's keys
 are revoked (the master refuses for those it did complete).
 
+The leader of an HA cluster changed during a put (`kvpool.client.leader`)
+    The failover client settles a PutEnd or PutCommit whose outcome is unknown by asking the
+    new leader (complete with this put's checksum: done). When the new leader does not hold the
+    put (the settled end raises LEADER_CHANGED, or the client was retargeted between PutStart
+    and PutEnd and the end was refused), `put_one` starts it again from PutStart within the
+    Store's retry window; the failed attempt was revoked, so nothing is applied twice. A batch
+    that spanned a switch puts its keys answered OBJECT_NOT_FOUND, ILLEGAL_CLIENT,
+    LEADER_CHANGED or NO_AVAILABLE_HANDLE again (`_put_batch_after_switch`). For
+    `_SWITCH_GRACE_S` after a switch a PutStart answered NO_AVAILABLE_HANDLE without a hint is
+    asked again every 50 ms (the nodes are remounting at the new leader).
+
 The inputs are checked by the Store (`kvpool.client.validation`); the Writer takes flat views.
 """
 
@@ -70,6 +81,7 @@ from kvpool.errors import (
     InvalidParams,
     KVPoolError,
     NoSpace,
+    NotLeader,
     error_for_code,
     raise_for_code,
 )
@@ -97,6 +109,7 @@ from kvpool.protocol.messages import (
     TenantId,
     UpsertStart,
 )
+from kvpool.rpc.client import RpcClient
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Writer"]
@@ -112,6 +125,29 @@ MAX_PUT_RETRIES: Final = 3
 _RETRYABLE: Final = frozenset({ErrorCode.TRANSFER_FAIL, ErrorCode.SEGMENT_NOT_FOUND})
 """Write failures that another segment may not have: the segment's owner died or left."""
 _PROCESSING: Final = ReplicaStatus.PROCESSING
+
+
+_SWITCH_GRACE_S: Final = 3.0
+"""For this long after a leader switch, a PutStart answered NO_AVAILABLE_HANDLE without a hint
+is asked again (the nodes are remounting at the new leader, whose segments are not yet placeable)
+every `_SWITCH_HINT_MS`, within the usual retry window."""
+_SWITCH_HINT_MS: Final = 50
+_SWITCH_REDO: Final = frozenset(
+    {
+        ErrorCode.OBJECT_NOT_FOUND,
+        ErrorCode.ILLEGAL_CLIENT,
+        ErrorCode.LEADER_CHANGED,
+        ErrorCode.NO_AVAILABLE_HANDLE,
+    }
+)
+"""Per-key answers of a batch that spanned a leader switch which mean "the new leader does not
+hold this put" (or cannot place it yet): those keys are put again."""
+
+
+def _just_switched(rpc: RpcClient) -> bool:
+    """Whether `rpc` moved to a new leader less than `_SWITCH_GRACE_S` ago (never for a plain
+    master: its client is never retargeted)."""
+    return rpc.epoch > 0 and time.monotonic() - rpc.retargeted_at < _SWITCH_GRACE_S
 
 
 def _hint_s(retry_after_ms: int) -> float:
@@ -194,6 +230,23 @@ class Writer:
         """Put (or upsert) one value; the replicas written, 0 when the key existed (put only)."""
         self._opened()
         cfg = _DEFAULT_MSG if config is None else _config_msg(config)
+        deadline = 0.0
+        while True:
+            try:
+                return self._put_one(key, mv, cfg, upsert=upsert)
+            except NotLeader as exc:
+                # The leader changed and the new one does not hold this put (the failover
+                # client checked; the attempt was revoked): put it again, from PutStart.
+                if exc.code != ErrorCode.LEADER_CHANGED:
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self._retry_window
+                if now >= deadline:
+                    raise
+                self.stats.retried()
+                log.info("put of %r: %s; putting it again", key, exc.message)
+
+    def _put_one(self, key: str, mv: memoryview, cfg: ReplicateConfigMsg, *, upsert: bool) -> int:
         if not upsert and _arena_config(cfg):
             arenas = self._arenas
             if arenas is not None and mv.nbytes <= arenas.max_value:
@@ -269,8 +322,10 @@ class Writer:
         the master first says it is making room)."""
         cid = self._node.client_id
         start = (UpsertStart if upsert else PutStart)(cid, key, mv.nbytes, cfg, self.tenant)
-        rep = self._node.rpc.call_as(start, PutStartReply)
-        if rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
+        rpc = self._node.rpc
+        epoch = rpc.epoch
+        rep = rpc.call_as(start, PutStartReply)
+        if rep.code == NO_AVAILABLE_HANDLE and (rep.retry_after_ms > 0 or _just_switched(rpc)):
             rep = self._start_when_room(start, rep, deadline)
         if rep.code == OBJECT_ALREADY_EXISTS and not upsert:
             return 0
@@ -304,6 +359,14 @@ class Writer:
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         if end != OK:
             self._revoke([key], token)
+            if rpc.epoch != epoch:
+                # PutStart and PutEnd went to different leaders: the new one did not hold the
+                # put (not replicated to it); put_one starts it again there.
+                raise NotLeader(
+                    f"{key!r}: the leader changed between PutStart and PutEnd, and the new "
+                    f"leader refused the PutEnd (code {end}); the put was revoked",
+                    ErrorCode.LEADER_CHANGED,
+                )
             raise_for_code(end, f"{key!r}: PutEnd failed; the put was revoked")
         return len(rep.replicas)
 
@@ -316,11 +379,12 @@ class Writer:
         if deadline is None:
             deadline = time.monotonic() + self._retry_window
         tries = 0
-        while rep.code == NO_AVAILABLE_HANDLE and rep.retry_after_ms > 0:
+        rpc = self._node.rpc
+        while rep.code == NO_AVAILABLE_HANDLE and (rep.retry_after_ms > 0 or _just_switched(rpc)):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            time.sleep(min(left, _hint_s(rep.retry_after_ms)))
+            time.sleep(min(left, _hint_s(rep.retry_after_ms or _SWITCH_HINT_MS)))
             tries += 1
             rep = self._node.rpc.call_as(start, PutStartReply)
         log.debug(
@@ -479,11 +543,15 @@ class Writer:
         started again on other segments, as `put_one` does, within the same bounds."""
         avoid: set[str] = set()
         hints: list[int] = []
+        rpc = self._node.rpc
+        epoch = rpc.epoch
         out = self._put_batch_started(
             keys, views, cfg, cfg.replica_num, upsert=upsert, avoid=avoid, hints=hints
         )
         if hints:
             self._put_batch_when_room(keys, views, cfg, out, hints, upsert=upsert)
+        if rpc.epoch != epoch:
+            self._put_batch_after_switch(keys, views, cfg, out, upsert=upsert)
         if not avoid or cfg.preferred_segments:  # a placement the caller chose is kept
             return out
         deadline = time.monotonic() + self._retry_window
@@ -506,6 +574,38 @@ class Writer:
         if left:
             self.stats.retry_failed(left)
         return out
+
+    def _put_batch_after_switch(
+        self,
+        keys: list[str],
+        views: list[memoryview],
+        cfg: ReplicateConfigMsg,
+        out: list[ErrorCode],
+        *,
+        upsert: bool,
+    ) -> None:
+        """The leader changed during the batch: keys the new leader did not hold (their end
+        refused, or unsettled: revoked already) or could not place yet (its segments are being
+        remounted) are put again there, within the retry bounds; `out` is updated."""
+        deadline = time.monotonic() + self._retry_window
+        for _ in range(MAX_PUT_RETRIES + 1):
+            again = [i for i, c in enumerate(out) if c in _SWITCH_REDO]
+            if not again or time.monotonic() >= deadline:
+                return
+            if any(out[i] == ErrorCode.NO_AVAILABLE_HANDLE for i in again):
+                time.sleep(_SWITCH_HINT_MS / 1000)
+            self.stats.retried(len(again))
+            log.info("batch put: the leader changed; putting %d key(s) again", len(again))
+            redo = self._put_batch_started(
+                [keys[i] for i in again],
+                [views[i] for i in again],
+                _subset(cfg, again),
+                cfg.replica_num,
+                upsert=upsert,
+                avoid=set(),
+            )
+            for i, c in zip(again, redo, strict=True):
+                out[i] = c
 
     def _put_batch_when_room(
         self,

@@ -283,6 +283,20 @@ class AsyncRpcClient:
             raise first_error
         return results
 
+    def retarget(self, address: str) -> bool:
+        """Point the client at `address` (an HA leader moved there), keeping the object: calls
+        in flight fail with `RpcError` (RPC_FAIL), the next call connects to `address`. Call it
+        on the client's loop. Whether anything changed (False: the same address, or closed)."""
+        host, port = parse_address(address)
+        if self._closed or address == self.address:
+            return False
+        old, self.address = self.address, address
+        self._host, self._port = host, port
+        proto, self._proto = self._proto, None
+        if proto is not None:
+            proto.fail(RpcError(f"connection to {old} replaced: the leader is at {address}"))
+        return True
+
     async def close(self) -> None:
         """Close the connection; calls in flight fail with RpcError, later calls raise
         `StoreClosed`. Idempotent."""

@@ -252,6 +252,11 @@ class RpcClient:
         #: Welcome carries a non-zero term below it is a deposed leader and is refused with
         #: `NotLeader` (NOT_LEADER).
         self.min_term = 0
+        #: `retarget`s that moved the client so far, and time.monotonic() of the last one:
+        #: a caller that noted `epoch` before a request knows whether its master may have
+        #: changed since (an HA leader switch).
+        self.epoch = 0
+        self.retargeted_at = 0.0
         _live_clients.add(self)
 
     # -- public API -------------------------------------------------------------------------
@@ -403,6 +408,25 @@ class RpcClient:
             conn = self._conn
         if conn is not None:
             self._fail(conn, RpcError(f"connection to {self.address} replaced"))
+
+    def retarget(self, address: str) -> bool:
+        """Point the client at `address` (an HA leader moved there), keeping the object:
+        calls in flight on the old connection fail with `RpcError` (RPC_FAIL), and the next
+        call connects to `address`. Whether anything changed (False: the same address, or the
+        client is closed). `InvalidParams` for an address that is not "host:port"."""
+        host, port = parse_address(address)
+        with self._connect_lock:
+            if self._closed or address == self.address:
+                return False
+            old, self.address = self.address, address
+            self._host, self._port = host, port
+            self.epoch += 1
+            self.retargeted_at = time.monotonic()
+            conn = self._conn
+        log.info("RPC client moves from %s to %s", old, address)
+        if conn is not None:
+            self._fail(conn, RpcError(f"connection to {old} replaced: the leader is at {address}"))
+        return True
 
     @property
     def connected(self) -> bool:

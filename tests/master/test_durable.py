@@ -47,10 +47,19 @@ def first_master(clock: Clock, data_dir: Path) -> MasterService:
 
 
 def put(svc: MasterService, key: str, *segments: m.SegmentName, size: int = 4096) -> None:
+    """PutStart + PutEnd, each request's records written before its reply, as the server
+    does (one log frame per request)."""
     cfg = m.ReplicateConfigMsg(replica_num=len(segments), preferred_segments=list(segments))
     reply = svc.handle(m.PutStart(WRITER, key, size, cfg))
+    flush(svc)
     assert reply.code == 0 and [d.segment for d in reply.replicas] == list(segments), reply
     assert svc.handle(m.PutEnd(WRITER, key, hash(key) & 0xFFFF)) == m.Reply(0)
+    flush(svc)
+
+
+def flush(svc: MasterService) -> None:
+    if svc.durable is not None:
+        svc.durable.log.flush()
 
 
 def remount(svc: MasterService) -> None:

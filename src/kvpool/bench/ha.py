@@ -282,7 +282,7 @@ def _failover(plan: HaPlan, etcd: str, log: Callable[[str], None]) -> list[dict[
         address, term = _leader(etcd, 60)
         store = Store(
             master=f"etcd://{etcd}/{CLUSTER}",
-            segment_size="64MB",
+            segment_size="512MB",
             cluster_id=CLUSTER,
         )
         try:
@@ -299,6 +299,8 @@ def _failover(plan: HaPlan, etcd: str, log: Callable[[str], None]) -> list[dict[
                     try:
                         store.put(key, value)
                     except Exception as exc:  # counted: a failed put is not acknowledged
+                        if len(errors) < 3 or len(errors) % 1000 == 0:
+                            log(f"put {key} failed at {time.monotonic():.2f}: {exc}")
                         errors.append(f"{key}: {exc}")
                     else:
                         acked[key] = value
@@ -317,6 +319,7 @@ def _failover(plan: HaPlan, etcd: str, log: Callable[[str], None]) -> list[dict[
                     victim = pair.procs[i]
                     assert victim is not None
                     t0 = time.monotonic()
+                    log(f"killing the leader {address} at {t0:.2f}")
                     victim.kill9()
                     t_dead = time.monotonic()
                     n0 = len(times)
@@ -336,7 +339,9 @@ def _failover(plan: HaPlan, etcd: str, log: Callable[[str], None]) -> list[dict[
             for key, value in acked.items():
                 try:
                     got = store.get(key)
-                except Exception:
+                except Exception as exc:
+                    if not lost:
+                        log(f"first lost key {key}: {exc!r}")
                     lost += 1
                     continue
                 if got != value:

@@ -302,7 +302,7 @@ def _ratio() -> click.FloatRange:
 )
 @click.option(
     "--ha-lease-ttl",
-    default=5,
+    default=3,
     show_default=True,
     type=click.IntRange(2, 3600),
     help="Seconds of the leader's etcd lease: a dead leader is replaced about this long "

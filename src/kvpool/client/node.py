@@ -131,6 +131,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._switched = False
+        self._switch_retries = 0
         self._thread = threading.Thread(
             target=self._run, name=f"kvpool-heartbeat-{node.client_id[:8]}", daemon=True
         )
@@ -161,7 +162,12 @@ class Heartbeat:
         st = self.stats
         if self._switched:
             self._switched = False
-            self._after_switch()
+            if not self._after_switch():
+                # The new leader published itself before it serves (it is still taking
+                # over): ask again soon, not a whole interval later.
+                self._switch_retries += 1
+                return float(min(0.05 * 2.0 ** min(self._switch_retries, 8), self.interval))
+            self._switch_retries = 0
         try:
             reply = self.node.ping()
         except KVPoolError as exc:
@@ -204,8 +210,9 @@ class Heartbeat:
                 log.warning("remount failed (will retry on the next ping): %s", exc)
         return self.interval
 
-    def _after_switch(self) -> None:
-        """A new leader: what the old one lent is given up, the segments are remounted now."""
+    def _after_switch(self) -> bool:
+        """A new leader: what the old one lent is given up, the segments are remounted now;
+        False when the remount failed (it is tried again)."""
         st = self.stats
         st.switches += 1
         listener = self.node.on_heartbeat
@@ -218,7 +225,7 @@ class Heartbeat:
                 "remount at the new leader %s failed (retried): %s", self.node.rpc.address, exc
             )
             self._switched = True  # again at the next beat
-            return
+            return False
         finally:
             self.node.release_calls()
         st.remounts += 1
@@ -228,6 +235,7 @@ class Heartbeat:
             len(self.node.segments),
             self.node.rpc.address,
         )
+        return True
 
     def stop(self) -> None:
         self._stop.set()

@@ -144,7 +144,7 @@ class MasterConfig:
     etcd); None: the bound host and port."""
     member_id: str | None = None
     """This master's name in its HA group (None: derived from the advertised address)."""
-    ha_lease_ttl: int = 5
+    ha_lease_ttl: int = 3
     """Seconds of the leader's etcd lease (whole seconds; a dead leader is replaced this long
     after its last keepalive; it stops serving writes a fifth of it earlier)."""
     ha_standby_timeout: float = 2.0

@@ -73,7 +73,12 @@ def test_kill_9_of_the_leader_loses_no_acknowledged_put(tmp_path: Path) -> None:
         masters[ports[1]] = start_master(etcd, ports[1], "m1")
         for i in range(2):
             node = kvpool_proc(
-                "node", "--master", url, "--segment-size", "32MiB", "--no-progress",
+                "node",
+                "--master",
+                url,
+                "--segment-size",
+                "32MiB",
+                "--no-progress",
                 name=f"node {i}",
             )
             node.wait_ready(timeout=60)

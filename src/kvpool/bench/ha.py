@@ -1,11 +1,14 @@
 """`kvpool bench ha`: what keeping the master's metadata costs, and how fast a pool recovers.
 
-One run, three masters side by side, measured in interleaved rounds (median round reported):
+One run, four masters side by side, measured in interleaved rounds (median round reported):
 
 * `off`: a plain `kvpool master`;
 * `data-dir`: `--data-dir` (operation log + snapshots on local disk);
 * `standby`: `--ha etcd://...` with one standby following the leader's log (the leader answers a
-  write after the standby has its records), against a private etcd (`kvpool.bench.etcd`).
+  write after the standby has its records: `--ha-ack standby`, the default), against a private
+  etcd (`kvpool.bench.etcd`);
+* `ack-leader`: the same with `--ha-ack leader` (the leader answers at once; the standby follows
+  a moment later).
 
 Cases against each (the master benchmark's, `kvpool.bench.master`): single put lock-step
 (PutStart + PutEnd: p50/p99 of the pair), 64-key batch puts pipelined (keys/s), single
@@ -79,22 +82,27 @@ class HaPlan:
         return HaPlan(Plan.of(False), 3, 1_000_000, None)
 
 
-def _ha_args(etcd: str, port: int, member: str, ttl: float | None) -> list[str]:
-    args = ["--ha", f"etcd://{etcd}/{CLUSTER}", "--advertise", f"127.0.0.1:{port}"]
+def _ha_args(
+    etcd: str, port: int, member: str, ttl: float | None, *, ack: str, cluster: str
+) -> list[str]:
+    args = ["--ha", f"etcd://{etcd}/{cluster}", "--advertise", f"127.0.0.1:{port}"]
+    args += ["--ha-ack", ack]
     args += ["--member-id", member]
     if ttl is not None:
         args += ["--ha-lease-ttl", str(ttl)]
     return args
 
 
-def _leader(etcd: str, timeout: float, newer_than: int = 0) -> tuple[str, int]:
+def _leader(
+    etcd: str, timeout: float, newer_than: int = 0, cluster: str = CLUSTER
+) -> tuple[str, int]:
     """The (address, term) of the cluster's leader, once one with a term above `newer_than`
     leads."""
     from kvpool.ha import ClusterKeys, EtcdGateway, LeaderDiscovery
 
     coord = EtcdGateway([etcd])
     try:
-        disc = LeaderDiscovery(coord, ClusterKeys(CLUSTER))
+        disc = LeaderDiscovery(coord, ClusterKeys(cluster))
         deadline = time.monotonic() + timeout
         while True:
             view = disc.resolve()
@@ -110,15 +118,19 @@ def _leader(etcd: str, timeout: float, newer_than: int = 0) -> tuple[str, int]:
 class _Pair:
     """Two HA masters (leader and standby) on fixed loopback ports."""
 
-    def __init__(self, etcd: str, ttl: float | None) -> None:
+    def __init__(
+        self, etcd: str, ttl: float | None, cluster: str = CLUSTER, ack: str = "standby"
+    ) -> None:
         self.etcd = etcd
         self.ttl = ttl
+        self.cluster = cluster
+        self.ack = ack
         self.ports = [free_port(), free_port()]
         self.procs: list[Child | None] = [None, None]
         self.leader_master: _Master | None = None
         try:
             first = self._start(0)
-            self.term = _leader(etcd, 60)[1]
+            self.term = _leader(etcd, 60, 0, cluster)[1]
             del first
             self._start(1)
         except BaseException:
@@ -139,7 +151,7 @@ class _Pair:
             "--client-ttl",
             "1h",
             "--no-reclaim",
-            *_ha_args(self.etcd, port, f"m{i}", self.ttl),
+            *_ha_args(self.etcd, port, f"m{i}", self.ttl, ack=self.ack, cluster=self.cluster),
         ]
         child = Child(args, name=f"kvpool master m{i} (bench ha)")
         self.procs[i] = child
@@ -159,12 +171,12 @@ class _Attached:
     """A client of the HA pair's leader with the benchmark's segment mounted (the pair owns the
     processes)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, cluster: str = CLUSTER) -> None:
         from kvpool.bench.master import HOST, NODE, SEGMENT, SEGMENT_SIZE
         from kvpool.rpc.client import RpcClient
 
         self.rpc = RpcClient(
-            address, response_type=m.Response, cluster_id=CLUSTER, timeout=120, client_name="bench"
+            address, response_type=m.Response, cluster_id=cluster, timeout=120, client_name="bench"
         )
         info = m.SegmentInfo(SEGMENT, SEGMENT_SIZE, HOST, "127.0.0.1:1", "")
         reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
@@ -222,16 +234,18 @@ def _cases(plan: Plan, rpc: Any) -> list[tuple[str, str, int, Case]]:
 
 def _throughput(plan: HaPlan, etcd: str | None, log: Callable[[str], None]) -> list[dict[str, Any]]:
     masters: dict[str, _Master | _Attached] = {}
-    pair: _Pair | None = None
+    pairs: list[_Pair] = []
     data_dir = tempfile.mkdtemp(prefix="kvpool-bench-ha-")
     try:
         masters["off"] = _Master(False)
         masters["data-dir"] = _Master(False, data_dir)
         if etcd is not None:
-            pair = _Pair(etcd, plan.ttl)
-            address, _ = _leader(etcd, 60)
-            masters["standby"] = _Attached(address)
-            _wait_standby(masters["standby"].rpc, 60)
+            for mode, ack in (("standby", "standby"), ("ack-leader", "leader")):
+                cluster = f"{CLUSTER}-{ack}"
+                pairs.append(_Pair(etcd, plan.ttl, cluster, ack))
+                address, _ = _leader(etcd, 60, 0, cluster)
+                masters[mode] = _Attached(address, cluster)
+                _wait_standby(masters[mode].rpc, 60)
         cases = {mode: _cases(plan.master, mm.rpc) for mode, mm in masters.items()}
         results: dict[tuple[str, str], list[tuple[float, list[float]]]] = {}
         for rnd in range(plan.master.repeats):
@@ -245,7 +259,7 @@ def _throughput(plan: HaPlan, etcd: str | None, log: Callable[[str], None]) -> l
     finally:
         for mm in masters.values():
             mm.close()
-        if pair is not None:
+        for pair in pairs:
             pair.close()
         shutil.rmtree(data_dir, ignore_errors=True)
     rows: list[dict[str, Any]] = []

@@ -317,6 +317,15 @@ def _ratio() -> click.FloatRange:
     help="A standby silent this long is no longer waited for: the leader acknowledges writes "
     "alone (and logs it) until a standby is in sync again.",
 )
+@click.option(
+    "--ha-ack",
+    type=click.Choice(["standby", "leader"]),
+    default="standby",
+    show_default=True,
+    help="When the leader answers a write: 'standby' once a standby in sync has its records "
+    "(an acknowledged write survives a failover), 'leader' at once (faster; a failover may "
+    "lose the last moment's writes).",
+)
 # Mooncake's master flags for the same settings.
 @click.option("--enable_ha", is_flag=True, help="Mooncake: run HA (with --etcd_endpoints).")
 @click.option(
@@ -378,6 +387,7 @@ def master(
     member_id: str | None,
     ha_lease_ttl: int,
     ha_standby_timeout: float,
+    ha_ack: str,
     enable_ha: bool,
     etcd_endpoints: str | None,
     ha_backend_connstring: str | None,
@@ -435,6 +445,7 @@ def master(
             member_id=member_id,
             ha_lease_ttl=ha_lease_ttl,
             ha_standby_timeout=ha_standby_timeout,
+            ha_ack=ha_ack,
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

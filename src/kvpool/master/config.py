@@ -147,6 +147,11 @@ class MasterConfig:
     ha_lease_ttl: int = 3
     """Seconds of the leader's etcd lease (whole seconds; a dead leader is replaced this long
     after its last keepalive; it stops serving writes a fifth of it earlier)."""
+    ha_ack: str = "standby"
+    """When an HA leader answers a write: "standby" (default) once every standby in sync has
+    its records, so a failover never loses an acknowledged write; "leader" at once, the
+    standbys following a moment later (a failover may lose the writes of that moment, the
+    replication lag; a lower latency with a standby on the same host)."""
     ha_standby_timeout: float = 2.0
     """A standby that asked nothing for this long is no longer waited for: the leader
     acknowledges writes without it (and says so in its log) until it is in sync again."""
@@ -162,6 +167,8 @@ class MasterConfig:
                 f"ha_lease_ttl must be whole seconds >= 2, got {self.ha_lease_ttl!r}"
             )
         _positive("ha_standby_timeout", self.ha_standby_timeout)
+        if self.ha_ack not in ("standby", "leader"):
+            raise InvalidParams(f"ha_ack must be 'standby' or 'leader', got {self.ha_ack!r}")
         for name in ("ha_buffer_bytes", "ha_chunk_bytes"):
             if getattr(self, name) < 4096:
                 raise InvalidParams(f"{name} must be >= 4096, got {getattr(self, name)}")

@@ -137,6 +137,8 @@ class HaMasterServer(MasterServer):
                 f"({self.url.cluster_id!r})"
             )
         self._hooks_factory = hooks_factory
+        #: Whether a write's reply waits for the standbys in sync (`ha_ack` "standby").
+        self._ack_by_standby = config.ha_ack == "standby"
         super().__init__(
             config,
             clock=clock,
@@ -415,7 +417,7 @@ class HaMasterServer(MasterServer):
         oplog.flush()
         if inspect.isawaitable(reply):
             return self._chunked(reply)
-        if kind in NO_WAIT:
+        if kind in NO_WAIT or not self._ack_by_standby:
             return reply
         source = self._source
         assert source is not None
@@ -452,7 +454,7 @@ class HaMasterServer(MasterServer):
         source = self._source
         if source is None:
             raise self._refusal(ErrorCode.LEADER_CHANGED)
-        pending = source.wait(source.end)
+        pending = source.wait(source.end) if self._ack_by_standby else None
         if pending is not None:
             await pending
         if not self._leading():

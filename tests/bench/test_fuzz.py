@@ -1,6 +1,11 @@
 """`kvpool bench fuzz --quick`: hostile input at a real master and a real node for a few seconds;
-no crash, no hang, both still serve, and both come back to their baseline. And the generators:
-deterministic by seed, and never a request that a client may legitimately send today."""
+no crash, no hang, every reply owed, both still serve, and both come back to their baseline.
+And the generators: deterministic by seed, and never a request that a client may legitimately
+send today.
+
+The quick run's huge batches stay under the master's `batch_chunk_keys`: a chunked batch in a
+pipelined session lost its reply a few times in a hundred thousand under load in the full run
+(docs/parts/perf-fuzz.md), which a test cannot yet reproduce on demand."""
 
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ def test_quick_fuzz_finds_no_crash_no_hang_and_no_growth(tmp_path: Path) -> None
         frames = by["frames", target]
         assert frames["value"] > 1000, frames
         assert by["replies_missing", target]["value"] == 0, by["replies_missing", target]
+        slow = by["slowloris_probe_s", target]  # well under the 5 s stall timeout
+        assert slow["value"] < 2.0 and not slow["probe_failed"], slow
         flood = by["flood", target]
         assert flood["refused"] == flood["opened"] - flood["cap"] > 0, flood
         for metric in ("rss_delta_mb", "threads_delta", "fds_delta"):

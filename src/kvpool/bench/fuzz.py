@@ -69,6 +69,7 @@ import psutil
 
 from kvpool.bench.fuzz_input import (
     FUZZ_SOURCE,
+    HELLO,
     Held,
     MessageFactory,
     Session,
@@ -104,6 +105,7 @@ MAX_FRAME: Final = (1 << 32) - 1
 #: Flood connections beyond each server's per-peer cap (each of them must be refused).
 FLOOD_EXTRA: Final = 64
 FLOOD_SOURCE: Final = "127.0.0.2"
+SLOW_SOURCE: Final = "127.0.0.3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +146,7 @@ class Plan:
                 per_peer=128,
                 max_batch=128,
                 max_held=12,
-                huge_batch=20_000,
+                huge_batch=4000,  # unchunked (`batch_chunk_keys`): see docs/parts/perf-fuzz.md
                 warmup_sessions=30,
                 probe_interval_s=0.25,
                 settle_s=20.0,
@@ -264,6 +266,7 @@ class Fuzz:
         self._segment = ""
         self._address = ""
         self.flood: dict[str, dict[str, int]] = {}
+        self.slow: dict[str, dict[str, Any]] = {}
         self.final_ok = False
         self.final_detail = ""
         self.seconds = 0.0
@@ -399,6 +402,34 @@ class Fuzz:
 
     # ------------------------------------------------------------ flood
 
+    def _slowloris(self, target: Target, store: Store) -> None:
+        """Twice the transfer server's workers of connections from SLOW_SOURCE, each with part
+        of a request header (a `Hello` at the master) and then silent, held while one probe
+        runs: how long a well-formed client waits behind them."""
+        n = 2 * ServerLimits().workers
+        held = Held()
+        data = (
+            HELLO[:9]
+            if target.name == "master"
+            else transfer_request(1, self._segment.encode(), 0, 8)[:9]
+        )
+        for _ in range(n):
+            with contextlib.suppress(OSError):
+                sock = connect(target.address, SLOW_SOURCE)
+                sock.sendall(data)
+                held.add(f"slow-{target.name}", sock)
+        time.sleep(0.3)  # the bug this guards against: each in a worker by now
+        t0 = time.monotonic()
+        errors = len(self.probes.errors) + len(self.probes.hangs)
+        self._probe(store, 800_000 + len(self.slow))
+        self.slow[target.name] = {
+            "connections": held.opened[f"slow-{target.name}"],
+            "probe_s": round(time.monotonic() - t0, 3),
+            "probe_failed": len(self.probes.errors) + len(self.probes.hangs) > errors,
+        }
+        with self._held_lock:
+            self.held.take(held)
+
     def _flood(self, target: Target, store: Store) -> None:
         """`per_peer + FLOOD_EXTRA` idle connections from FLOOD_SOURCE: refusals counted, a
         probe from 127.0.0.1 while they are held, half closed by us, half left to the sweep."""
@@ -522,6 +553,7 @@ class Fuzz:
             self._stop.set()
             prober.join()
             for t in targets:
+                self._slowloris(t, store)
                 self._flood(t, store)
             t1 = time.monotonic()
             self._wait_swept(targets, plan.settle_s)
@@ -675,6 +707,9 @@ class Fuzz:
                 ),
                 row("flood", flood.get("opened", 0), target=t.name, **flood),
             ]
+            if t.name in self.slow:
+                slow = self.slow[t.name]
+                rows.append(row("slowloris_probe_s", slow["probe_s"], target=t.name, **slow))
             b, f, p = t.baseline, t.final, t.peak
             if b is None or f is None:
                 continue
@@ -729,6 +764,9 @@ def _detail(r: dict[str, Any]) -> str:
         return f"of {r['owed']} owed"
     if m == "flood":
         return f"refused {r.get('refused')} over cap {r.get('cap')}, half closed by the sweep"
+    if m == "slowloris_probe_s":
+        failed = ", probe FAILED" if r["probe_failed"] else ""
+        return f"a probe behind {r['connections']} half-sent headers{failed}"
     if m == "held_closed_by_server":
         return f"of {sum(r['opened'].values())} held"
     if "tolerance" in r:

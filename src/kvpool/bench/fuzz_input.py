@@ -49,6 +49,7 @@ from kvpool.transfer.wire import MAX_NAME, REQ, REQ_MAGIC, RESP, RESP_MAGIC
 __all__ = [
     "CLUSTER",
     "FUZZ_SOURCE",
+    "HELLO",
     "NEVER_VALID",
     "TAIL",
     "Held",
@@ -193,7 +194,7 @@ def _hello(name: str = "fuzz") -> bytes:
     )
 
 
-_HELLO: Final = _hello()
+HELLO: Final = _hello()
 _STATS: Final = msgspec.msgpack.encode(Stats())
 
 
@@ -212,7 +213,7 @@ def master_session(rng: random.Random, factory: MessageFactory, max_batch: int) 
     if r < 0.25:
         kind = rng.choice(MALFORMED_KINDS)
         frames = 1 if kind.endswith("before_hello") else 2
-        return Session(kind, _garbage(kind, rng, _HELLO), frames)
+        return Session(kind, _garbage(kind, rng, HELLO), frames)
     if r < 0.5:
         k = rng.randint(1, max_batch)
         body = b"".join(
@@ -224,14 +225,14 @@ def master_session(rng: random.Random, factory: MessageFactory, max_batch: int) 
         body = b"".join(encode_frame(_request_id(rng, i), factory.message()) for i in range(k))
         return Session("wrong_messages", body, 1 + k, 1 + k, hello=True)
     if r < 0.85:
-        return Session("request_before_hello", encode_frame(1, _STATS) + _HELLO, 2, 1)
+        return Session("request_before_hello", encode_frame(1, _STATS) + HELLO, 2, 1)
     if r < 0.9:
-        again = _HELLO + encode_frame(7, msgspec.msgpack.encode(Hello(PROTOCOL_VERSION, CLUSTER)))
+        again = HELLO + encode_frame(7, msgspec.msgpack.encode(Hello(PROTOCOL_VERSION, CLUSTER)))
         return Session("second_hello", again + encode_frame(1, _STATS), 4, 4, hello=True)
     if r < 0.95:
         other = _hello() if rng.random() < 0.5 else encode_frame(0, b"\x93\xa5Hello\x01\xa3bad")
         return Session("bad_hello", other.replace(b"kvpool", b"kvp00l"), 1, 1)
-    held = rng.choice((b"", _HELLO[: rng.randint(1, len(_HELLO) - 1)], _HELLO + HEADER.pack(64, 1)))
+    held = rng.choice((b"", HELLO[: rng.randint(1, len(HELLO) - 1)], HELLO + HEADER.pack(64, 1)))
     return Session("half_open", held, 1 if held else 0, hold=True)
 
 
@@ -331,7 +332,7 @@ def exchange(
     try:
         if hello:
             sock.settimeout(deadline_s)
-            sock.sendall(_HELLO)
+            sock.sendall(HELLO)
             while len(got) < 4 or len(got) < 4 + _LEN.unpack_from(got)[0]:
                 chunk = sock.recv(1 << 16)
                 if not chunk:

@@ -70,6 +70,7 @@ import psutil
 from kvpool.bench.fuzz_input import (
     FUZZ_SOURCE,
     HELLO,
+    TAIL,
     Held,
     MessageFactory,
     Session,
@@ -105,7 +106,8 @@ MAX_FRAME: Final = (1 << 32) - 1
 #: Flood connections beyond each server's per-peer cap (each of them must be refused).
 FLOOD_EXTRA: Final = 64
 FLOOD_SOURCE: Final = "127.0.0.2"
-SLOW_SOURCE: Final = "127.0.0.3"
+#: Where each kind of slowloris comes from (apart, so that neither meets the per-peer cap).
+SLOW_SOURCES: Final = {"header": "127.0.0.3", "payload": "127.0.0.4"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,28 +404,34 @@ class Fuzz:
 
     # ------------------------------------------------------------ flood
 
-    def _slowloris(self, target: Target, store: Store) -> None:
-        """Twice the transfer server's workers of connections from SLOW_SOURCE, each with part
-        of a request header (a `Hello` at the master) and then silent, held while one probe
-        runs: how long a well-formed client waits behind them."""
-        n = 2 * ServerLimits().workers
+    def _slowloris(self, target: Target, store: Store, kind: str = "header") -> None:
+        """Twice the transfer server's workers of connections (from SLOW_SOURCES), each with part
+        of a request header (`header`; a `Hello` at the master) or a whole WRITE header and no
+        payload (`payload`), then silent, held while one probe runs: how long a well-formed
+        client waits behind them. Left to the servers' limits afterwards."""
+        n = min(2 * ServerLimits().workers, self.plan.per_peer)
         held = Held()
-        data = (
-            HELLO[:9]
-            if target.name == "master"
-            else transfer_request(1, self._segment.encode(), 0, 8)[:9]
-        )
+        name = self._segment.encode()
+        if target.name == "master":
+            data = HELLO[:9]
+        elif kind == "header":
+            data = transfer_request(1, name, 0, 8)[:9]
+        else:
+            data = transfer_request(2, name, self.plan.segment_size - TAIL, 4096)
+        label = f"slow-{kind}-{target.name}"
         for _ in range(n):
             with contextlib.suppress(OSError):
-                sock = connect(target.address, SLOW_SOURCE)
+                sock = connect(target.address, SLOW_SOURCES[kind])
                 sock.sendall(data)
-                held.add(f"slow-{target.name}", sock)
-        time.sleep(0.3)  # the bug this guards against: each in a worker by now
+                held.add(label, sock)
+        time.sleep(1.0)  # long enough for the poller to hand each one to a worker
         t0 = time.monotonic()
         errors = len(self.probes.errors) + len(self.probes.hangs)
         self._probe(store, 800_000 + len(self.slow))
-        self.slow[target.name] = {
-            "connections": held.opened[f"slow-{target.name}"],
+        self.slow[f"{target.name}/{kind}"] = {
+            "target": target.name,
+            "kind": kind,
+            "connections": held.opened[label],
             "probe_s": round(time.monotonic() - t0, 3),
             "probe_failed": len(self.probes.errors) + len(self.probes.hangs) > errors,
         }
@@ -554,6 +562,8 @@ class Fuzz:
             prober.join()
             for t in targets:
                 self._slowloris(t, store)
+                if t.name == "transfer":
+                    self._slowloris(t, store, "payload")
                 self._flood(t, store)
             t1 = time.monotonic()
             self._wait_swept(targets, plan.settle_s)
@@ -707,9 +717,11 @@ class Fuzz:
                 ),
                 row("flood", flood.get("opened", 0), target=t.name, **flood),
             ]
-            if t.name in self.slow:
-                slow = self.slow[t.name]
-                rows.append(row("slowloris_probe_s", slow["probe_s"], target=t.name, **slow))
+            rows += [
+                row("slowloris_probe_s", slow["probe_s"], **slow)
+                for slow in self.slow.values()
+                if slow["target"] == t.name
+            ]
             b, f, p = t.baseline, t.final, t.peak
             if b is None or f is None:
                 continue
@@ -766,7 +778,8 @@ def _detail(r: dict[str, Any]) -> str:
         return f"refused {r.get('refused')} over cap {r.get('cap')}, half closed by the sweep"
     if m == "slowloris_probe_s":
         failed = ", probe FAILED" if r["probe_failed"] else ""
-        return f"a probe behind {r['connections']} half-sent headers{failed}"
+        what = "half-sent headers" if r["kind"] == "header" else "writes without payload"
+        return f"{r['kind']}: a probe behind {r['connections']} {what}{failed}"
     if m == "held_closed_by_server":
         return f"of {sum(r['opened'].values())} held"
     if "tolerance" in r:

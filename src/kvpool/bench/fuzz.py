@@ -75,6 +75,7 @@ from kvpool.bench.fuzz_input import (
     MessageFactory,
     Session,
     connect,
+    connect_many,
     count_rpc_replies,
     count_transfer_replies,
     exchange,
@@ -267,7 +268,7 @@ class Fuzz:
         self._stop = threading.Event()
         self._segment = ""
         self._address = ""
-        self.flood: dict[str, dict[str, int]] = {}
+        self.flood: dict[str, dict[str, float]] = {}
         self.slow: dict[str, dict[str, Any]] = {}
         self.final_ok = False
         self.final_detail = ""
@@ -276,9 +277,12 @@ class Fuzz:
 
     # ------------------------------------------------------------ probes
 
-    def _probe(self, store: Store, i: int, size: int = 64 << 10) -> None:
+    def _probe(self, store: Store, i: int, into: Probes | None = None) -> None:
         """One put, get (exact bytes), remove, and Stats on a new connection (which also goes
-        through the listener's accept under fire); a hang or an error is recorded."""
+        through the listener's accept under fire); a hang or an error is recorded in `into`
+        (the run's probes by default)."""
+        probes = self.probes if into is None else into
+        size = 64 << 10
         key = f"fuzz-probe/{i}"
         value = random.Random(i).randbytes(size)
 
@@ -291,29 +295,29 @@ class Fuzz:
                 timeout = isinstance(exc, TimeoutError) or (
                     isinstance(exc, KVPoolError) and exc.code.name.endswith("TIMEOUT")
                 )
-                with self.probes.lock:
-                    (self.probes.hangs if timeout else self.probes.errors).append(
+                with probes.lock:
+                    (probes.hangs if timeout else probes.errors).append(
                         f"{what} #{i}: {type(exc).__name__}: {exc} ({took:.1f} s)"
                     )
                 raise
             finally:
                 took = time.monotonic() - t0
-                with self.probes.lock:
-                    self.probes.slowest_s = max(self.probes.slowest_s, took)
+                with probes.lock:
+                    probes.slowest_s = max(probes.slowest_s, took)
                     if took > self.plan.hang_s:
-                        self.probes.hangs.append(f"{what} #{i} took {took:.1f} s")
+                        probes.hangs.append(f"{what} #{i} took {took:.1f} s")
 
         with contextlib.suppress(Exception):
             step("put", lambda: store.put(key, value))
             got = step("get", lambda: store.get(key))
             if got != value:
-                with self.probes.lock:
-                    self.probes.errors.append(f"get #{i}: wrong bytes")
+                with probes.lock:
+                    probes.errors.append(f"get #{i}: wrong bytes")
             step("remove", lambda: store.remove(key, force=True))
         with contextlib.suppress(Exception):
             step("stats", self._stats)
-        with self.probes.lock:
-            self.probes.done += 1
+        with probes.lock:
+            probes.done += 1
 
     def _stats(self) -> StatsReply:
         with RpcClient(
@@ -426,14 +430,15 @@ class Fuzz:
                 held.add(label, sock)
         time.sleep(1.0)  # long enough for the poller to hand each one to a worker
         t0 = time.monotonic()
-        errors = len(self.probes.errors) + len(self.probes.hangs)
-        self._probe(store, 800_000 + len(self.slow))
+        probe = Probes()  # reported in this row, not in the run's hangs and probe errors
+        self._probe(store, 800_000 + len(self.slow), probe)
         self.slow[f"{target.name}/{kind}"] = {
             "target": target.name,
             "kind": kind,
             "connections": held.opened[label],
             "probe_s": round(time.monotonic() - t0, 3),
-            "probe_failed": len(self.probes.errors) + len(self.probes.hangs) > errors,
+            "probe_failed": bool(probe.errors or probe.hangs),
+            "probe_errors": probe.errors + probe.hangs,
         }
         with self._held_lock:
             self.held.take(held)
@@ -444,12 +449,11 @@ class Fuzz:
         n = self.plan.per_peer + FLOOD_EXTRA
         flood = Held()
         label = f"flood-{target.name}"
-        failed = 0
-        for _ in range(n):
-            try:
-                flood.add(label, connect(target.address, FLOOD_SOURCE))
-            except OSError:
-                failed += 1
+        t0 = time.monotonic()
+        socks, failed = connect_many(target.address, FLOOD_SOURCE, n, self.plan.hang_s)
+        open_s = time.monotonic() - t0
+        for sock in socks:
+            flood.add(label, sock)
         # A refused connection gets its answer and a close at once; the others stay silent
         # until the server's first-request or handshake limit.
         deadline = time.monotonic() + 5.0
@@ -469,6 +473,7 @@ class Fuzz:
             "refused": refused,
             "closed_by_us": closed_by_us,
             "cap": self.plan.per_peer,
+            "open_s": round(open_s, 3),
         }
 
     # ------------------------------------------------------------ run
@@ -775,7 +780,10 @@ def _detail(r: dict[str, Any]) -> str:
     if m == "replies_missing":
         return f"of {r['owed']} owed"
     if m == "flood":
-        return f"refused {r.get('refused')} over cap {r.get('cap')}, half closed by the sweep"
+        return (
+            f"opened in {r.get('open_s')} s, refused {r.get('refused')} over cap {r.get('cap')}, "
+            f"half left to the sweep"
+        )
     if m == "slowloris_probe_s":
         failed = ", probe FAILED" if r["probe_failed"] else ""
         what = "half-sent headers" if r["kind"] == "header" else "writes without payload"

@@ -56,6 +56,7 @@ __all__ = [
     "MessageFactory",
     "Session",
     "connect",
+    "connect_many",
     "count_rpc_replies",
     "count_transfer_replies",
     "exchange",
@@ -305,6 +306,40 @@ def transfer_session(rng: random.Random, segment: str, size: int, max_batch: int
 
 def connect(address: tuple[str, int], source: str) -> socket.socket:
     return socket.create_connection(address, timeout=5.0, source_address=(source, 0))
+
+
+def connect_many(
+    address: tuple[str, int], source: str, count: int, deadline_s: float
+) -> tuple[list[socket.socket], int]:
+    """`count` connections to `address` from `source` started at once (non-blocking), as a
+    flood does; returns those established within `deadline_s` and how many were not."""
+    pending: dict[int, socket.socket] = {}
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((source, 0))
+            sock.setblocking(False)
+            sock.connect_ex(address)
+        except OSError:
+            sock.close()
+            continue
+        pending[sock.fileno()] = sock
+    poller = select.poll()
+    for fd in pending:
+        poller.register(fd, select.POLLOUT)
+    done: list[socket.socket] = []
+    deadline = time.monotonic() + deadline_s
+    while pending and time.monotonic() < deadline:
+        for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            sock = pending.pop(fd)
+            poller.unregister(fd)
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                sock.close()
+            else:
+                done.append(sock)
+    for sock in pending.values():
+        sock.close()
+    return done, count - len(done)
 
 
 def exchange(

@@ -309,10 +309,25 @@ def connect(address: tuple[str, int], source: str) -> socket.socket:
 
 
 def connect_many(
-    address: tuple[str, int], source: str, count: int, deadline_s: float
+    address: tuple[str, int], source: str, count: int, deadline_s: float, chunk: int = 0
 ) -> tuple[list[socket.socket], int]:
-    """`count` connections to `address` from `source` started at once (non-blocking), as a
-    flood does; returns those established within `deadline_s` and how many were not."""
+    """`count` connections to `address` from `source`, started at once (non-blocking) or
+    `chunk` at a time (each chunk established before the next starts, so that a listen queue
+    shorter than the burst does not turn it into SYN retransmits); returns those established
+    within `deadline_s` and how many were not."""
+    done: list[socket.socket] = []
+    deadline = time.monotonic() + deadline_s
+    step = chunk or count
+    for first in range(0, count, step):
+        done += _connect_batch(address, source, min(step, count - first), deadline)
+        if chunk:
+            time.sleep(0.005)  # a loop turn for the server to accept the chunk
+    return done, count - len(done)
+
+
+def _connect_batch(
+    address: tuple[str, int], source: str, count: int, deadline: float
+) -> list[socket.socket]:
     pending: dict[int, socket.socket] = {}
     for _ in range(count):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -328,7 +343,6 @@ def connect_many(
     for fd in pending:
         poller.register(fd, select.POLLOUT)
     done: list[socket.socket] = []
-    deadline = time.monotonic() + deadline_s
     while pending and time.monotonic() < deadline:
         for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
             sock = pending.pop(fd)
@@ -339,7 +353,7 @@ def connect_many(
                 done.append(sock)
     for sock in pending.values():
         sock.close()
-    return done, count - len(done)
+    return done
 
 
 def exchange(
@@ -446,6 +460,7 @@ class Held:
         self._socks: list[tuple[str, socket.socket]] = []
         self.opened: Counter[str] = Counter()
         self.closed_by_server: Counter[str] = Counter()
+        self.closed_by_us: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
 
     def add(self, label: str, sock: socket.socket) -> None:
@@ -472,10 +487,17 @@ class Held:
         return len(keep)
 
     def take(self, other: Held) -> None:
-        """Hold `other`'s open connections from now on."""
-        for label, sock in other._socks:
-            self.add(label, sock)
+        """Hold `other`'s open connections from now on, and count what it counted."""
+        self._socks += other._socks
         other._socks = []
+        for mine, theirs in (
+            (self.opened, other.opened),
+            (self.closed_by_server, other.closed_by_server),
+            (self.closed_by_us, other.closed_by_us),
+            (self.refused, other.refused),
+        ):
+            mine.update(theirs)
+            theirs.clear()
 
     def close_some(self, label: str, fraction: float) -> int:
         """Close `fraction` of the open ones of `label` ourselves; how many."""
@@ -483,6 +505,7 @@ class Held:
         drop = mine[: int(len(mine) * fraction)]
         for _, sock in drop:
             sock.close()
+        self.closed_by_us[label] += len(drop)
         ids = {id(s) for s in drop}
         self._socks = [s for s in self._socks if id(s) not in ids]
         return len(drop)

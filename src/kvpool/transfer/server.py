@@ -16,7 +16,9 @@ Threads, bounded whatever peers do (docs/parts/limits.md):
   the GIL, on a socket whose kernel timeouts, SO_RCVTIMEO / SO_SNDTIMEO, cost no extra call).
 
 A request that moves no byte for ``stall_timeout`` ends its connection: a frozen or vanished
-client holds a worker for seconds. Every request is checked against the bounds of a segment
+client holds a worker for seconds. A request header that arrives in part never holds one: its
+bytes go back to the poller with the connection (`_Conn.partial`) until the rest comes, and the
+connection is closed once the header is incomplete for ``stall_timeout`` (slowloris). Every request is checked against the bounds of a segment
 mounted here and refused otherwise (SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte.
 A malformed header, a peer that half-closes or dies mid-payload ends only that connection;
 such events are logged at most once per kind per interval (`kvpool.logs`). A transfer holds

@@ -127,6 +127,10 @@ class Plan:
     idle_timeout_s: float = 10.0
     """The servers' idle limits (master `--rpc-idle-timeout`, node `--transfer-idle-timeout`):
     shorter than their defaults so that the held connections are swept within the run."""
+    first_byte_timeout_s: float = 10.0
+    """The servers' handshake and first-request limits (master `--rpc-handshake-timeout`, node
+    `--transfer-first-request-timeout`), twice their defaults: the whole flood must be open
+    before any of it expires, or its expiries free room under the cap even on a loaded machine."""
     per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
     """Both servers' per-peer connection caps (the defaults), what the flood fills."""
     max_batch: int = 512
@@ -502,6 +506,7 @@ class Fuzz:
         threads: list[threading.Thread] = []
         t_begin = time.monotonic()
         idle = f"{plan.idle_timeout_s:g}s"
+        first = f"{plan.first_byte_timeout_s:g}s"
         peer = str(plan.per_peer)
         try:
             master = _child(
@@ -512,6 +517,8 @@ class Fuzz:
                     "--no-unix-socket",
                     "--rpc-idle-timeout",
                     idle,
+                    "--rpc-handshake-timeout",
+                    first,
                     "--max-connections-per-peer",
                     peer,
                 ],
@@ -530,6 +537,8 @@ class Fuzz:
                     "--no-progress",
                     "--transfer-idle-timeout",
                     idle,
+                    "--transfer-first-request-timeout",
+                    first,
                     "--transfer-max-connections-per-peer",
                     peer,
                 ],

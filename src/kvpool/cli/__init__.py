@@ -38,6 +38,7 @@ _BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "l2": ("kvpool.bench.l2", "command", "Engine-side L2 adapters: store/load throughput."),
     "compare": ("kvpool.bench.compare", "command", "kvpool next to Mooncake, Redis, limits."),
     "chaos": ("kvpool.bench.chaos", "command", "Acked writes through crashes and bad frames."),
+    "fuzz": ("kvpool.bench.fuzz", "command", "Hostile input at a master and a node; both survive."),
     "ha": ("kvpool.bench.ha", "command", "HA off / --data-dir / standby; failover; snapshots."),
 }
 

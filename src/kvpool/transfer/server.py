@@ -16,7 +16,9 @@ Threads, bounded whatever peers do (docs/parts/limits.md):
   the GIL, on a socket whose kernel timeouts, SO_RCVTIMEO / SO_SNDTIMEO, cost no extra call).
 
 A request that moves no byte for ``stall_timeout`` ends its connection: a frozen or vanished
-client holds a worker for seconds. Every request is checked against the bounds of a segment
+client holds a worker for seconds. A request header that arrives in part never holds one: its
+bytes go back to the poller with the connection (`_Conn.partial`) until the rest comes, and the
+connection is closed once the header is incomplete for ``stall_timeout`` (slowloris). Every request is checked against the bounds of a segment
 mounted here and refused otherwise (SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte.
 A malformed header, a peer that half-closes or dies mid-payload ends only that connection;
 such events are logged at most once per kind per interval (`kvpool.logs`). A transfer holds
@@ -68,6 +70,8 @@ _LINGER_S: Final = 0.5
 _TICK_S: Final = 0.02
 _IN: Final = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
 _TIMEVAL: Final = struct.Struct("@ll")
+#: The start of a request header: magic, op, flags, name length.
+_HEAD: Final = struct.Struct("<4sBBH")
 _REFUSED: Final = RESP.pack(RESP_MAGIC, int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), 0, 0)
 
 
@@ -128,9 +132,11 @@ class _Replies:
 
 
 class _Conn:
-    """One accepted connection: its socket, its peer's IP, and when it was last active."""
+    """One accepted connection: its socket, its peer's IP, when it was last active, and the
+    part of a request header it has sent so far (kept here, not in a worker, while it waits
+    for the rest)."""
 
-    __slots__ = ("fd", "last_active", "peer", "served", "sock")
+    __slots__ = ("fd", "last_active", "partial", "partial_since", "peer", "served", "sock")
 
     def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
         self.sock = sock
@@ -138,6 +144,8 @@ class _Conn:
         self.peer = peer
         self.last_active = now
         self.served = False  # has sent at least one byte
+        self.partial = b""
+        self.partial_since = 0.0  # when the incomplete header began (0: none)
 
 
 class _Worker:
@@ -416,10 +424,13 @@ class TransferServer:
         """Close idle connections past their first-request or idle limit."""
         first, idle = self.limits.first_request_timeout, self.limits.idle_timeout
         expired: list[tuple[_Conn, str]] = []
+        stall = self.limits.stall_timeout
         with self._lock:
             for conn in self._idle.values():
                 quiet = now - conn.last_active
-                if not conn.served and quiet >= first:
+                if conn.partial_since and now - conn.partial_since >= stall:
+                    expired.append((conn, f"a request header incomplete for {stall:g} s"))
+                elif not conn.served and quiet >= first:
                     expired.append((conn, f"no request in {first:g} s"))
                 elif conn.served and quiet >= idle:
                     expired.append((conn, f"idle for {idle:g} s"))
@@ -509,6 +520,9 @@ class TransferServer:
         """Serve `conn` until it is quiet (True: give it back) or ends (False: close it)."""
         conn.served = True
         w.reader.reset(conn.sock)
+        if conn.partial:
+            w.reader.preload(conn.partial)
+            conn.partial = b""
         w.out.sock = conn.sock
         try:
             return self._serve(conn, w)
@@ -536,20 +550,12 @@ class TransferServer:
         (a recv, or enough bytes queued)."""
         reader, out = w.reader, w.out
         while True:
-            if reader.buffered < REQ.size:
+            if reader.buffered < self._wanted(reader):
                 out.flush()
-                quiet = 0
-                while True:
-                    if not reader.buffered and self._ready.qsize():
-                        return True  # others wait for a worker: no lingering on a quiet one
-                    try:
-                        if not reader.fill(REQ.size, between=True):
-                            return False
-                        break
-                    except BlockingIOError:
-                        quiet += 1
-                        if quiet >= self._linger_ticks:
-                            return True  # quiet for the linger: back to the poller
+                waited = self._await_request(conn, reader)
+                if waited is not None:
+                    return waited
+            conn.partial_since = 0.0
             magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
             if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
                 limited_log.warning(
@@ -594,6 +600,49 @@ class TransferServer:
                         region.release()
                     mem.mapping.release()
                 out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
+
+    @staticmethod
+    def _wanted(reader: SocketReader) -> int:
+        """Bytes of the next request that must be buffered before a worker commits to it: its
+        header, and its segment name unless the header is malformed (then the header alone,
+        which is refused as it is)."""
+        if reader.buffered < REQ.size:
+            return REQ.size
+        magic, op, _flags, name_len = _HEAD.unpack_from(reader.peek(_HEAD.size))
+        if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
+            return REQ.size
+        return REQ.size + int(name_len)
+
+    def _await_request(self, conn: _Conn, reader: SocketReader) -> bool | None:
+        """Wait for the next request's header and name: None once buffered, True to hand the
+        connection back to the poller (quiet for the linger, or others wait for a worker; a
+        partial header goes with it in `conn.partial`), False when the peer closed.
+
+        A partial header never holds a worker: a peer that sends a few bytes of a header and
+        stops (slowloris) would otherwise keep a worker for `stall_timeout`, and `workers` such
+        connections, renewed, would starve every other client. Its deadline runs from its
+        first byte, in the worker and in the poller's sweep alike."""
+        quiet = 0
+        while True:
+            if reader.buffered:
+                now = time.monotonic()
+                if not conn.partial_since:
+                    conn.partial_since = now
+                elif now - conn.partial_since >= self.limits.stall_timeout:
+                    raise TimeoutError("a request header incomplete for too long")
+            if self._ready.qsize() or quiet >= self._linger_ticks:
+                # Others wait for a worker, or this one was quiet for the linger.
+                if reader.buffered:
+                    conn.partial = bytes(reader.take(reader.buffered))
+                return True
+            try:
+                if not reader.fill(self._wanted(reader), between=True, partial=True):
+                    return False
+            except BlockingIOError:
+                quiet += 1
+                continue
+            if reader.buffered >= self._wanted(reader):
+                return None
 
     def _check(
         self, name: bytes, offset: int, length: int

@@ -110,10 +110,22 @@ class SocketReader:
     def buffered(self) -> int:
         return self._end - self._start
 
-    def fill(self, n: int, between: bool = False) -> bool:
+    def preload(self, data: bytes) -> None:
+        """Buffer `data` as if just received (call after `reset`): the part of a message a
+        previous reader of this socket had received."""
+        n = len(data)
+        self._view[:n] = data
+        self._start, self._end = 0, n
+
+    def peek(self, n: int) -> memoryview:
+        """The next `n` buffered bytes, left in the buffer (call `fill(n)` first)."""
+        return self._view[self._start : self._start + n]
+
+    def fill(self, n: int, between: bool = False, partial: bool = False) -> bool:
         """Buffer at least `n` bytes. False on a clean EOF before any of them arrived;
         ConnectionError on EOF in the middle. With `between` (a message boundary) and nothing
-        buffered, a timed-out wait raises `BlockingIOError` (see the class docstring)."""
+        buffered, a timed-out wait raises `BlockingIOError` (see the class docstring); with
+        `partial` too, it does so whatever is buffered (the caller keeps the part)."""
         if self._end - self._start >= n:
             return True
         if len(self._buf) - self._start < n:
@@ -132,7 +144,7 @@ class SocketReader:
             try:
                 got = self.sock.recv_into(self._view[self._end :])
             except BlockingIOError:
-                if (between and self._end == self._start) or not self.patience:
+                if (between and (partial or self._end == self._start)) or not self.patience:
                     raise
                 stalls = self._stalled(stalls)
                 continue

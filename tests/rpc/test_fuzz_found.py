@@ -62,14 +62,6 @@ def test_a_request_pipelined_behind_the_hello_may_be_as_large_as_any_handshaken_
         assert (rid, reply) == (1, Said("x" * BIG))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpc/client.py `_usable_conn`: the idle check takes buffered data for a live "
-    "connection, but a server's idle expiry sends an ErrorReply (RPC_TIMEOUT) on request id 0 "
-    "before it closes, so the next call fails with RPC_FAIL 'closed by the server' instead of "
-    "reconnecting; fix: treat an unsolicited frame on id 0 (or any data while nothing is "
-    "pending) as a closed connection",
-)
 def test_a_client_idle_past_the_server_idle_timeout_reconnects_on_its_next_call(
     idle_server: ServerThread,
 ) -> None:
@@ -119,15 +111,6 @@ def test_refused_puts_naming_new_tenants_leave_the_master_no_bigger() -> None:
         assert after - before < 8 << 20, f"master grew {(after - before) >> 20} MiB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpc/server.py `start`: `loop.create_server` is called without `backlog`, so the "
-    "master's listen queue holds asyncio's default of 100 connections; in a burst of connects "
-    "(a flood, or many clients starting at once) the rest wait for the kernel's SYN "
-    "retransmits (1 s, 3 s, ...), legitimate clients included, and the fuzz's 1,088-connection "
-    "flood outlived the 5 s handshake limit before its per-peer refusals could show; fix: pass "
-    "`backlog=` sized like the transfer server's (1024) or from `max_connections`",
-)
 def test_the_master_queues_a_burst_of_connects_while_it_is_busy() -> None:
     with kvpool_proc("master", "--port", "0", "--no-unix-socket", name="backlog master") as proc:
         host, port = proc.wait_ready().rsplit(":", 1)

@@ -476,8 +476,11 @@ class RpcClient:
             return None
         if now - conn.last_used > self.idle_check_after and not conn.pending:
             try:
-                # Data or nothing-yet both mean alive; only EOF or an error means closed.
-                closed = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                # Nothing yet means alive. EOF, an error, or data although nothing is pending
+                # (a server's parting ErrorReply as it closes an idle connection; at worst a
+                # late reply to a call that timed out) means: start a fresh connection.
+                conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                closed = True
             except BlockingIOError:
                 closed = False
             except OSError:

@@ -99,6 +99,8 @@ ConnectionId = NewType("ConnectionId", int)
 Handler = Callable[[Any, "Connection"], Any]
 
 _CLOSE_GRACE_S: Final = 2.0
+#: Connections the kernel queues for accept() on each listener (as the transfer server's).
+LISTEN_BACKLOG: Final = 1024
 #: The largest frame a connection may send before its handshake: a Hello is a few KiB, so a
 #: peer that has not shown it belongs to the cluster cannot make the server buffer 64 MiB.
 _PRE_HANDSHAKE_FRAME_BYTES: Final = 64 << 10
@@ -538,7 +540,11 @@ class RpcServer:
                 fd_soft_limit(),
             )
             self.max_connections = cap
-        self._server = await loop.create_server(self._new_connection, self.host, self.port)
+        # The kernel's queue of connections not yet accepted: asyncio's default (100) makes a
+        # burst of connects (a flood, many clients starting at once) wait for SYN retransmits.
+        self._server = await loop.create_server(
+            self._new_connection, self.host, self.port, backlog=LISTEN_BACKLOG
+        )
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]
         self._address = (str(host), int(port))
@@ -619,7 +625,7 @@ class RpcServer:
             # (asyncio's nor uvloop's) treats the name as a file to unlink.
             sock.bind(name)
             self._unix_server = await loop.create_unix_server(
-                lambda: self._new_connection(unix=True), sock=sock
+                lambda: self._new_connection(unix=True), sock=sock, backlog=LISTEN_BACKLOG
             )
         except OSError as exc:
             sock.close()

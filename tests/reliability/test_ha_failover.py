@@ -7,6 +7,8 @@ reads back with its exact bytes, and no key ever reads back wrong."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -55,6 +57,17 @@ def start_master(etcd: EtcdServer, port: int, name: str) -> Proc:
     )
 
 
+def status(url: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvpool", "status", "--master", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout
+
+
 def value(key: str) -> bytes:
     seed = key.encode()
     return (seed * (3000 // len(seed) + 1))[: 1000 + hash(key) % 2000]
@@ -71,6 +84,13 @@ def test_kill_9_of_the_leader_loses_no_acknowledged_put(tmp_path: Path) -> None:
         masters[ports[0]] = start_master(etcd, ports[0], "m0")
         first, term = leader(etcd)
         masters[ports[1]] = start_master(etcd, ports[1], "m1")
+        # `kvpool status` at the cluster's URL finds the leader and shows its standby in sync.
+        wait_until(
+            lambda: "standbys in sync: m1" in status(url),
+            timeout=30,
+            what="the standby in sync, as kvpool status shows it",
+        )
+        assert f"role leader (m0), term {term}" in status(url)
         for i in range(2):
             node = kvpool_proc(
                 "node",

@@ -19,7 +19,7 @@ from kvpool.cli.params import Duration, MasterAddress, Name
 from kvpool.client.leader import LeaderFollower, check_master, parse_master
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
-from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.protocol.messages import HaStatus, HaStatusReply, Response, Stats, StatsReply
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["render_table", "stats_to_dict", "status"]
@@ -172,11 +172,19 @@ def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> N
             client_name="kvpool-status",
         ) as rpc:
             reply = rpc.call_as(Stats(), StatsReply)
+            ha = rpc.call_as(HaStatus(), HaStatusReply)
     except KVPoolError as exc:
         raise click.ClickException(f"cannot get the status of {master}: {exc}") from exc
     if reply.code != 0:
         raise click.ClickException(f"master {address} answered code {reply.code}")
     if as_json:
-        click.echo(json.dumps(stats_to_dict(reply), indent=2))
+        out = stats_to_dict(reply)
+        out["ha"] = msgspec.to_builtins(ha)
+        click.echo(json.dumps(out, indent=2))
     else:
+        if ha.role != "single":
+            standbys = ", ".join(ha.standbys) or "none (the leader acknowledges alone)"
+            click.echo(
+                f"role {ha.role} ({ha.member_id}), term {ha.term}, standbys in sync: {standbys}"
+            )
         click.echo(render_table(address, reply))

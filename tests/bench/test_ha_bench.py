@@ -14,9 +14,7 @@ from kvtest.procs import require_binary
 def test_ha_benchmark_measures_four_modes_a_failover_and_a_snapshot() -> None:
     if ha.find_etcd() is None:
         require_binary("etcd")  # skips, or fails under KVPOOL_REQUIRE_SERVICES=1
-    plan = ha.HaPlan(
-        Plan(single_ops=100, batch_reqs=5, repeats=1, memory_objects=0), 1, 5_000, 2
-    )
+    plan = ha.HaPlan(Plan(single_ops=100, batch_reqs=5, repeats=1, memory_objects=0), 1, 5_000, 2)
     rows = ha.run(plan)
     speed = [r for r in rows if r["metric"] == "throughput"]
     assert {(r["mode"], r["op"]) for r in speed} == {

@@ -37,6 +37,7 @@ _BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "l2": ("kvpool.bench.l2", "command", "Engine-side L2 adapters: store/load throughput."),
     "compare": ("kvpool.bench.compare", "command", "kvpool next to Mooncake, Redis, limits."),
     "chaos": ("kvpool.bench.chaos", "command", "Acked writes through crashes and bad frames."),
+    "llm": ("kvpool.bench.llm", "command", "Real-model TTFT with the pool against recompute."),
 }
 
 

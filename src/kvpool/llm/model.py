@@ -135,8 +135,11 @@ def chunk_arrays(
 
 
 def rebuild_cache(model: Any, chunks: Sequence[np.ndarray], tokens: int) -> Any:
-    """A DynamicCache holding the first `tokens` tokens of `chunks` (arrays of chunk_shape):
-    one concatenation per layer and K/V, the only copy."""
+    """A DynamicCache holding the first `tokens` tokens of `chunks` (arrays of chunk_shape).
+
+    One concatenation per layer and K/V is the only copy: the concatenated tensors become the
+    layer's cache directly (`DynamicCache.update` on an empty layer would copy them once more,
+    64 MiB for 2,048 tokens of the reference model)."""
     import torch
     from transformers import DynamicCache
 
@@ -144,7 +147,17 @@ def rebuild_cache(model: Any, chunks: Sequence[np.ndarray], tokens: int) -> Any:
     views = [torch.from_numpy(c) for c in chunks]
     n_layers = views[0].shape[0] if views else 0
     for layer in range(n_layers):
-        k = torch.cat([v[layer, 0] for v in views], dim=1)[:, :tokens].contiguous().unsqueeze(0)
-        v_ = torch.cat([v[layer, 1] for v in views], dim=1)[:, :tokens].contiguous().unsqueeze(0)
-        cache.update(k, v_, layer)
+        k = torch.cat([v[layer, 0] for v in views], dim=1)[:, :tokens].unsqueeze(0)
+        v_ = torch.cat([v[layer, 1] for v in views], dim=1)[:, :tokens].unsqueeze(0)
+        _set_layer(cache, layer, k, v_)
     return cache
+
+
+def _set_layer(cache: Any, layer: int, k: Any, v: Any) -> None:
+    layers = getattr(cache, "layers", None)
+    if layers is not None and layer < len(layers) and hasattr(layers[layer], "keys"):
+        # transformers 5.x: initialise the layer with an empty update, then hand it the tensors.
+        cache.update(k[:, :, :0], v[:, :, :0], layer)
+        layers[layer].keys, layers[layer].values = k, v
+    else:
+        cache.update(k, v, layer)

@@ -101,7 +101,7 @@ _MODEL_ONLY = ("model_size", "prompt_tokens", "system_tokens", "question_tokens"
 )
 @click.option(
     "--repeat",
-    default=1,
+    default=3,
     show_default=True,
     type=click.IntRange(1, 100),
     help="Model: time each cached-prefix load this many times (the median is shown).",

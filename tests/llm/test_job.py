@@ -42,7 +42,7 @@ def test_decode_engine_loads_what_prefill_stored_and_matches_a_recompute(protoco
         row = rows[p.name]
         assert row["cached_tokens"] == expected_cached_tokens(SPEC, p) > 0
         assert row["kv_bytes"] == row["hit_chunks"] * 16 * SPEC.model.kv_bytes_per_token()
-        assert row["logits_max_abs_diff"] == 0.0, row
+        assert row["logits_max_abs_diff"] <= 1e-5, row  # 0.0 here; see docs/parts/perf-llm.md
         assert row["same_first_token"]
     assert check_result(SPEC, result, atol=0.0) == []
 
@@ -83,4 +83,4 @@ def test_bench_llm_quick_writes_the_rows_of_both_paths(tmp_path: Path) -> None:
     for r in rows:
         assert r["prompt_tokens"] > r["cached_tokens"] > 0 and r["kv_bytes"] > 0
         if r["metric"] == "logits_max_abs_diff":
-            assert r["value"] == 0.0
+            assert r["value"] <= 1e-5

@@ -113,7 +113,7 @@ _COLUMNS = [
 @click.option("--chunk-tokens", default=256, show_default=True, type=click.IntRange(1, 1 << 20))
 @click.option(
     "--repeat",
-    default=3,
+    default=5,
     show_default=True,
     type=click.IntRange(1, 100),
     help="Cached-prefix loads per prompt (the median is reported).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from kvpool.cli import main
@@ -18,3 +19,21 @@ def test_help_documents_both_modes() -> None:
     r = CliRunner().invoke(main, ["demo", "--help"])
     assert r.exit_code == 0
     assert "--synthetic" in r.output and "--model-size" in r.output
+
+
+def test_a_pool_too_small_for_the_prefill_is_refused_before_anything_starts() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    r = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--model-size",
+            "reference",
+            "--prompt-tokens",
+            "100000",
+            "--segment-size",
+            "64MiB",
+        ],
+    )
+    assert r.exit_code == 2 and "more than the 64.0 MiB segment" in r.output

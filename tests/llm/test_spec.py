@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from kvpool.errors import InvalidParams
+from kvpool.llm.job import JobResult, check_result
 from kvpool.llm.spec import (
     JobSpec,
     chunk_keys,
     decode_prompts,
     expected_cached_tokens,
+    prefill_bytes,
     prefill_prompts,
 )
 
@@ -86,3 +88,38 @@ def test_prompts_and_keys_are_the_same_in_another_process() -> None:
 def test_bad_specs_are_refused(kw: dict[str, object]) -> None:
     with pytest.raises(InvalidParams):
         JobSpec(**kw)  # type: ignore[arg-type]
+
+
+def test_prefill_bytes_count_each_distinct_chunk_once() -> None:
+    chunks = {k for p in prefill_prompts(SPEC) for k in chunk_keys(SPEC, p.tokens)}
+    shared = SPEC.system_tokens // SPEC.chunk_tokens
+    total = sum(len(p.tokens) // SPEC.chunk_tokens for p in prefill_prompts(SPEC))
+    assert len(chunks) == total - shared
+    assert prefill_bytes(SPEC) == len(chunks) * SPEC.chunk_tokens * SPEC.model.kv_bytes_per_token()
+
+
+def _row(name: str, cached: int, diff: float = 0.0, same: bool = True) -> dict[str, object]:
+    return {
+        "prompt": name,
+        "cached_tokens": cached,
+        "logits_max_abs_diff": diff,
+        "same_first_token": same,
+    }
+
+
+def test_check_result_names_every_problem() -> None:
+    good = [_row(p.name, expected_cached_tokens(SPEC, p)) for p in decode_prompts(SPEC)]
+    pre = {"weights": "a", "store_failures": 0}
+    assert check_result(SPEC, JobResult(pre, {"weights": "a", "prompts": good})) == []
+    bad = [
+        _row("system", 32, diff=1e-3),
+        _row("chat+turn", 0),
+        _row("rag-q2", 128, same=False),
+        good[3],
+    ]
+    problems = check_result(SPEC, JobResult(pre, {"weights": "b", "prompts": bad}), atol=1e-4)
+    assert len(problems) == 4
+    assert "different weights" in problems[0]
+    assert "system: logits differ" in problems[1]
+    assert "chat+turn: 0 cached tokens, expected 80" in problems[2]
+    assert "rag-q2: the first token differs" in problems[3]

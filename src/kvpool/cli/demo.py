@@ -33,7 +33,7 @@ from kvpool.client.validation import check_segment_size
 from kvpool.config import format_size
 from kvpool.demo.workload import WorkloadSpec, decode_prompts
 from kvpool.errors import KVPoolError
-from kvpool.llm.spec import MODEL_SIZES, JobSpec
+from kvpool.llm.spec import MODEL_SIZES, JobSpec, prefill_bytes
 
 __all__ = ["demo"]
 
@@ -335,6 +335,12 @@ def _real_model(
     size = (
         segment_size if master is not None else check_segment_size(segment_size, "--segment-size")
     )
+    if master is None and prefill_bytes(spec) > size:
+        raise click.BadParameter(
+            f"the prefill engine stores {format_size(prefill_bytes(spec))} of KV cache, more than "
+            f"the {format_size(size)} segment",
+            param_hint="--segment-size",
+        )
     t_start = time.perf_counter()
     pool = EmbeddedPool(PoolSpec(segment_size=size)) if master is None else None
     try:

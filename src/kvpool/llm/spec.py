@@ -31,6 +31,8 @@ __all__ = [
     "Prompt",
     "chunk_keys",
     "decode_prompts",
+    "expected_cached_tokens",
+    "prefill_bytes",
     "prefill_prompts",
 ]
 
@@ -173,6 +175,12 @@ def chunk_keys(spec: JobSpec, tokens: np.ndarray) -> list[ObjectKey]:
     """One key per full chunk of `tokens`; key i chains key i-1 with the tokens of chunk i."""
     hasher = TokenHasher(spec.chunk_tokens)
     return [ObjectKey(spec.model_name, 0, h) for h in hasher.chunk_hashes(tokens)]
+
+
+def prefill_bytes(spec: JobSpec) -> int:
+    """Bytes the prefill engine stores in the pool (each distinct chunk once)."""
+    keys = {k for p in prefill_prompts(spec) for k in chunk_keys(spec, p.tokens)}
+    return len(keys) * spec.chunk_tokens * spec.model.kv_bytes_per_token()
 
 
 def expected_cached_tokens(spec: JobSpec, prompt: Prompt) -> int:

@@ -59,7 +59,7 @@ def test_kvpool_demo_runs_the_model_and_prints_one_row_per_prompt(tmp_path: Path
         assert any(line.startswith(name + " ") for line in out.stdout.splitlines()), out.stdout
     assert "prefill chat" in out.stderr  # the progress bar
     rows = json.loads(out_json.read_text())
-    assert {r["metric"] for r in rows} == {"ttft_s", "logits_max_abs_diff"}
+    assert {r["metric"] for r in rows} == {"ttft_s", "ttft_speedup", "logits_max_abs_diff"}
 
 
 def test_bench_llm_quick_writes_the_rows_of_both_paths(tmp_path: Path) -> None:

@@ -390,38 +390,11 @@ def _real_model(
     problems = check_result(spec, result, atol)
     click.echo(f"\ntotal time {time.perf_counter() - t_start:.1f} s")
     if json_path:
-        rows: list[dict[str, Any]] = []
-        for r in result.prompts:
-            common = {
-                "prompt": r["prompt"],
-                "prompt_tokens": r["prompt_tokens"],
-                "cached_tokens": r["cached_tokens"],
-                "kv_bytes": r["kv_bytes"],
-                "path": protocol,
-                "model": spec.model_size,
-            }
-            rows.append(
-                {"metric": "ttft_s", "system": "kvpool", "value": r["ttft_pool_s"], **common}
-            )
-            rows.append(
-                {
-                    "metric": "ttft_s",
-                    "system": "recompute",
-                    "value": r["ttft_recompute_s"],
-                    **common,
-                }
-            )
-            rows.append(
-                {
-                    "metric": "logits_max_abs_diff",
-                    "system": "kvpool",
-                    "value": r["logits_max_abs_diff"],
-                    **common,
-                }
-            )
+        from kvpool.bench.llm import rows_of
+        from kvpool.bench.rows import write_json
+
         try:
-            with open(json_path, "w") as fh:
-                json.dump(rows, fh, indent=1)
+            write_json(json_path, rows_of(spec, protocol, result))
         except OSError as exc:
             raise click.ClickException(f"cannot write --json {json_path}: {exc}") from exc
     if problems:

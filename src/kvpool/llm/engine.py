@@ -40,6 +40,7 @@ from kvpool.cache.l1 import L1Config, L1Status
 from kvpool.cache.manager import StorageManager
 from kvpool.cache.memory import MemoryLayout
 from kvpool.demo.progress import ProgressBar
+from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.llm import model as mdl
 from kvpool.llm.spec import JobSpec, chunk_keys, decode_prompts, prefill_prompts
 
@@ -52,7 +53,8 @@ def _manager(master: str, protocol: str, spec: JobSpec) -> StorageManager:
     longest = (
         spec.system_tokens + max(spec.prompt_tokens, spec.turn_tokens * 2) + spec.question_tokens
     )
-    # L1 holds every chunk of the job twice over: nothing is evicted before the pool has it.
+    # Room for four times the longest prompt's chunks (the prefill stores two prompts), so
+    # nothing is evicted from L1 before the pool has it.
     capacity = max(64 << 20, 4 * (longest // spec.chunk_tokens + 1) * chunk_bytes)
     adapter = {"type": "kvpool", "master": master, "protocol": protocol, "key_prefix": "llm/"}
     return StorageManager(
@@ -101,7 +103,7 @@ def run_prefill(
         out["bytes"] += new * layout.nbytes
     t0 = time.perf_counter()
     if not sm.wait_stores(timeout=300):
-        raise RuntimeError("the pool did not take every chunk within 300 s")
+        raise KVPoolError("the pool did not take every chunk within 300 s", ErrorCode.RPC_TIMEOUT)
     out["store_wait_s"] = time.perf_counter() - t0
     stats = sm.store_stats()
     out["store_failures"] = stats.failed_keys + stats.submit_errors + stats.skipped_keys

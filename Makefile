@@ -23,7 +23,9 @@ venv: $(STAMP)
 ## torch (CPU build) and transformers into the same venv; pip keeps the CPU torch afterwards
 ## because the llm extra asks for any torch.
 $(LLM_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q --retries 1 --timeout 60 torch --index-url $(TORCH_INDEX)
+	$(BIN)/python -m pip install -q --retries 1 --timeout 60 torch --index-url $(TORCH_INDEX) \
+	  || { echo "make: $(TORCH_INDEX) unreachable; torch from PyPI instead (~3 GB with CUDA)"; \
+	       $(BIN)/python -m pip install -q torch; }
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),llm]'
 	@touch $@
 

@@ -5,8 +5,12 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 EXTRAS  ?= dev,fast,redis,s3,plot,ha
 STAMP   := $(VENV)/.installed-$(shell echo '$(EXTRAS)' | tr ',' '-')
+# The real-model main job needs torch and transformers (the llm extra). Plain `pip install torch`
+# pulls ~3 GB of CUDA wheels on Linux; the CPU build from PyTorch's own index is ~190 MB.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+LLM_STAMP   := $(VENV)/.installed-llm
 
-.PHONY: run test test-mooncake check bench clean venv
+.PHONY: run test test-llm test-mooncake check bench clean venv llm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,13 +20,30 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The main job: the embedded pool plus an end-to-end prefill/decode KV-cache workload.
-run: $(STAMP)
+## torch (CPU build) and transformers into the same venv; pip keeps the CPU torch afterwards
+## because the llm extra asks for any torch.
+$(LLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --retries 1 --timeout 60 torch --index-url $(TORCH_INDEX) \
+	  || { echo "make: $(TORCH_INDEX) unreachable; torch from PyPI instead (~3 GB with CUDA)"; \
+	       $(BIN)/python -m pip install -q torch; }
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS),llm]'
+	@touch $@
+
+llm: $(LLM_STAMP)
+
+## The main job: the embedded pool, a prefill engine running a (random-weight) Llama model that
+## stores its KV cache, a decode engine that reuses it and checks its logits against a recompute.
+## `kvpool demo --synthetic` is the synthetic-tensor version (no torch).
+run: $(LLM_STAMP)
 	$(BIN)/kvpool demo
 
 ## The whole test suite (real processes on loopback ports; redis-server when installed).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+## The real-model tests alone (they skip in `make test` when the llm extra is not installed).
+test-llm: $(LLM_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/llm
 
 ## Format, lint, types, import contracts.
 check: $(STAMP)

@@ -94,8 +94,8 @@ def test_up_serves_a_pool_and_ctrl_c_leaves_nothing_behind() -> None:
 
 
 def test_demo_runs_end_to_end_and_reports_no_checksum_failures() -> None:
-    args = [sys.executable, "-m", "kvpool", "demo", "--segment-size", "64MiB", "--layers", "4"]
-    args += ["--prompts", "2", "--prompt-chunks", "2", "--new-prompts", "1"]
+    args = [sys.executable, "-m", "kvpool", "demo", "--synthetic", "--segment-size", "64MiB"]
+    args += ["--layers", "4", "--prompts", "2", "--prompt-chunks", "2", "--new-prompts", "1"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "checksum failures: 0; byte mismatches: 0" in out.stdout

@@ -40,6 +40,7 @@ _BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "chaos": ("kvpool.bench.chaos", "command", "Acked writes through crashes and bad frames."),
     "fuzz": ("kvpool.bench.fuzz", "command", "Hostile input at a master and a node; both survive."),
     "ha": ("kvpool.bench.ha", "command", "HA off / --data-dir / standby; failover; snapshots."),
+    "llm": ("kvpool.bench.llm", "command", "Real-model TTFT with the pool against recompute."),
 }
 
 

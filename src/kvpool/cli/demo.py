@@ -1,11 +1,18 @@
 """`kvpool demo` (what `make run` runs): the pool doing the job it exists for.
 
+By default, with a real model (`kvpool.llm`, needs the `llm` extra: torch and transformers):
+
 1. Start the embedded pool (a master and one storage node, child processes).
-2. Run a prefill instance (its own process) that writes the KV cache of a few prompts.
-3. Run a decode instance (another process) that finds the longest cached prefix of its prompts,
-   reads it back and checks every byte.
-4. Print a report (objects, bytes, hit ratio, GB/s per direction, checksum failures) and stop
-   everything; exit 0 only when every byte came back right.
+2. Run a prefill engine (its own process): a seeded random-weight Llama model computes the KV
+   cache of long prompts; every full chunk goes into the pool.
+3. Run a decode engine (another process) on prompts sharing those prefixes: it loads the longest
+   cached prefix, rebuilds the model's cache and continues; per prompt it prints the cached
+   tokens, the time to first token with and without the pool, and the largest difference
+   between its logits and a full recompute's.
+4. Exit 0 only when every prompt found the prefix it should and every logit matched.
+
+With `--synthetic`, the same flow moves synthetic float16 tensors instead (no torch needed):
+a bandwidth demo with every byte checked.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from kvpool.client.validation import check_segment_size
 from kvpool.config import format_size
 from kvpool.demo.workload import WorkloadSpec, decode_prompts
 from kvpool.errors import KVPoolError
+from kvpool.llm.spec import MODEL_SIZES, JobSpec, prefill_bytes
 
 __all__ = ["demo"]
 
@@ -52,7 +60,59 @@ def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> di
     return dict(result)
 
 
+_J = JobSpec()
+_SYNTHETIC_ONLY = ("layers", "kv_heads", "head_dim", "prompts", "prompt_chunks", "new_prompts")
+_MODEL_ONLY = ("model_size", "prompt_tokens", "system_tokens", "question_tokens", "repeat", "atol")
+
+
 @click.command()
+@click.option(
+    "--synthetic",
+    is_flag=True,
+    help="Move synthetic float16 tensors instead of running a model (no torch needed).",
+)
+@click.option(
+    "--model-size",
+    default=_J.model_size,
+    show_default=True,
+    type=click.Choice(list(MODEL_SIZES)),
+    help="Model: tiny (tests), small, reference (issue #19's ~246M-parameter Llama).",
+)
+@click.option(
+    "--prompt-tokens",
+    default=_J.prompt_tokens,
+    show_default=True,
+    type=_COUNT,
+    help="Model: tokens of the shared retrieval document.",
+)
+@click.option(
+    "--system-tokens",
+    default=_J.system_tokens,
+    show_default=True,
+    type=_COUNT,
+    help="Model: tokens of the shared system prompt.",
+)
+@click.option(
+    "--question-tokens",
+    default=_J.question_tokens,
+    show_default=True,
+    type=_COUNT,
+    help="Model: tokens of each new question (computed, never cached).",
+)
+@click.option(
+    "--repeat",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 100),
+    help="Model: time each cached-prefix load this many times (the median is shown).",
+)
+@click.option(
+    "--atol",
+    default=1e-4,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Model: the largest logit difference from a full recompute that passes (see docs).",
+)
 @click.option(
     "--segment-size",
     default="1GiB",
@@ -69,13 +129,17 @@ def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> di
 @click.option(
     "--protocol", default="auto", show_default=True, type=click.Choice(["auto", "shm", "tcp"])
 )
-@click.option("--layers", default=_D.layers, show_default=True, type=_COUNT)
 @click.option("--chunk-tokens", default=_D.chunk_tokens, show_default=True, type=_COUNT)
-@click.option("--kv-heads", default=_D.kv_heads, show_default=True, type=_COUNT)
-@click.option("--head-dim", default=_D.head_dim, show_default=True, type=_COUNT)
-@click.option("--prompts", default=_D.prompts, show_default=True, type=_COUNT)
-@click.option("--prompt-chunks", default=_D.prompt_chunks, show_default=True, type=_COUNT)
-@click.option("--new-prompts", default=_D.new_prompts, show_default=True, type=_COUNT0)
+@click.option("--layers", default=_D.layers, show_default=True, type=_COUNT, help="Synthetic.")
+@click.option("--kv-heads", default=_D.kv_heads, show_default=True, type=_COUNT, help="Synthetic.")
+@click.option("--head-dim", default=_D.head_dim, show_default=True, type=_COUNT, help="Synthetic.")
+@click.option("--prompts", default=_D.prompts, show_default=True, type=_COUNT, help="Synthetic.")
+@click.option(
+    "--prompt-chunks", default=_D.prompt_chunks, show_default=True, type=_COUNT, help="Synthetic."
+)
+@click.option(
+    "--new-prompts", default=_D.new_prompts, show_default=True, type=_COUNT0, help="Synthetic."
+)
 @click.option(
     "--json",
     "json_path",
@@ -83,8 +147,17 @@ def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> di
     type=click.Path(dir_okay=False, writable=True),
     help="Also write the report as JSON rows.",
 )
+@click.pass_context
 def demo(
+    ctx: click.Context,
     *,
+    synthetic: bool,
+    model_size: str,
+    prompt_tokens: int,
+    system_tokens: int,
+    question_tokens: int,
+    repeat: int,
+    atol: float,
     segment_size: int,
     master: str | None,
     protocol: str,
@@ -97,7 +170,36 @@ def demo(
     new_prompts: int,
     json_path: str | None,
 ) -> None:
-    """Prefill writes KV cache into the pool; another process reuses the cached prefixes."""
+    """Prefill writes KV cache into the pool; another process reuses the cached prefixes.
+
+    By default a real model (a seeded random-weight Llama, needs torch and transformers: the
+    `llm` extra, which `make run` installs) runs in both processes, and the decode side checks its
+    logits against a full recompute. `--synthetic` moves synthetic float16 tensors instead.
+    Options marked "Model:" apply to the real model, "Synthetic." to --synthetic.
+    """
+    wrong = _MODEL_ONLY if synthetic else _SYNTHETIC_ONLY
+    for name in wrong:
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            why = "applies to the real model only" if synthetic else "needs --synthetic"
+            raise click.UsageError(f"{flag} {why}")
+    if not synthetic:
+        _real_model(
+            JobSpec(
+                model_size=model_size,
+                prompt_tokens=prompt_tokens,
+                system_tokens=system_tokens,
+                question_tokens=question_tokens,
+                chunk_tokens=chunk_tokens,
+            ),
+            segment_size=segment_size,
+            master=master,
+            protocol=protocol,
+            repeat=repeat,
+            atol=atol,
+            json_path=json_path,
+        )
+        return
     try:
         spec = WorkloadSpec(
             layers=layers,
@@ -208,3 +310,95 @@ def _expected_hit_tokens(spec: WorkloadSpec) -> int:
     """Follow-up turns hit their whole original prompt; new prompts hit the system prompt."""
     per_prompt = (spec.system_chunks + spec.prompt_chunks) * spec.chunk_tokens
     return spec.prompts * per_prompt + spec.new_prompts * spec.system_chunks * spec.chunk_tokens
+
+
+def _real_model(
+    spec: JobSpec,
+    *,
+    segment_size: int,
+    master: str | None,
+    protocol: str,
+    repeat: int,
+    atol: float,
+    json_path: str | None,
+) -> None:
+    from kvpool.llm.job import check_result, run_job, torch_missing
+
+    missing = torch_missing()
+    if missing is not None:
+        raise click.ClickException(
+            f"the real-model demo needs {missing} (the llm extra: `make run` installs it, or "
+            "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+            "pip install -e '.[llm]'); `kvpool demo --synthetic` runs without it"
+        )
+    m = spec.model
+    size = (
+        segment_size if master is not None else check_segment_size(segment_size, "--segment-size")
+    )
+    if master is None and prefill_bytes(spec) > size:
+        raise click.BadParameter(
+            f"the prefill engine stores {format_size(prefill_bytes(spec))} of KV cache, more than "
+            f"the {format_size(size)} segment",
+            param_hint="--segment-size",
+        )
+    t_start = time.perf_counter()
+    pool = EmbeddedPool(PoolSpec(segment_size=size)) if master is None else None
+    try:
+        if pool is not None:
+            click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
+            try:
+                master = pool.start()
+            except KVPoolError as exc:
+                raise click.ClickException(f"cannot start the embedded pool: {exc}") from exc
+            assert pool.master is not None
+            pids = [pool.master.pid] + [n.pid for n in pool.nodes]
+            click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
+        assert master is not None
+        click.echo(
+            f"pool at {master}; model: Llama {spec.model_size} (hidden {m.hidden_size}, "
+            f"{m.num_hidden_layers} layers, {m.num_key_value_heads} KV heads, random weights, "
+            f"seed {spec.seed}), {spec.chunk_tokens}-token chunks of "
+            f"{format_size(m.kv_bytes_per_token() * spec.chunk_tokens)}"
+        )
+        try:
+            result = run_job(spec, master, protocol=protocol, repeat=repeat, echo=click.echo)
+        except KVPoolError as exc:
+            raise click.ClickException(exc.message) from exc
+    finally:
+        if pool is not None:
+            pool.close()
+    pre = result.prefill
+    click.echo(
+        f"\nprefill engine: {pre['prompts']} prompts, {pre['tokens']} tokens in "
+        f"{pre['forward_s']:.1f} s; stored {pre['chunks']} chunks ({format_size(pre['bytes'])}) "
+        f"in the pool"
+    )
+    click.echo("")
+    head = (
+        f"{'prompt':<10} {'shares':<26} {'tokens':>6} {'cached':>6} {'KV MiB':>7} "
+        f"{'TTFT pool':>10} {'TTFT recompute':>15} {'speedup':>8} {'max |dlogit|':>12}"
+    )
+    click.echo(head)
+    click.echo("-" * len(head))
+    for r in result.prompts:
+        speedup = r["ttft_recompute_s"] / r["ttft_pool_s"] if r["ttft_pool_s"] else 0.0
+        click.echo(
+            f"{r['prompt']:<10} {r['shares']:<26} {r['prompt_tokens']:>6} {r['cached_tokens']:>6} "
+            f"{r['kv_bytes'] / 2**20:>7.1f} {r['ttft_pool_s']:>9.3f}s "
+            f"{r['ttft_recompute_s']:>14.3f}s {speedup:>7.1f}x {r['logits_max_abs_diff']:>12.3g}"
+        )
+    problems = check_result(spec, result, atol)
+    click.echo(f"\ntotal time {time.perf_counter() - t_start:.1f} s")
+    if json_path:
+        from kvpool.bench.llm import rows_of
+        from kvpool.bench.rows import write_json
+
+        try:
+            write_json(json_path, rows_of(spec, protocol, result))
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --json {json_path}: {exc}") from exc
+    if problems:
+        for p in problems:
+            click.echo(f"MISMATCH {p}", err=True)
+        raise click.ClickException(f"the demo found {len(problems)} problem(s)")
+    click.echo(f"demo: ok (every continuation matched a full recompute within {atol:g})")

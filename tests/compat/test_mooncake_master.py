@@ -446,3 +446,69 @@ def test_help_and_version_exit_0() -> None:
             check=False,
         )
         assert done.returncode == 0 and expect in done.stdout, done.stderr
+
+
+def test_mooncake_ha_masters_and_an_etcd_master_address_survive_a_leader_kill(
+    tmp_path: Path,
+) -> None:
+    """Mooncake's HA deployment, unchanged: two `mooncake_master --enable_ha` on one etcd, a
+    compat store given `etcd://HOST:PORT` (Mooncake's form: no cluster id, taken from
+    MC_STORE_CLUSTER_ID or Mooncake's default); the leader is SIGKILLed and the store goes on
+    with every key it wrote."""
+    from kvpool.compat.mooncake import MooncakeDistributedStore
+    from kvtest.etcd import EtcdServer
+
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    ports = [free_port(), free_port()]
+    masters = [
+        _mooncake_master(
+            f"--rpc_port={port}",
+            "--enable_ha",
+            f"--etcd_endpoints={etcd.endpoint}",
+            "--",
+            "--advertise",
+            f"127.0.0.1:{port}",
+            "--member-id",
+            f"m{i}",
+        )
+        for i, port in enumerate(ports)
+    ]
+    store = MooncakeDistributedStore()
+    try:
+        for m in masters:
+            m.wait_ready()
+        rc = store.setup(
+            "127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", f"etcd://{etcd.endpoint}"
+        )
+        assert rc == 0
+        values = {f"k{i}": f"value {i}".encode() * 50 for i in range(50)}
+        for k, v in values.items():
+            assert store.put(k, v) == 0
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvpool",
+                "status",
+                "--master",
+                f"etcd://{etcd.endpoint}/mooncake_cluster",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        leader = 0 if "role leader (m0)" in status else 1
+        assert f"role leader (m{leader})" in status
+        masters[leader].kill9()
+        # The store finds the standby through etcd, remounts, and carries on.
+        for k, v in values.items():
+            assert store.get(k) == v, k
+        assert store.put("after", b"after the failover") == 0
+        assert store.get("after") == b"after the failover"
+    finally:
+        store.close()
+        for m in masters:
+            m.stop()
+        etcd.stop()

@@ -366,3 +366,41 @@ def test_a_deposed_leader_with_a_data_dir_keeps_the_new_leaders_copy_there(
     node.mount()
     keys = [f"o{i}" for i in range(100)] + [f"n{i}" for i in range(100)]
     assert checksums(old.address, cluster, keys) == {k: checksum(k) for k in keys}
+
+
+def test_a_leader_answers_reads_through_an_etcd_restart_and_leads_again_after_it(
+    etcd: EtcdServer, cluster: str, masters: list[HaMaster], nodes: list[FakeNode]
+) -> None:
+    """etcd killed (a crash, not a freeze: connections refused) and started again on its data a
+    few seconds later: the leader and its standby keep answering (reads at the leader), an
+    election completes once etcd is back, and the pool takes writes again with every object."""
+    masters.append(HaMaster(etcd.endpoint, cluster, "m1"))
+    leader = wait_leader(masters)
+    masters.append(HaMaster(etcd.endpoint, cluster, "m2"))
+    node = FakeNode(leader.address, cluster)
+    nodes.append(node)
+    with rpc(leader) as c:
+        put(c, node.client_id, "kept")
+    term = leader.status().term  # type: ignore[union-attr]
+    etcd.kill()
+    try:
+        down = time.monotonic()
+        with rpc(leader) as c:
+            while time.monotonic() - down < 5:
+                reply = c.call_as(GetReplicaList("kept"), ReplicaListReply)
+                assert reply.code == 0 and reply.checksum == checksum("kept")
+                time.sleep(0.2)
+    finally:
+        etcd.start()
+    now_leading = wait_leader(masters, timeout=30)
+    status = now_leading.status()
+    assert status is not None and status.term > term
+    node.close()
+    node = FakeNode(now_leading.address, cluster)
+    nodes.append(node)
+    with rpc(now_leading) as c:
+        put(c, node.client_id, "after")
+    assert checksums(now_leading.address, cluster, ["kept", "after"]) == {
+        "kept": checksum("kept"),
+        "after": checksum("after"),
+    }

@@ -404,3 +404,54 @@ def test_a_leader_answers_reads_through_an_etcd_restart_and_leads_again_after_it
         "kept": checksum("kept"),
         "after": checksum("after"),
     }
+
+
+def test_a_member_that_fell_out_of_sync_never_leads_over_writes_it_lacks(
+    etcd_shared: EtcdServer, cluster: str, masters: list[HaMaster], nodes: list[FakeNode]
+) -> None:
+    """m1 leads, m2 and m3 in sync; m3 stalls and is dropped (the leader records the set
+    without it in etcd before it acknowledges without it); 100 puts acknowledged with m2's
+    acks; m2 stalls too and m1 dies. m3, alone and awake, must not lead with its stale copy;
+    when m2 wakes, m2 leads with every acknowledged put."""
+    masters.append(HaMaster(etcd_shared.endpoint, cluster, "m1"))
+    m1 = wait_leader(masters)
+    masters.append(HaMaster(etcd_shared.endpoint, cluster, "m2"))
+    masters.append(HaMaster(etcd_shared.endpoint, cluster, "m3"))
+    m2, m3 = masters[1], masters[2]
+    wait_until(
+        lambda: (s := m1.status()) is not None and len(s.standbys) == 2,
+        15,
+        what="both standbys in sync",
+    )
+    node = FakeNode(m1.address, cluster)
+    nodes.append(node)
+    first = [f"a{i}" for i in range(50)]
+    later = [f"b{i}" for i in range(100)]
+    with rpc(m1) as c:
+        for k in first:
+            put(c, node.client_id, k)
+    freeze(m3.proc.pid)
+    wait_until(
+        lambda: (s := m1.status()) is not None and s.standbys == ["m2"],
+        10,
+        what="m3 dropped, m2 still in sync",
+    )
+    with rpc(m1) as c:
+        for k in later:
+            put(c, node.client_id, k)  # each acknowledged after m2 has it
+    freeze(m2.proc.pid)
+    m1.proc.kill9()
+    os.kill(m3.proc.pid, signal.SIGCONT)
+    # m1's lease (TTL 2 s) has long expired after this; m3 campaigns only if etcd allows it.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        s = m3.status()
+        assert s is None or s.role != "leader", "m3 leads without the writes only m2 has"
+        time.sleep(0.2)
+    os.kill(m2.proc.pid, signal.SIGCONT)
+    leader = wait_leader([m2, m3], timeout=20)
+    assert leader is m2
+    node.point(m2.address)
+    node.mount()
+    found = checksums(m2.address, cluster, first + later)
+    assert found == {k: checksum(k) for k in first + later}

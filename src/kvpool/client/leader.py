@@ -224,6 +224,7 @@ class Policy(enum.Enum):
 
 _POLICIES: Final[dict[type[Any], Policy]] = {
     m.Echo: Policy.READ,
+    m.Barrier: Policy.READ,
     m.GetSegment: Policy.READ,
     m.GetReplicaList: Policy.READ,
     m.BatchGetReplicaList: Policy.READ,
@@ -233,7 +234,6 @@ _POLICIES: Final[dict[type[Any], Policy]] = {
     m.GetSize: Policy.READ,
     m.Stats: Policy.READ,
     m.QueryTask: Policy.READ,
-    m.FetchTasks: Policy.READ,
     m.PutRevoke: Policy.IDEMPOTENT,
     m.BatchPutRevoke: Policy.IDEMPOTENT,
     m.UnmountSegment: Policy.IDEMPOTENT,
@@ -427,7 +427,7 @@ class FailoverRpcClient(RpcClient):
         keys: list[str] = request.keys
         sums: list[int] = request.checksums
         sizes: list[int] | None = request.sizes if isinstance(request, m.BatchPutCommit) else None
-        look = self._again(m.BatchGetReplicaList(keys, request.tenant), None, deadline, exc)
+        look = self._committed(m.BatchGetReplicaList(keys, request.tenant), deadline, exc)
         results = getattr(look, "results", [])
         done = [
             len(results) == len(keys)
@@ -452,6 +452,25 @@ class FailoverRpcClient(RpcClient):
                 codes[i] = code
         return m.BatchReply(codes)
 
+    def _committed(self, lookup: Any, deadline: float, exc: RpcError) -> Any:
+        """`lookup` answered with committed state: asked of the leader, then a `Barrier` at the
+        same master (same connection target and term) that succeeded, so everything the lookup
+        saw is on that leader's standbys. A lookup alone could see a write the leader applied
+        but never got acknowledged (it lost the lead while waiting, or is about to die): trusting
+        it would report a put done that the next leader does not have."""
+        while True:
+            where = (self.epoch, self.address)
+            look = self._again(lookup, None, deadline, exc)
+            term = self.server_term
+            try:
+                self._again(m.Barrier(), None, deadline, exc)
+            except NotLeader:
+                if time.monotonic() >= deadline:
+                    raise
+                continue
+            if (self.epoch, self.address) == where and self.server_term == term:
+                return look
+
     def _settle_one(self, request: m.PutEnd | m.PutCommit, deadline: float, exc: RpcError) -> Any:
         """One PutEnd / PutCommit of unknown outcome: done when the leader holds the key
         COMPLETE with this put's checksum (and size); otherwise sent again, and while that
@@ -459,7 +478,7 @@ class FailoverRpcClient(RpcClient):
         kind = type(request).__name__
         size = request.size if isinstance(request, m.PutCommit) else None
         while True:
-            look = self._again(m.GetReplicaList(request.key, request.tenant), None, deadline, exc)
+            look = self._committed(m.GetReplicaList(request.key, request.tenant), deadline, exc)
             if _ours(look, request.checksum, size):
                 log.info("%s of %r: applied before the leader changed", kind, request.key)
                 return m.Reply(OK)

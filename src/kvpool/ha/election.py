@@ -122,8 +122,15 @@ class Election:
         config: ElectionConfig | None = None,
         on_change: Callable[[ElectionState], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        may_campaign: Callable[[], bool] | None = None,
     ) -> None:
         self._coord = coordinator
+        #: Asked (on the election thread) before each campaign: False waits `retry_interval`
+        #: and reads again instead (a master whose copy would lose acknowledged writes).
+        self.may_campaign = may_campaign
+        self._resign = threading.Event()
+        self._won_revision = 0
+        self._cooldown_until = float("-inf")
         self.keys = keys
         self.member_id = validate_name("member id", member_id)
         self.address = address
@@ -270,9 +277,35 @@ class Election:
             kv, revision = holder
         self._follow(kv, revision)
 
+    def resign(self, cooldown: float = 0.0) -> None:
+        """Give up the lead now (the lease is revoked, so another member may win at once) and
+        go on as a follower that campaigns again, not before `cooldown` seconds. Any thread;
+        the cooldown applies even when not leading."""
+        self._cooldown_until = self._clock() + cooldown
+        self._resign.set()
+
+    def publish(self, key: bytes, value: bytes) -> bool:
+        """Put `key` = `value` only while this member's leader key is the one it won (an etcd
+        transaction): False when it no longer leads. Raises `CoordinatorError` when etcd does
+        not answer. Blocking: call it off the event loop."""
+        revision = self._won_revision
+        if not revision or not self.leading():
+            return False
+        result = self._coord.txn(
+            [ModRevisionIs(self.keys.leader, revision)],
+            [Put(key, value)],
+            timeout=self.config.lease.timeout,
+        )
+        return result.succeeded
+
     def _campaign(self) -> tuple[KeyValue, int] | None:
         """One attempt; leads until the end when won (then None). Else the holder's key."""
         timeout = self.config.lease.timeout
+        if self._clock() < self._cooldown_until or (
+            self.may_campaign is not None and not self.may_campaign()
+        ):
+            self._closing.wait(self.config.retry_interval)
+            return None
         term_kv, _ = self._coord.get(self.keys.term, timeout=timeout)
         try:
             term = int(term_kv.value) if term_kv is not None else 0
@@ -313,6 +346,8 @@ class Election:
 
     def _lead(self, keeper: LeaseKeeper, view: LeaderView, revision: int) -> None:
         self._keeper = keeper
+        self._won_revision = revision
+        self._resign.clear()
         if not keeper.valid():
             self._step_down("won too late: the lease's local deadline had passed")
             return
@@ -328,6 +363,9 @@ class Election:
                     return  # _run's finally resigns
                 if not keeper.valid():
                     reason = keeper.lost_reason or "the lease's local deadline passed"
+                    break
+                if self._resign.is_set():
+                    reason = "resigned"
                     break
                 if watch is None:
                     left = keeper.deadline - self._clock()

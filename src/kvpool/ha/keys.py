@@ -55,6 +55,12 @@ class ClusterKeys:
         return self.prefix + b"term"
 
     @property
+    def in_sync(self) -> bytes:
+        """The last leader's record of its standbys in sync (`kvpool.master.ha`), no lease: it
+        says who may lead next without losing an acknowledged write."""
+        return self.prefix + b"insync"
+
+    @property
     def members(self) -> bytes:
         return self.prefix + b"members/"
 

@@ -28,7 +28,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kvpool.errors import ErrorCode, InvalidParams, NotLeader
+import msgspec
+
+from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, NotLeader
 from kvpool.ha import (
     ClusterKeys,
     Election,
@@ -45,7 +47,7 @@ from kvpool.master.oplog import OpLog
 from kvpool.master.replication import ReplicationSource
 from kvpool.master.server import MasterServer
 from kvpool.master.service import MasterService
-from kvpool.master.standby import Follower, StandbyCopy
+from kvpool.master.standby import Follower, StandbyCopy, write_dir_term
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchGetLocations,
@@ -112,6 +114,23 @@ NO_WAIT: frozenset[type[Any]] = frozenset(
 _TICK_S = 0.01
 
 
+class InSyncRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """`/kvpool/<cluster>/insync`: the standbys in sync with the leader of `term`. Written by
+    that leader (fenced by its leader key) when it starts (none yet) and whenever the set
+    changes; a standby leaves it only once etcd says so, before any write is acknowledged
+    without it. Who may campaign next: any member of `members` whose copy follows `term`, or
+    the `leader` itself if it still holds that term's metadata; anyone when `members` is
+    empty (the leader acknowledged alone: what only it had is lost with it, as documented)."""
+
+    term: int
+    leader: str
+    members: list[str] = []
+
+
+_RECORD_ENCODER = msgspec.json.Encoder()
+_RECORD_DECODER = msgspec.json.Decoder(InSyncRecord)
+
+
 def member_id_for(advertise: str) -> str:
     """A member id from an advertised HOST:PORT (etcd key-safe)."""
     return re.sub(r"[^A-Za-z0-9._-]", "-", advertise)[:128]
@@ -163,6 +182,10 @@ class HaMasterServer(MasterServer):
         #: When the last promotion finished, and how long it took (s), for tests and benches.
         self.promoted_at = 0.0
         self.promotion_s = 0.0
+        self._keys: ClusterKeys | None = None
+        self._published: frozenset[str] | None = None
+        self._publishing = False
+        self._ineligible_logged = float("-inf")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -177,12 +200,14 @@ class HaMasterServer(MasterServer):
         self._gateway = EtcdGateway(list(self.url.endpoints), timeout=2.0)
         keys = ClusterKeys(self.url.cluster_id)
         lease = LeaseConfig(ttl=cfg.ha_lease_ttl)
+        self._keys = keys
         self.election = Election(
             self._gateway,
             keys,
             self.member_id,
             self.advertise,
             config=ElectionConfig(lease=lease),
+            may_campaign=self._may_campaign,
         )
         self.membership = Membership(
             self._gateway, keys, self.member_id, self.advertise, lease=lease
@@ -285,9 +310,79 @@ class HaMasterServer(MasterServer):
                 durable.close()
                 self.service.durable = None
         if leading and state.role is Role.LEADER and state.term != self._term:
-            await self._promote(state.term)
+            try:
+                await self._promote(state.term)
+            except Exception:
+                # Holding the lease without serving would stall the cluster: give it up, and
+                # let another member (or this one, after a pause) try.
+                log.exception("promotion to term %d failed; resigning", state.term)
+                e.resign(cooldown=2.0 * self.config.ha_lease_ttl)
+                return
         if self._source is not None:
             self._source.tick()
+            await self._publish_in_sync()
+
+    # ------------------------------------------------------------------ the in-sync record
+
+    def _may_campaign(self) -> bool:
+        """(Election thread.) Whether this member may lead next without losing a write the last
+        leader acknowledged (`InSyncRecord`); logged when it may not."""
+        assert self._gateway is not None and self._keys is not None
+        key = self._keys.in_sync
+        kv, _ = self._gateway.get(key, timeout=2.0)
+        if kv is None:
+            return True
+        try:
+            rec = _RECORD_DECODER.decode(kv.value)
+        except msgspec.DecodeError:
+            log.error("unreadable %s: %r; campaigning", key.decode(), kv.value)
+            return True
+        if not rec.members:
+            return True
+        copy = self.copy
+        if self.member_id in rec.members and rec.term in (copy.term, copy.disk_term):
+            return True
+        if rec.leader == self.member_id and rec.term in (self._core_term, copy.disk_term):
+            return True
+        now = time.monotonic()
+        if now - self._ineligible_logged > 10.0:
+            self._ineligible_logged = now
+            log.warning(
+                "not campaigning: the standbys in sync with term %d were %s (this member's copy "
+                "follows term %d); only they hold every acknowledged write",
+                rec.term,
+                ", ".join(rec.members),
+                self.copy.term,
+            )
+        return False
+
+    async def _publish_in_sync(self, force: bool = False) -> None:
+        """Record this term's standbys in sync in etcd when the set changed (at once for a
+        drop: writes wait until it is recorded)."""
+        source = self._source
+        e = self.election
+        keys = self._keys
+        if source is None or e is None or keys is None or self._publishing:
+            return
+        members = frozenset(source.in_sync())
+        if members == self._published and not force:
+            return
+        rec = InSyncRecord(source.term, self.member_id, sorted(members))
+        self._publishing = True
+        try:
+            ok = await asyncio.to_thread(e.publish, keys.in_sync, _RECORD_ENCODER.encode(rec))
+        except KVPoolError as exc:
+            log.warning("recording the standbys in sync failed: %s", exc.message)
+            ok = False
+        finally:
+            self._publishing = False
+        if not ok:
+            if force:
+                raise NotLeader("could not record this term's standbys in etcd")
+            return
+        if self._source is source:
+            self._published = members
+            source.published(members)
 
     def _step_down(self, reason: str) -> None:
         log.warning("lost the lead of term %d: %s; writes refused", self._term, reason)
@@ -349,6 +444,19 @@ class HaMasterServer(MasterServer):
         source = ReplicationSource(term, cfg, records=svc.state_records, flush=oplog.flush)
         oplog.tap = source.append
         self._source = source
+        if cfg.data_dir is not None:  # this directory now holds the metadata of `term`
+            await asyncio.to_thread(write_dir_term, cfg.data_dir, term)
+            copy.disk_term = term
+        # Recorded before any write is served: a standby of the last term that is not in sync
+        # with this one must not lead next with a copy that lacks this term's writes.
+        self._published = None
+        try:
+            await self._publish_in_sync(force=True)
+        except BaseException:
+            source.close("the promotion failed")
+            oplog.tap = None
+            self._source = None
+            raise
         self._core_term = term
         self._term = term
         self._lost = False

@@ -81,6 +81,11 @@ class ReplicationSource:
         self._end = 0
         self._standbys: dict[str, _Standby] = {}
         self._in_sync = 0
+        #: Standbys dropped from the in-sync set whose drop is not yet recorded in etcd
+        #: (`published`): until it is, writes still wait for their acks as if they were in sync
+        #: (position they had reached), so a member that etcd still names as in sync never
+        #: misses an acknowledged write.
+        self._held: dict[str, int] = {}
         self._acked = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._more: asyncio.Future[None] | None = None
@@ -99,7 +104,18 @@ class ReplicationSource:
     @property
     def acked(self) -> int:
         """Everything before this position is on every standby in sync (or none is)."""
-        return self._acked if self._in_sync else self._end
+        return self._acked if self._in_sync or self._held else self._end
+
+    def published(self, members: frozenset[str]) -> None:
+        """etcd now records `members` as this term's standbys in sync: a dropped standby not
+        among them stops holding back the acks."""
+        for member in [m for m in self._held if m not in members]:
+            del self._held[member]
+        self._settle()
+
+    def held(self) -> list[str]:
+        """Dropped standbys whose drop is not in etcd yet (writes still wait on them)."""
+        return sorted(self._held)
 
     def in_sync(self) -> list[str]:
         return sorted(s.member_id for s in self._standbys.values() if s.in_sync)
@@ -126,7 +142,7 @@ class ReplicationSource:
         future done once it is (NotLeader LEADER_CHANGED when the term ends first)."""
         if self._closed is not None:
             raise NotLeader(self._closed, ErrorCode.LEADER_CHANGED)
-        if not self._in_sync or position <= self._acked:
+        if not (self._in_sync or self._held) or position <= self._acked:
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((position, fut))
@@ -154,6 +170,7 @@ class ReplicationSource:
         if not s.in_sync:
             s.in_sync = True
             self._in_sync += 1
+            self._held.pop(req.member_id, None)  # tracked by its own acks again
             log.info(
                 "standby %s in sync at position %d of term %d: writes now wait for it",
                 req.member_id,
@@ -195,6 +212,7 @@ class ReplicationSource:
             self._flush()  # every record so far is in the stream, before P0
             if s is not None and s.in_sync:
                 self._in_sync -= 1
+                self._held[req.member_id] = s.acked  # until etcd no longer names it
             s = self._standbys[req.member_id] = _Standby(req.member_id, self._end, now)
             s.snapshot = self._records()
             log.info(
@@ -269,6 +287,7 @@ class ReplicationSource:
             return
         if s.in_sync:
             self._in_sync -= 1
+            self._held[member_id] = s.acked
             log.warning(
                 "standby %s dropped (%s)%s",
                 member_id,
@@ -281,6 +300,7 @@ class ReplicationSource:
         """Recompute the acknowledged position, release the writes it covers, trim."""
         standbys = self._standbys.values()
         synced = [s.acked for s in standbys if s.in_sync]
+        synced += self._held.values()
         self._acked = min(synced) if synced else self._end
         acked = self._acked
         waiters = self._waiters

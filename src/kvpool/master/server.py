@@ -40,6 +40,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
+    Barrier,
     BatchExistKey,
     BatchGetLocations,
     BatchGetReplicaList,
@@ -58,6 +59,7 @@ from kvpool.protocol.messages import (
     Message,
     RemoveAll,
     RemoveByRegex,
+    Reply,
     Request,
     SegmentName,
 )
@@ -116,6 +118,7 @@ class MasterServer:
         for batch_type in _BATCH_TYPES:
             handlers[batch_type] = self._batch_handler(handlers[batch_type])
         handlers[HaStatus] = self._ha_status
+        handlers[Barrier] = _barrier
         handlers[FollowLog] = handlers[FetchSnapshot] = self._not_ha
         self._handlers.clear()
         self._handlers.update(handlers)
@@ -285,6 +288,11 @@ class MasterServer:
                     durable.snapshot()
             except Exception:
                 log.exception("operation log tick failed")
+
+
+def _barrier(req: Barrier) -> Reply:
+    """Nothing to apply: an HA leader answers it after its standbys' ack (`master.ha`)."""
+    return Reply(0)
 
 
 async def _flushed(reply: Awaitable[Any], flush: Callable[[], None]) -> Any:

@@ -36,7 +36,31 @@ from kvpool.protocol.messages import (
 )
 from kvpool.rpc.aio import AsyncRpcClient
 
-__all__ = ["Follower", "StandbyCopy"]
+__all__ = ["Follower", "StandbyCopy", "read_dir_term", "write_dir_term"]
+
+_TERM_FILE = "ha-term"
+
+
+def read_dir_term(data_dir: str | Path | None) -> int:
+    """The leader term whose metadata `data_dir` holds (0: none recorded)."""
+    if data_dir is None:
+        return 0
+    try:
+        return int((Path(data_dir) / _TERM_FILE).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def write_dir_term(data_dir: str | Path, term: int) -> None:
+    """Record that `data_dir` now holds the metadata of `term` (written, synced, renamed)."""
+    path = Path(data_dir) / _TERM_FILE
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        f.write(f"{term}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +83,8 @@ class StandbyCopy:
         self._log: OpLog | None = None
         if self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
+        #: The term whose metadata the data directory holds (a restarted member's copy).
+        self.disk_term = read_dir_term(self._dir)
 
     @property
     def complete(self) -> bool:
@@ -103,6 +129,8 @@ class StandbyCopy:
             self._tmp = None
             assert self._dir is not None
             os.replace(path, path.with_suffix(".kvp"))
+            write_dir_term(self._dir, term)
+            self.disk_term = term
             if self._log is not None:
                 self._log.close()
             self._log = OpLog(self._dir, seq, self._fsync_interval)
@@ -228,6 +256,13 @@ class Follower:
                     log.info("standby %s: leader %s: %s", self.member_id, target[0], exc)
                     await self._drop_client()
                     await asyncio.sleep(0.1)
+                except Exception:
+                    # A record this copy cannot apply (another version's), a bug: the copy is no
+                    # longer trustworthy. Start over from a snapshot rather than stop following.
+                    log.exception("standby %s: following %s failed", self.member_id, target[0])
+                    self.copy.reset()
+                    await self._drop_client()
+                    await asyncio.sleep(1.0)
         finally:
             await self._drop_client()
 

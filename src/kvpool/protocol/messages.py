@@ -93,6 +93,7 @@ live in a tenant (default "default"); shards are chosen by a stable hash of (ten
 from __future__ import annotations
 
 from kvpool.protocol.replication import (
+    Barrier,
     FetchSnapshot,
     FollowLog,
     HaStatus,
@@ -122,6 +123,7 @@ from kvpool.protocol.values import (
 __all__ = [
     "DEFAULT_TENANT",
     "ArenaReply",
+    "Barrier",
     "BatchExistKey",
     "BatchExistReply",
     "BatchGetLocations",
@@ -758,6 +760,7 @@ Request = (
     | PutCommit
     | BatchPutCommit
     | HaStatus
+    | Barrier
     | FollowLog
     | FetchSnapshot
 )

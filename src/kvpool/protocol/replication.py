@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvpool.protocol.values import Message
 
 __all__ = [
+    "Barrier",
     "FetchSnapshot",
     "FollowLog",
     "HaStatus",
@@ -24,10 +25,18 @@ class HaStatus(Message):
     """Ask a master its HA role (any master answers, leader or not)."""
 
 
+class Barrier(Message):
+    """Answered `Reply(OK)` once everything the master had applied when it got this is on
+    its standbys in sync (an HA leader; at once elsewhere), and only while it still leads:
+    a lookup followed by a Barrier that succeeded at the same master saw committed state.
+    How a client settles a write whose outcome it does not know (kvpool.client.leader)."""
+
+
 class HaStatusReply(Message):
     code: int
     role: str = "single"
-    """"single" (no --ha), "leader", "standby", or "deposed" (it led, a newer term leads)."""
+    """"single" (no --ha), "leader", "standby", or "lost-lead" (its lease's deadline passed:
+    it answers reads from its metadata until it learns of a newer leader)."""
     member_id: str = ""
     term: int = 0
     """The term this master serves (0: it serves no term now)."""

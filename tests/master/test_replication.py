@@ -337,3 +337,38 @@ def test_a_standby_keeps_following_after_a_record_it_cannot_apply() -> None:
                 await task
 
     asyncio.run(main())
+
+
+def test_a_standby_far_behind_catches_up_before_writes_wait_for_it(clock: Clock) -> None:
+    async def main() -> None:
+        svc, oplog, whole = journaled(clock, ha_chunk_bytes=CHUNK)
+        source = ReplicationSource(
+            3, svc.config, records=svc.state_records, flush=oplog.flush, clock=clock
+        )
+        tap(oplog, whole, source)
+        mount(svc, "a", 1)
+        oplog.flush()
+        source.fetch_snapshot(m.FetchSnapshot("s1", 3, 0))
+        start = source.end
+        for i in range(400):  # the log grows far past one reply while s1 is away
+            put(svc, f"k{i}")
+        oplog.flush()
+        assert source.end - start > 2 * CHUNK
+        reply = source.follow(m.FollowLog("s1", 3, start, 0))
+        assert isinstance(reply, m.LogReply) and reply.data
+        assert source.in_sync() == []  # still catching up: writes do not wait for it
+        assert source.wait(source.end) is None
+        pos = start
+        while pos < source.end:
+            reply = source.follow(m.FollowLog("s1", 3, pos, 0))
+            assert isinstance(reply, m.LogReply)
+            pos += len(reply.data)
+            if not reply.data:
+                break
+        source.follow(m.FollowLog("s1", 3, pos, 0))  # the next poll acknowledges the end
+        assert source.in_sync() == ["s1"]
+        put(svc, "after")
+        oplog.flush()
+        assert source.wait(source.end) is not None  # now every write waits for it
+
+    asyncio.run(main())

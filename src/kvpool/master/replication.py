@@ -13,7 +13,8 @@ leader's term began. Standbys pull:
   standby applies it, then follows the log from P0. The records set state, so the fuzzy walk
   followed by the log from P0 converges (every change made during the walk is in that log).
 
-A standby is *in sync* from its first `FollowLog` inside the buffer until it is silent for
+A standby is *in sync* from its first `FollowLog` within `ha_chunk_bytes` of the stream's end
+(before that it catches up without holding writes back) until it is silent for
 `ha_standby_timeout` (then the leader goes on alone and logs it). A write's reply waits
 (`wait`) until every standby in sync has acknowledged the position of the request's last
 record; many requests wait on one ack (group commit). The buffer keeps what the slowest
@@ -167,7 +168,9 @@ class ReplicationSource:
         s.snapshot = None
         if pos > s.acked or not s.in_sync:
             s.acked = pos
-        if not s.in_sync:
+        if not s.in_sync and self._end - pos <= self._chunk:
+            # In sync once it is within one reply of the end: a standby still catching up on a
+            # long log would make every write wait for all of it.
             s.in_sync = True
             self._in_sync += 1
             self._held.pop(req.member_id, None)  # tracked by its own acks again

@@ -130,6 +130,19 @@ class MasterServer:
     def _not_ha(self, req: Any) -> Message:
         raise KVPoolError("this master runs without --ha", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
 
+    def ha_status(self) -> HaStatusReply:
+        """This master's role in its HA group ("single" without --ha)."""
+        return self._ha_status(HaStatus())
+
+    def wrap_handler(
+        self,
+        wrap: Callable[[Callable[[Any, Connection], Any]], Callable[[Any, Connection], Any]],
+    ) -> None:
+        """Serve every request through `wrap(handler)` from now on (the request counters of
+        `kvpool.ops.metrics`, installed only when the master serves HTTP). The RPC server
+        looks its handler up per request, so this takes effect at once."""
+        self.rpc._handler = wrap(self.rpc._handler)
+
     @property
     def address(self) -> tuple[str, int]:
         return self.rpc.address

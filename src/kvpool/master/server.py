@@ -163,6 +163,7 @@ class MasterServer:
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
             asyncio.create_task(self._durable_ticks(), name="master-oplog"),
+            asyncio.create_task(self._drain_ticks(), name="master-drain-tick"),
         ]
 
     async def close(self) -> None:
@@ -276,6 +277,19 @@ class MasterServer:
                 svc.repair_tick()
             except Exception:
                 log.exception("repair tick failed")
+
+    async def _drain_ticks(self) -> None:
+        """Step the graceful drains of segments (`drain.py`) five times a second, while any
+        runs (an idle master only reads a flag)."""
+        while True:
+            await asyncio.sleep(0.2)
+            drains = self.service.drains
+            if not drains.active:
+                continue
+            try:
+                drains.tick()
+            except Exception:
+                log.exception("drain tick failed")
 
     async def _durable_ticks(self) -> None:
         """Group fsync of the operation log every `fsync_interval`, a snapshot (a forked

@@ -10,6 +10,10 @@
                                     keys, a page at a time (`next` is the `after` of the next)
     GET  /api/v1/tenants            objects and bytes per tenant (walked in steps)
     GET  /api/v1/stats              the pool in one object (what `kvpool status` shows)
+    POST /api/v1/segments/drain?segment=&grace=
+                                    start a graceful drain (`kvpool.master.drain`)
+    GET  /api/v1/segments/drain?segment=
+                                    its progress
 
 Every handler reads the metadata on the loop that owns it; walks over all objects yield to the
 loop every `_STEP_SHARDS` shards, so a scrape or a page never stalls the RPC requests. Bad
@@ -25,9 +29,17 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from kvpool.codes import SEGMENT_NOT_FOUND
+from kvpool.config import parse_duration
+from kvpool.errors import KVPoolError
 from kvpool.ops.http import HttpError, HttpRequest, HttpServer, Response, json_response
 from kvpool.ops.metrics import MasterCollector, RequestCounters, op_name
-from kvpool.protocol.messages import DEFAULT_TENANT, Stats
+from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
+from kvpool.protocol.messages import (
+    DEFAULT_TENANT,
+    SegmentName,
+    Stats,
+)
 
 if TYPE_CHECKING:
     from kvpool.master.metadata import ObjectMeta
@@ -61,6 +73,8 @@ class MasterHttp:
             ("/api/v1/stats", self.stats),
         ):
             self.http.route("GET", path, handler)
+        self.http.route("GET", "/api/v1/segments/drain", self.drain_status)
+        self.http.route("POST", "/api/v1/segments/drain", self.drain)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -195,12 +209,39 @@ class MasterHttp:
         out.sort(key=lambda d: -d["replica_bytes"])
         return json_response({"tenants": out})
 
+    def drain(self, req: HttpRequest) -> Response:
+        name = req.required("segment")
+        raw = req.param("grace") or "30s"
+        try:
+            grace = parse_duration(raw, name="grace", maximum=24 * 3600.0)
+        except KVPoolError as exc:
+            raise HttpError(400, exc.message) from None
+        reply = self.server.service.drains.drain_segment(
+            DrainSegment(SegmentName(name), int(grace * 1000))
+        )
+        if reply.code == SEGMENT_NOT_FOUND:
+            raise HttpError(404, f"segment: no mounted segment {name!r}")
+        return json_response(_drain(name, reply))
+
+    def drain_status(self, req: HttpRequest) -> Response:
+        name = req.required("segment")
+        reply = self.server.service.drains.drain_status(DrainStatus(SegmentName(name)))
+        if reply.code != 0:
+            raise HttpError(404, f"segment: no drain of {name!r} is known")
+        return json_response(_drain(name, reply))
+
 
 async def start_master_http(server: MasterServer, host: str, port: int) -> MasterHttp:
     """Metrics and the admin API of `server` on HOST:PORT (0: a free port), started."""
     http = MasterHttp(server, host, port)
     await http.start()
     return http
+
+
+def _drain(name: str, reply: DrainReply) -> dict[str, Any]:
+    out = {f: getattr(reply, f) for f in reply.__struct_fields__ if f != "code"}
+    out["segment"] = name
+    return out
 
 
 def _cursor(after: str | None) -> tuple[int, int]:

@@ -86,7 +86,8 @@ def test_counters_move_by_exactly_the_workload(live: tuple[Pool, str]) -> None:
         == after["master_get_replica_list_requests_total"]
     )
     count = after['kvpool_master_request_seconds_count{op="get_replica_list"}']
-    assert count == after["master_get_replica_list_requests_total"]
+    # One request in 16 of each kind is timed (the 16th, 32nd, ...).
+    assert count == after["master_get_replica_list_requests_total"] // 16
     assert after["master_total_capacity_bytes"] == 8 * 1024 * 1024
     assert after["master_active_clients"] >= 1
 

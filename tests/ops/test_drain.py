@@ -112,3 +112,28 @@ def test_drain_endpoints_refuse_bad_requests(pool: PoolFactory) -> None:  # noqa
         lambda: _get(f"{base}/api/v1/segments/drain?segment={name}")[1]["state"] == "done",
         timeout=20,
     )
+
+
+def test_a_node_stopped_with_sigterm_drains_its_pinned_objects_first(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    p = pool(
+        nodes=1,
+        segment_size="16MiB",
+        master_args=("--http-port", "0", "--default-kv-lease-ttl", "500ms"),
+    )
+    base = _http(p)
+    leaving = p.add_node(None, "--drain-grace", "20s")
+    _, st = _get(base + "/api/v1/segments/status")
+    (seg,) = [s["name"] for s in st["segments"] if s["endpoint"] == p.node_endpoints[1]]
+    there = ReplicateConfig(with_hard_pin=True, preferred_segments=(seg,))
+    with Store(p.address) as store:
+        for i in range(25):
+            store.put(f"pinned-{i}", bytes([i]) * 30_000, there)
+        assert all(_segments_of(base, f"pinned-{i}") == [seg] for i in range(25))
+        assert p.stop_node(1) == 0
+        out = "\n".join(leaving.lines)
+        assert "moved 25 of 25 objects to keep, 0 failed" in out, out
+        for i in range(25):
+            assert store.get(f"pinned-{i}") == bytes([i]) * 30_000
+            assert seg not in _segments_of(base, f"pinned-{i}")

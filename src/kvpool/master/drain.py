@@ -193,6 +193,10 @@ class DrainTable:
             else:
                 job.moving += 1
         job.to_move = waiting
+        if waiting and job.moving == 0 and not self._core.segments.live:
+            # Nowhere to move to (the last segment of the pool): waiting cannot help.
+            job.failed += len(waiting)
+            job.to_move = waiting = []
         if not waiting and job.moving == 0:
             job.state = "waiting_leases"
         elif now >= job.deadline and job.moving == 0:

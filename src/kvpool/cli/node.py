@@ -28,6 +28,7 @@ from kvpool.config import format_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.fdlimit import raise_fd_limit
+from kvpool.ops.node import NodeHttp
 from kvpool.ops.nodedrain import drain_node
 from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
@@ -251,6 +252,7 @@ def node(
     # its segment: it needs a data path of its own to write the targets.
     data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
     executor: TaskExecutor | None = None
+    http: NodeHttp | None = None
     try:
         try:
             runtime.start()
@@ -270,6 +272,10 @@ def node(
             + (f" (leader {runtime.rpc.address})" if runtime.follower is not None else "")
         )
         click.echo(f"listening on {runtime.endpoint}")
+        if http_port is not None:
+            http = NodeHttp(runtime, host, http_port).start()
+            h, p = http.address
+            click.echo(f"kvpool node: http listening on {h}:{p}")
         while not stop.wait(1.0):
             pass
         if drain_grace > 0 and signals and signals[0] == signal.SIGTERM:
@@ -281,6 +287,8 @@ def node(
                 )
         click.echo("kvpool node: stopping; unmounting the segment")
     finally:
+        if http is not None:
+            http.close()
         if executor is not None:
             executor.close()
         runtime.close()

@@ -1,6 +1,7 @@
 """The master's admin HTTP API (JSON) and `/metrics`, served on the master's own loop.
 
     GET  /metrics                   Prometheus text (`metrics.MasterCollector`)
+    GET  /dashboard (and /)         the live dashboard (`dashboard.py`)
     GET  /health                    {"status": "ok", ...}
     GET  /role                      leader / standby / lost-lead / single, term, leader address
     GET  /query_key?key=&tenant=    the object: size, replicas, lease, pins
@@ -32,8 +33,9 @@ from prometheus_client.registry import CollectorRegistry
 from kvpool.codes import SEGMENT_NOT_FOUND
 from kvpool.config import parse_duration
 from kvpool.errors import KVPoolError
+from kvpool.ops.dashboard import DASHBOARD_HTML
 from kvpool.ops.http import HttpError, HttpRequest, HttpServer, Response, json_response
-from kvpool.ops.metrics import MasterCollector, RequestCounters, op_name
+from kvpool.ops.metrics import MasterCollector, RequestCounters, op_name, reclaim_stats
 from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
 from kvpool.protocol.messages import (
     DEFAULT_TENANT,
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MasterHttp", "start_master_http"]
 
+_DASHBOARD = DASHBOARD_HTML.encode()
 _STEP_SHARDS = 64
 _MAX_PAGE = 10_000
 _MAX_KEY = 4096
@@ -73,6 +76,8 @@ class MasterHttp:
             ("/api/v1/stats", self.stats),
         ):
             self.http.route("GET", path, handler)
+        self.http.route("GET", "/dashboard", self.dashboard)
+        self.http.route("GET", "/", self.dashboard)
         self.http.route("GET", "/api/v1/segments/drain", self.drain_status)
         self.http.route("POST", "/api/v1/segments/drain", self.drain)
 
@@ -92,6 +97,9 @@ class MasterHttp:
 
     def metrics(self, req: HttpRequest) -> Response:
         return Response(generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def dashboard(self, req: HttpRequest) -> Response:
+        return Response(_DASHBOARD, "text/html; charset=utf-8")
 
     def health(self, req: HttpRequest) -> Response:
         svc = self.server.service
@@ -158,7 +166,10 @@ class MasterHttp:
                     for c in (*st.clients, *st.silent_clients)
                 ],
                 "segments": [_segment(s) for s in self.server.service.segments.mounted()],
-                "requests": {op_name(k): n for k, n in self.counters.requests.items()},
+                "requests": {op_name(k): c.requests for k, c in self.counters.kinds.items()},
+                "failures": {op_name(k): c.failures for k, c in self.counters.kinds.items()},
+                "reclaim": reclaim_stats(self.server.service.hooks),
+                "role": self.server.ha_status().role,
             }
         )
 

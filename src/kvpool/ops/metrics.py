@@ -44,6 +44,7 @@ __all__ = [
     "MasterCollector",
     "RequestCounters",
     "op_name",
+    "reclaim_stats",
 ]
 
 #: Upper bounds (seconds) of the handler latency histogram's buckets.
@@ -247,18 +248,10 @@ class MasterCollector(Collector):
             yield from self._requests(self._counters)
 
     def _reclaim(self, hooks: object) -> Iterator[Any]:
-        if not isinstance(hooks, MasterReclaimHooks):
+        st = reclaim_stats(hooks)
+        if not st:
             return
-        try:
-            engine = hooks.engine
-        except RuntimeError:  # not attached (yet)
-            return
-        st = hooks.stats()
-        active = inactive = 0
-        for i in range(engine.num_shards):
-            lists = engine.shard(i)
-            active += lists.active_len
-            inactive += lists.inactive_len
+        active, inactive = st["active_records"], st["inactive_records"]
         yield _gauge("master_soft_pin_key_count", "Objects soft pinned now.", st["soft_pins"])
         yield _gauge("kvpool_reclaim_active_records", "Records on the active lists.", active)
         yield _gauge("kvpool_reclaim_inactive_records", "Records on the inactive lists.", inactive)
@@ -332,6 +325,20 @@ class MasterCollector(Collector):
         yield fail
         yield items
         yield hist
+
+
+def reclaim_stats(hooks: object) -> dict[str, int]:
+    """The reclaim engine's counters and list sizes ({} without reclaim hooks)."""
+    if not isinstance(hooks, MasterReclaimHooks):
+        return {}
+    try:
+        engine = hooks.engine
+    except RuntimeError:  # not attached (yet)
+        return {}
+    out = hooks.stats()
+    out["active_records"] = sum(engine.shard(i).active_len for i in range(engine.num_shards))
+    out["inactive_records"] = sum(engine.shard(i).inactive_len for i in range(engine.num_shards))
+    return out
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -9,7 +9,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import pytest
+
 from kvpool import ReplicateConfig, SoftPinAction, Store
+from kvpool.errors import SegmentError
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
 
@@ -137,3 +140,18 @@ def test_a_node_stopped_with_sigterm_drains_its_pinned_objects_first(
         for i in range(25):
             assert store.get(f"pinned-{i}") == bytes([i]) * 30_000
             assert seg not in _segments_of(base, f"pinned-{i}")
+
+
+def test_a_store_drains_its_own_segment_before_freeing_it(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=1, segment_size="16MiB", master_args=("--default-kv-lease-ttl", "500ms"))
+    with Store(p.address) as owner, Store(p.address) as reader:
+        name = owner.mount_segment("16MiB")
+        there = ReplicateConfig(with_hard_pin=True, preferred_segments=(name,))
+        for i in range(20):
+            owner.put(f"own-{i}", bytes([i]) * 10_000, there)
+        reply = owner.drain_segment(name, grace=20)
+        assert (reply.state, reply.must_keep, reply.moved, reply.failed) == ("done", 20, 20, 0)
+        with pytest.raises(SegmentError):  # no longer this Store's: its memory is freed
+            owner.unmount_segment(name)
+        for i in range(20):
+            assert reader.get(f"own-{i}") == bytes([i]) * 10_000

@@ -21,6 +21,7 @@ import click
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
+from kvpool.client.drain import drain_node
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
 from kvpool.client.validation import check_segment_size
@@ -29,7 +30,6 @@ from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.fdlimit import raise_fd_limit
 from kvpool.ops.node import NodeHttp
-from kvpool.ops.nodedrain import drain_node
 from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 

@@ -203,3 +203,23 @@ def test_status_watch_refreshes_until_stopped(live: tuple[Pool, str]) -> None:
         wait_until(lambda: sum(1 for line in proc.lines if '"uptime_s"' in line) >= 3, timeout=30)
     finally:
         proc.stop()
+
+
+def test_connections_past_the_cap_are_answered_503(live: tuple[Pool, str]) -> None:
+    import socket
+
+    from kvpool.ops.http import MAX_CONNECTIONS
+
+    _, base = live
+    host, port = base.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        # Each held connection is being served (waiting for its request head): one more is
+        # refused at once with a 503 ...
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            assert extra.recv(100).startswith(b"HTTP/1.1 503")
+    finally:
+        for s in held:
+            s.close()
+    # ... and once they are gone, requests are served again.
+    wait_until(lambda: get(base + "/health")[0] == 200, timeout=10)

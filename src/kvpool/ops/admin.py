@@ -222,6 +222,9 @@ class MasterHttp:
 
     def drain(self, req: HttpRequest) -> Response:
         name = req.required("segment")
+        role = self.server.ha_status().role
+        if role not in ("single", "leader"):
+            raise HttpError(409, f"this master is a {role}: ask the leader to drain")
         raw = req.param("grace") or "30s"
         try:
             grace = parse_duration(raw, name="grace", maximum=24 * 3600.0)

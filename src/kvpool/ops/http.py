@@ -1,8 +1,8 @@
 """`HttpServer`: a small HTTP/1.1 server on the running asyncio loop, for metrics and admin.
 
-It serves a handful of operators and one Prometheus: one request per connection read (keep-alive
-honoured), a request head of at most 16 KiB, bodies of at most 64 KiB, a deadline for reading
-the head. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
+It serves a handful of operators and one Prometheus: requests read one at a time per connection
+(keep-alive honoured), a request head of at most 16 KiB, bodies of at most 64 KiB, a deadline
+for reading the head, at most `MAX_CONNECTIONS` connections at once. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
 `Response` (or an awaitable of one, for work done in steps that yield to the loop). A handler
 raises `HttpError` for a bad request: the client gets that status and a JSON
 `{"error": message}`; any other exception is logged and answered 500 (a bug, never expected).
@@ -23,13 +23,23 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["HttpError", "HttpRequest", "HttpServer", "Response", "json_response"]
+__all__ = [
+    "MAX_CONNECTIONS",
+    "HttpError",
+    "HttpRequest",
+    "HttpServer",
+    "Response",
+    "json_response",
+]
 
 log = logging.getLogger(__name__)
 
 _MAX_HEAD = 16 * 1024
 _MAX_BODY = 64 * 1024
 _HEAD_TIMEOUT = 10.0
+#: Connections served at once; more are answered 503 and closed (operators and a Prometheus
+#: or two are the clients: this is a guard, not a capacity).
+MAX_CONNECTIONS = 64
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -142,6 +152,12 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._conns) >= MAX_CONNECTIONS:
+            with contextlib.suppress(Exception):
+                busy = json_response({"error": "too many connections"}, 503)
+                await asyncio.wait_for(_write(writer, busy, False), _HEAD_TIMEOUT)
+            writer.close()
+            return
         self._conns.add(task)
         try:
             while await self._one(reader, writer):

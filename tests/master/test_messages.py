@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from kvpool.protocol import messages as m
+from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
 
 
 def _members(union: object) -> list[type[m.Message]]:
@@ -148,6 +149,9 @@ SAMPLES: list[m.Message] = [
     m.LogReply(0, 3, 100, b"\x01\x02", False),
     m.FetchSnapshot("m2", 3, 0),
     m.SnapshotReply(0, 3, 100, 0, b"\x03", True),
+    DrainSegment(m.SegmentName("s1"), 5000),
+    DrainStatus(m.SegmentName("s1")),
+    DrainReply(0, "moving", 10, 4, 2, 0, 1, 0.5, 5.0),
 ]
 
 

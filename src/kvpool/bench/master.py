@@ -321,10 +321,12 @@ def run(
     reclaim: bool = True,
     log: Callable[[str], None] = lambda s: None,
     data_dir: str | None = None,
+    master_args: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """All throughput rows (against a master with or without reclaim hooks, with its
-    operation log in `data_dir` if given), then the memory rows (both ways)."""
-    master = _Master(reclaim, data_dir)
+    operation log in `data_dir` if given, started with `master_args` more), then the memory
+    rows (both ways)."""
+    master = _Master(reclaim, data_dir, extra=master_args)
     try:
         rpc = master.rpc
         # Objects to read: put once, remembered offsets checked on every read.
@@ -627,6 +629,14 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     type=click.IntRange(1, 200),
     help="Only measure lock-step GetReplicaList against Echo, in this many interleaved rounds.",
 )
+@click.option(
+    "--master-arg",
+    "master_args",
+    multiple=True,
+    metavar="ARG",
+    help="One more argument for the measured `kvpool master` (repeat it: "
+    "--master-arg=--http-port --master-arg=0 measures a master serving metrics).",
+)
 def command(
     *,
     quick: bool,
@@ -636,6 +646,7 @@ def command(
     reclaim: bool,
     data_dir: str | None,
     lockstep_rounds: int | None,
+    master_args: tuple[str, ...] = (),
 ) -> None:
     """Master control-plane throughput (ops/s, keys/s, master CPU per key) and bytes/object."""
     if lockstep_rounds is not None:
@@ -657,7 +668,13 @@ def command(
             repeats or plan.repeats,
             memory_objects or plan.memory_objects,
         )
-    rows = run(plan, reclaim, log=lambda s: click.echo(s, err=True), data_dir=data_dir)
+    rows = run(
+        plan,
+        reclaim,
+        log=lambda s: click.echo(s, err=True),
+        data_dir=data_dir,
+        master_args=master_args,
+    )
     click.echo(format_table(rows))
     if json_path:
         click.echo(f"wrote {write_json(json_path, rows)} rows to {json_path}")

@@ -27,6 +27,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("kvpool.cli.status", "status", "Show a pool's segments, clients and objects."),
     "demo": ("kvpool.cli.demo", "demo", "The main job: prefill writes KV cache, decode reuses it."),
     "bench": ("kvpool.cli", "bench", "Benchmarks that print tables (and JSON rows)."),
+    "drain": ("kvpool.cli.drain", "drain", "Gracefully unmount a segment: move, wait, unmount."),
 }
 
 # `kvpool bench NAME` -> (module, attribute, help)

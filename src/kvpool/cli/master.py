@@ -26,6 +26,7 @@ from kvpool.master.ha import HaMasterServer
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.master.server import MasterServer
+from kvpool.ops.admin import MasterHttp, start_master_http
 from kvpool.rpc.loop import run
 
 __all__ = ["master"]
@@ -351,6 +352,16 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Mooncake: --snapshot-interval in whole seconds.",
 )
+@click.option(
+    "--http-port",
+    "--metrics_port",
+    "http_port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve /metrics (Prometheus), the admin API and /dashboard over HTTP on this port of "
+    "--host (0: a free port, logged as 'http listening on HOST:PORT'). Off by default; "
+    "Mooncake's master uses 9003.",
+)
 def master(
     *,
     host: str,
@@ -393,6 +404,7 @@ def master(
     ha_backend_connstring: str | None,
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
+    http_port: int | None,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     ha_url, cluster_id = _ha_url(
@@ -450,7 +462,7 @@ def master(
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc
     try:
-        run(_serve(config, reclaim))
+        run(_serve(config, reclaim, http_port))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     except KVPoolError as exc:
@@ -488,7 +500,7 @@ def _ha_url(
     return str(url), url.cluster_id
 
 
-async def _serve(config: MasterConfig, reclaim: bool) -> None:
+async def _serve(config: MasterConfig, reclaim: bool, http_port: int | None = None) -> None:
     def hooks() -> ReclaimHooks | None:
         return MasterReclaimHooks() if reclaim else None
 
@@ -497,6 +509,7 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
         server = HaMasterServer(config, hooks_factory=hooks)
     else:
         server = MasterServer(config, hooks=hooks())
+    http: MasterHttp | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -508,11 +521,19 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
             click.echo(
                 f"kvpool master: HA member {server.member_id} advertising {server.advertise}"
             )
+        if http_port is not None:
+            http = await start_master_http(server, config.host, http_port)
         click.echo(f"kvpool master listening on {host}:{port}")
+        if http is not None:
+            # After the RPC line: `children.READY_RE` waits for the first "listening on".
+            h, p = http.address
+            click.echo(f"kvpool master: http listening on {h}:{p}")
         sys.stdout.flush()
         await stop.wait()
         click.echo("kvpool master: stopping")
     finally:
+        if http is not None:
+            await http.close()
         await server.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

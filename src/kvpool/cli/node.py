@@ -21,6 +21,7 @@ import click
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
+from kvpool.client.drain import drain_node
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
 from kvpool.client.validation import check_segment_size
@@ -28,6 +29,7 @@ from kvpool.config import format_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.fdlimit import raise_fd_limit
+from kvpool.ops.node import NodeHttp
 from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 
@@ -167,6 +169,21 @@ def mount_with_progress(
     type=Size(minimum=1),
     help="Bytes/s below which a transfer's payload fails (after the stall timeout).",
 )
+@click.option(
+    "--drain-grace",
+    default=0.0,
+    show_default=True,
+    type=Duration(0, 24 * 3600),
+    help="On SIGTERM, first drain the segment (the master moves pinned objects out and waits "
+    "for read leases) for up to this long, then unmount; 0 unmounts at once.",
+)
+@click.option(
+    "--http-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve /metrics (Prometheus: segment bytes, transfer-server requests, bytes and "
+    "errors by op, connections) and /health on this port of --host (0: a free port).",
+)
 def node(
     *,
     master: str,
@@ -183,6 +200,8 @@ def node(
     transfer_idle_timeout: float,
     transfer_stall_timeout: float,
     transfer_min_rate: int,
+    drain_grace: float = 0.0,
+    http_port: int | None = None,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -211,7 +230,10 @@ def node(
     poll = task_poll_interval
     stop = threading.Event()
 
+    signals: list[int] = []
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        signals.append(signum)
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
@@ -230,6 +252,7 @@ def node(
     # its segment: it needs a data path of its own to write the targets.
     data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
     executor: TaskExecutor | None = None
+    http: NodeHttp | None = None
     try:
         try:
             runtime.start()
@@ -249,10 +272,23 @@ def node(
             + (f" (leader {runtime.rpc.address})" if runtime.follower is not None else "")
         )
         click.echo(f"listening on {runtime.endpoint}")
+        if http_port is not None:
+            http = NodeHttp(runtime, host, http_port).start()
+            h, p = http.address
+            click.echo(f"kvpool node: http listening on {h}:{p}")
         while not stop.wait(1.0):
             pass
+        if drain_grace > 0 and signals and signals[0] == signal.SIGTERM:
+            click.echo(f"kvpool node: draining the segment (up to {drain_grace:g} s)")
+            for name, r in drain_node(runtime, drain_grace).items():
+                click.echo(
+                    f"kvpool node: {name} {r.state}: moved {r.moved} of {r.must_keep} objects "
+                    f"to keep, {r.failed} failed"
+                )
         click.echo("kvpool node: stopping; unmounting the segment")
     finally:
+        if http is not None:
+            http.close()
         if executor is not None:
             executor.close()
         runtime.close()

@@ -10,6 +10,8 @@ same fields (named, not positional), for scripts.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Any
 
 import click
@@ -149,8 +151,45 @@ def render_table(address: str, reply: StatsReply) -> str:
     type=Duration(0.1, 3600),
     help="Seconds to wait for the master.",
 )
-def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
+@click.option(
+    "--watch", is_flag=True, help="Refresh every --interval until Ctrl-C (tables or JSON)."
+)
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=Duration(0.1, 3600),
+    help="Seconds between refreshes with --watch.",
+)
+def status(
+    *,
+    address: str,
+    cluster_id: str,
+    as_json: bool,
+    timeout: float,
+    watch: bool = False,
+    interval: float = 2.0,
+) -> None:
     """Show the segments, clients and objects of the pool whose master is at --master."""
+    if not watch:
+        _show(address, cluster_id, as_json, timeout)
+        return
+    try:
+        while True:
+            if not as_json:
+                click.clear()
+                click.echo(f"{time.strftime('%H:%M:%S')}  every {interval:g}s (Ctrl-C stops)")
+            try:
+                _show(address, cluster_id, as_json, timeout)
+            except click.ClickException as exc:  # the master may come back: keep watching
+                click.echo(f"error: {exc.message}", err=True)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+def _show(address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
     master = address
     try:
         url = parse_master(master)

@@ -28,6 +28,7 @@ from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.result import PutResult, PutStats
 from kvpool.client.store import Buffer, HealthStatus, Store
 from kvpool.errors import ErrorCode, InvalidParams, StoreClosed
+from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc
 
 __all__ = ["AsyncStore"]
@@ -212,6 +213,9 @@ class AsyncStore:
 
     async def unmount_segment(self, name: str) -> None:
         await self._run(self.store.unmount_segment, name)
+
+    async def drain_segment(self, name: str, grace: float = 30.0) -> DrainReply:
+        return await self._run(self.store.drain_segment, name, grace)
 
     async def warm_up(self) -> int:
         return await self._run(self.store.warm_up)

@@ -474,6 +474,11 @@ class NodeRuntime:
         log.info("unmounted segment %s", name)
 
     @property
+    def transfer_server(self) -> TransferServer | None:
+        """The server of this node's segments (None before the first mount), for metrics."""
+        return self._server
+
+    @property
     def endpoint(self) -> str | None:
         """`host:port` of this process's transfer server (None before the first mount)."""
         return self._server.endpoint if self._server is not None else None

@@ -41,6 +41,7 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
+from kvpool.client.drain import drain_node
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
@@ -61,6 +62,7 @@ from kvpool.client.validation import (
 from kvpool.client.writer import Writer
 from kvpool.config import parse_size
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed, raise_for_code
+from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply, TenantId
 
 __all__ = [
@@ -343,6 +345,25 @@ class Store:
         if not isinstance(name, str):
             raise InvalidParams(f"name: expected a str, got {type(name).__name__}")
         self._node.unmount(SegmentName(name), best_effort=False)
+
+    def drain_segment(self, name: str, grace: float = 30.0) -> DrainReply:
+        """Gracefully unmount segment `name` of this Store: the master places nothing new there
+        at once, moves out what must not be lost (this Store's task executor copies it), waits
+        for read leases up to `grace` seconds and unmounts it; this Store polls its progress
+        (`client/drain.py`), then stops serving it and frees its memory. Answers the last
+        progress (`state` "done" when the master unmounted it; the memory is freed in any
+        case). Raises `SegmentError` (SEGMENT_NOT_FOUND) for a name this Store did not mount."""
+        self._open()
+        if not isinstance(name, str):
+            raise InvalidParams(f"name: expected a str, got {type(name).__name__}")
+        if grace < 0:
+            raise InvalidParams(f"grace: {grace} is negative")
+        seg = SegmentName(name)
+        if seg not in self._node.segments:
+            raise_for_code(int(ErrorCode.SEGMENT_NOT_FOUND), f"drain_segment {name}")
+        reply = drain_node(self._node, grace, [seg]).get(seg, DrainReply(-1))
+        self._node.unmount(seg, best_effort=True)
+        return reply
 
     def warm_up(self) -> int:
         """Open every segment of the pool now (map same-host shared memory, resolve the

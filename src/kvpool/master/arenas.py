@@ -163,8 +163,14 @@ class ArenaPath:
         # The arena first: any answer but INVALID_WRITE tells the client its arena is alive,
         # so the lease is renewed whatever else the request gets wrong.
         arena = self._arenas.get(arena_id)
-        if arena is None or arena.client_id != client_id or not arena.segment.serving:
-            # (A silent segment takes no new object: the client falls back to PutStart.)
+        if (
+            arena is None
+            or arena.client_id != client_id
+            or not arena.segment.serving
+            or arena.segment.draining
+        ):
+            # (A silent or draining segment takes no new object: the client falls back to
+            # PutStart.)
             return None, None, INVALID_WRITE
         self._arenas.renew(arena)
         plan = self._planner.plan(client_id, tenant, cfg, n)

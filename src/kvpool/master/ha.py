@@ -569,6 +569,9 @@ class HaMasterServer(MasterServer):
             raise self._refusal(ErrorCode.LEADER_CHANGED)
         return result
 
+    def ha_status(self) -> HaStatusReply:
+        return self._status()
+
     def _status(self) -> HaStatusReply:
         e = self.election
         view = e.state.leader if e is not None else None

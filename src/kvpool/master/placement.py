@@ -69,6 +69,7 @@ class Placement:
             if (
                 seg_or_none is not None
                 and seg_or_none.serving  # a silent segment takes no new replica
+                and not seg_or_none.draining  # nor one being drained
                 and seg_or_none.number not in used
             ):
                 self._try(seg_or_none, size, chosen, used)

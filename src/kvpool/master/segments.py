@@ -28,6 +28,7 @@ class Segment:
         "alive",
         "allocator",
         "client_id",
+        "draining",
         "endpoint",
         "generation",
         "host_id",
@@ -65,6 +66,9 @@ class Segment:
         #: Mounted and its owner not silent: readers may be sent here, placement may use it.
         self.serving = True
         self.objects = 0  # replicas currently allocated here
+        #: Gracefully unmounting (`master/drain.py`): readable, but out of `live`, so no new
+        #: replica, arena or task target is placed here.
+        self.draining = False
 
     @property
     def silent(self) -> bool:
@@ -144,13 +148,22 @@ class SegmentTable:
         """Stop serving `seg` (its owner fell silent); everything it holds is kept."""
         if seg.serving:
             seg.serving = False
-            self.live.remove(seg)
+            if seg in self.live:  # a draining segment has left it already
+                self.live.remove(seg)
 
     def restore(self, seg: Segment) -> None:
         """Serve the silent `seg` again (its owner came back with the same memory)."""
         if seg.alive and not seg.serving:
             seg.serving = True
-            self.live.append(seg)
+            if not seg.draining:
+                self.live.append(seg)
+
+    def drain(self, seg: Segment) -> None:
+        """Take `seg` out of placement (GRACEFULLY_UNMOUNTING): still mounted and readable."""
+        if seg.alive and not seg.draining:
+            seg.draining = True
+            if seg in self.live:
+                self.live.remove(seg)
 
     def mounted(self) -> list[Segment]:
         """Every mounted segment, silent ones included."""
@@ -160,7 +173,7 @@ class SegmentTable:
         """Take `seg` out of the pool: unreadable and unallocatable from now on."""
         seg.alive = False
         del self._by_name[seg.name]
-        if seg.serving:
+        if seg in self.live:
             self.live.remove(seg)
         seg.serving = False
         # Every range of the segment goes with it; nothing may be freed into it again.

@@ -133,6 +133,19 @@ class MasterServer:
     def _not_ha(self, req: Any) -> Message:
         raise KVPoolError("this master runs without --ha", ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
 
+    def ha_status(self) -> HaStatusReply:
+        """This master's role in its HA group ("single" without --ha)."""
+        return self._ha_status(HaStatus())
+
+    def wrap_handler(
+        self,
+        wrap: Callable[[Callable[[Any, Connection], Any]], Callable[[Any, Connection], Any]],
+    ) -> None:
+        """Serve every request through `wrap(handler)` from now on (the request counters of
+        `kvpool.ops.metrics`, installed only when the master serves HTTP). The RPC server
+        looks its handler up per request, so this takes effect at once."""
+        self.rpc._handler = wrap(self.rpc._handler)
+
     @property
     def address(self) -> tuple[str, int]:
         return self.rpc.address
@@ -153,6 +166,7 @@ class MasterServer:
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
             asyncio.create_task(self._durable_ticks(), name="master-oplog"),
+            asyncio.create_task(self._drain_ticks(), name="master-drain-tick"),
         ]
 
     async def close(self) -> None:
@@ -266,6 +280,19 @@ class MasterServer:
                 svc.repair_tick()
             except Exception:
                 log.exception("repair tick failed")
+
+    async def _drain_ticks(self) -> None:
+        """Step the graceful drains of segments (`drain.py`) five times a second, while any
+        runs (an idle master only reads a flag)."""
+        while True:
+            await asyncio.sleep(0.2)
+            drains = self.service.drains
+            if not drains.active:
+                continue
+            try:
+                drains.tick()
+            except Exception:
+                log.exception("drain tick failed")
 
     async def _durable_ticks(self) -> None:
         """Group fsync of the operation log every `fsync_interval`, a snapshot (a forked

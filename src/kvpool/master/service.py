@@ -34,6 +34,7 @@ from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.arenas import ArenaPath
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MetadataCore
+from kvpool.master.drain import DrainTable
 from kvpool.master.durable import Durability, Replay, build, state_records
 from kvpool.master.hooks import NoopReclaimHooks, ReclaimHooks
 from kvpool.master.liveness import ClientTable
@@ -47,6 +48,7 @@ from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
 from kvpool.master.writes import WritePath
+from kvpool.protocol.drain import DrainSegment, DrainStatus
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchGetLocations,
@@ -128,6 +130,7 @@ class MasterService:
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
+        self._drains = DrainTable(core, self._tasks)
         w, r, a, t, ar = self._writes, self._reads, self._admin, self._task_path, self._arena_path
         self._handlers: dict[type[Any], Callable[[Any], Message]] = {
             Echo: a.echo,
@@ -166,6 +169,8 @@ class MasterService:
             ReleaseArenas: ar.release_arenas,
             PutCommit: ar.put_commit,
             BatchPutCommit: ar.batch_put_commit,
+            DrainSegment: self._drains.drain_segment,
+            DrainStatus: self._drains.drain_status,
         }
         self._hooks.attach(self)
         #: The data directory's log and snapshots (None without `data_dir`).
@@ -295,6 +300,11 @@ class MasterService:
     def repair_tick(self) -> int:
         """Start due repair copies (`RepairQueue.tick`); answers how many started."""
         return self._repair.tick(self._core.clock())
+
+    @property
+    def drains(self) -> DrainTable:
+        """Graceful drains of segments (`drain.py`); the server ticks it while one runs."""
+        return self._drains
 
     @property
     def repair(self) -> RepairQueue:

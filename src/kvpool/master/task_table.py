@@ -187,7 +187,7 @@ class TaskTable(MetadataObserver):
         held = {r.segment for r in obj.replicas if r.segment.alive}
         for name in targets:
             seg = core.segments.get(name)
-            if seg is None or not seg.serving:
+            if seg is None or not seg.serving or seg.draining:
                 return None, SEGMENT_NOT_FOUND
             if seg in held:
                 return None, REPLICA_ALREADY_EXISTS

@@ -92,6 +92,7 @@ live in a tenant (default "default"); shards are chosen by a stable hash of (ten
 
 from __future__ import annotations
 
+from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
 from kvpool.protocol.replication import (
     Barrier,
     FetchSnapshot,
@@ -763,6 +764,8 @@ Request = (
     | Barrier
     | FollowLog
     | FetchSnapshot
+    | DrainSegment
+    | DrainStatus
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 
@@ -791,6 +794,7 @@ Response = (
     | HaStatusReply
     | LogReply
     | SnapshotReply
+    | DrainReply
 )
 """Every reply of the master (the `response_type` of an RpcClient talking to it). Named
 `Response` because `Reply` is the plain `Reply(code)` message of the contract."""

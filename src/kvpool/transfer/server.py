@@ -56,7 +56,7 @@ from kvpool.transfer.wire import (
     send_parts,
 )
 
-__all__ = ["TransferServer"]
+__all__ = ["ServeCounters", "TransferServer"]
 
 log = logging.getLogger(__name__)
 limited_log = RateLimitedLog(log, 10.0)
@@ -148,11 +148,35 @@ class _Conn:
         self.partial_since = 0.0  # when the incomplete header began (0: none)
 
 
+class ServeCounters:
+    """What one worker thread served since it started (plain ints, written by that thread
+    only; `TransferServer.counters` sums them when metrics are read, so serving pays one
+    integer add per count)."""
+
+    __slots__ = ("errors", "read_bytes", "reads", "refused", "stalls", "write_bytes", "writes")
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.read_bytes = 0
+        self.writes = 0
+        self.write_bytes = 0
+        self.refused = 0
+        """Requests answered with an error (no such segment, out of bounds, malformed)."""
+        self.stalls = 0
+        """Connections closed for moving no byte within the stall timeout (or too slowly)."""
+        self.errors = 0
+        """Connections that ended on a socket error or a failure of the server."""
+
+    def add(self, other: ServeCounters) -> None:
+        for f in ServeCounters.__slots__:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+
 class _Worker:
     """What one worker thread reuses for every connection it serves (one buffer each, not
     one per connection: an idle connection holds no buffer)."""
 
-    __slots__ = ("out", "reader", "scratch")
+    __slots__ = ("counts", "out", "reader", "scratch")
 
     def __init__(self, sock: socket.socket, patience: int, limits: ServerLimits) -> None:
         grace = limits.stall_timeout
@@ -161,6 +185,7 @@ class _Worker:
         self.out.min_rate = limits.min_rate
         self.out.grace = grace
         self.scratch: memoryview | None = None  # only a refused write needs it
+        self.counts = ServeCounters()
 
 
 class TransferServer:
@@ -194,6 +219,7 @@ class TransferServer:
         self._per_peer: dict[str, int] = {}
         self._accepted = 0
         self._refused = 0
+        self._counts: list[ServeCounters] = []  # one per worker that served (appended only)
         self._closed = False
         self._ready: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
@@ -327,6 +353,14 @@ class TransferServer:
     def refused_connections(self) -> int:
         """Connections refused by the caps since start."""
         return self._refused
+
+    def counters(self) -> ServeCounters:
+        """Requests, bytes and errors served since start, summed over the worker threads
+        (each count read without a lock: a scrape may miss the last few requests)."""
+        total = ServeCounters()
+        for counts in list(self._counts):
+            total.add(counts)
+        return total
 
     def worker_count(self) -> int:
         """Worker threads started (at most `limits.workers`)."""
@@ -511,6 +545,7 @@ class TransferServer:
                 return
             if state is None:
                 state = _Worker(conn.sock, self._patience, self.limits)
+                self._counts.append(state.counts)
             if self._serve_turn(conn, state):
                 self._rearm(conn)
             else:
@@ -527,6 +562,7 @@ class TransferServer:
         try:
             return self._serve(conn, w)
         except TimeoutError:
+            w.counts.stalls += 1
             limited_log.info(
                 "stall",
                 "transfer server closing a connection from %s: no byte moved in %g s, or "
@@ -536,8 +572,10 @@ class TransferServer:
                 self.limits.min_rate,
             )
         except (OSError, ConnectionError) as exc:
+            w.counts.errors += 1
             log.debug("transfer connection ended: %s", exc)
         except Exception:
+            w.counts.errors += 1
             log.exception("transfer connection failed")
         finally:
             w.out.drop()
@@ -563,6 +601,7 @@ class TransferServer:
                     "transfer server: malformed request header from %s; closing the connection",
                     conn.peer,
                 )
+                w.counts.refused += 1
                 out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.INVALID_PARAMS), req_id, 0))
                 out.flush()
                 return False
@@ -578,9 +617,13 @@ class TransferServer:
                     if w.scratch is None:
                         w.scratch = memoryview(bytearray(1 << 16))
                     reader.discard(length, w.scratch)
+                w.counts.refused += 1
                 out.add(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
                 continue
+            counts = w.counts
             if op == _READ:
+                counts.reads += 1
+                counts.read_bytes += length
                 out.add(
                     RESP.pack(RESP_MAGIC, 0, req_id, length),
                     mem.mapping.view[offset : offset + length],
@@ -599,6 +642,8 @@ class TransferServer:
                     if region is not None:
                         region.release()
                     mem.mapping.release()
+                counts.writes += 1
+                counts.write_bytes += length
                 out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 
     @staticmethod

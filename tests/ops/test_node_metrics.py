@@ -1,0 +1,50 @@
+"""A node's /metrics against a live pool: a remote (TCP) reader moves its transfer counters by
+exactly the requests and bytes it made."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+from kvpool import Store
+from kvtest.pool import PoolFactory, pool  # noqa: F401
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def scrape(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def test_node_exports_segment_bytes_and_transfer_counters(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=0, segment_size="8MiB")
+    node = p.add_node(None, "--http-port", "0")
+    m = node.wait_for_line(r"http listening on (\S+):(\d+)")
+    base = f"http://{m.group(1)}:{m.group(2)}"
+    before = scrape(base)
+    assert before["kvpool_node_segments"] == 1
+    seg = [k for k in before if k.startswith("kvpool_node_segment_bytes{")]
+    assert len(seg) == 1 and before[seg[0]] == 8 * 1024 * 1024
+    with Store(p.address, protocol="tcp") as store:
+        for i in range(10):
+            store.put(f"n-{i}", b"n" * 10_000)
+        for i in range(10):
+            assert store.get(f"n-{i}") == b"n" * 10_000
+    after = scrape(base)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta('kvpool_transfer_requests_total{op="write"}') == 10
+    assert delta('kvpool_transfer_bytes_total{op="write"}') == 100_000
+    assert delta('kvpool_transfer_requests_total{op="read"}') == 10
+    assert delta('kvpool_transfer_bytes_total{op="read"}') == 100_000
+    assert after["kvpool_transfer_connections_accepted_total"] >= 1
+    assert after["kvpool_transfer_refused_requests_total"] == 0

@@ -144,6 +144,7 @@ SAMPLES: list[m.Message] = [
     m.BatchReplicaClear(["a", "b"], m.ClientId("c1"), m.SegmentName("s1")),
     m.BatchReplicaClearReply(0, ["a"]),
     m.HaStatus(),
+    m.Barrier(),
     m.HaStatusReply(0, "leader", "m1", 3, "127.0.0.1:1", 3, 100, ["m2"], 0, 5),
     m.FollowLog("m2", 3, 100, 500),
     m.LogReply(0, 3, 100, b"\x01\x02", False),

@@ -15,10 +15,9 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from kvpool import Store
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
+from kvtest.procs import require_binary
 
 
 def _http(p: Pool) -> str:
@@ -75,9 +74,7 @@ def test_dashboard_is_one_self_contained_page(pool: PoolFactory) -> None:  # noq
 
 
 def test_dashboard_in_headless_chromium(pool: PoolFactory, tmp_path: Path) -> None:  # noqa: F811
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("no chromium installed (apt-get install chromium)")
+    browser = _chromium() or require_binary("chromium")  # skips, or fails in CI without it
     p = pool(nodes=2, segment_size="16MiB", master_args=("--http-port", "0"))
     url = _http(p) + "/dashboard"
     dom, console = _browse(browser, url, "--dump-dom")

@@ -183,6 +183,11 @@ def demo(
             flag = "--" + name.replace("_", "-")
             why = "applies to the real model only" if synthetic else "needs --synthetic"
             raise click.UsageError(f"{flag} {why}")
+    if master is None:  # before anything is imported or started, in both modes
+        try:
+            check_segment_size(segment_size, "--segment-size")
+        except KVPoolError as exc:
+            raise click.UsageError(exc.message) from exc
     if not synthetic:
         _real_model(
             JobSpec(

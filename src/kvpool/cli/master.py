@@ -14,10 +14,12 @@ import asyncio
 import re
 import signal
 import sys
+from typing import Any
 
 import click
 
 from kvpool.cli.params import Name
+from kvpool.cli.tiers import master_tier_options, tier_config
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.ha import EtcdUrl
@@ -351,6 +353,7 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Mooncake: --snapshot-interval in whole seconds.",
 )
+@master_tier_options
 def master(
     *,
     host: str,
@@ -393,6 +396,7 @@ def master(
     ha_backend_connstring: str | None,
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
+    **tier_flags: Any,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     ha_url, cluster_id = _ha_url(
@@ -446,6 +450,7 @@ def master(
             ha_lease_ttl=ha_lease_ttl,
             ha_standby_timeout=ha_standby_timeout,
             ha_ack=ha_ack,
+            tiers=tier_config(tier_flags),
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

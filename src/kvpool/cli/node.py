@@ -19,8 +19,10 @@ from types import FrameType
 import click
 
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
+from kvpool.cli.tiers import node_tier_options
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
+from kvpool.client.disk import DiskTier
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
 from kvpool.client.validation import check_segment_size
@@ -46,6 +48,25 @@ def _rss_shmem() -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def open_disk_tier(runtime: NodeRuntime, data: DataPath, directory: str, size: int) -> DiskTier:
+    """Open, verify and mount the disk tier in `directory`; says what it found."""
+    try:
+        disk = DiskTier(directory, size)
+    except KVPoolError as exc:
+        raise click.ClickException(exc.message) from exc
+    try:
+        mem = disk.mount(runtime, data.engine.attach_local)
+    except BaseException:
+        disk.close()
+        raise
+    st = disk.stats
+    click.echo(
+        f"kvpool node: disk tier {mem.name} ({format_size(size)} in {disk.directory}): "
+        f"{st.verified} object(s) verified, {st.refused} refused"
+    )
+    return disk
 
 
 def mount_with_progress(
@@ -167,6 +188,7 @@ def mount_with_progress(
     type=Size(minimum=1),
     help="Bytes/s below which a transfer's payload fails (after the stall timeout).",
 )
+@node_tier_options
 def node(
     *,
     master: str,
@@ -183,6 +205,8 @@ def node(
     transfer_idle_timeout: float,
     transfer_stall_timeout: float,
     transfer_min_rate: int,
+    offload_dir: str | None,
+    offload_size: int,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -230,6 +254,7 @@ def node(
     # its segment: it needs a data path of its own to write the targets.
     data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
     executor: TaskExecutor | None = None
+    disk: DiskTier | None = None
     try:
         try:
             runtime.start()
@@ -241,7 +266,11 @@ def node(
             raise click.ClickException(f"cannot join the pool at {master}: {exc}") from exc
         except OSError as exc:  # the transfer server cannot bind --host
             raise click.ClickException(f"cannot serve on --host {host}: {exc.strerror}") from exc
-        executor = TaskExecutor(runtime, data, poll_interval=poll).start()
+        executor = TaskExecutor(runtime, data, poll_interval=poll)
+        if offload_dir is not None:
+            disk = open_disk_tier(runtime, data, offload_dir, offload_size)
+            executor.on_written = disk.on_task_written
+        executor.start()
         runtime.on_pending_tasks = executor.wake
         click.echo(
             f"kvpool node: segment {mem.name} ({format_size(mem.size)}, pre-faulted in "
@@ -256,5 +285,7 @@ def node(
         if executor is not None:
             executor.close()
         runtime.close()
+        if disk is not None:
+            disk.close()
         data.close()
     click.echo("kvpool node: stopped")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -98,6 +99,9 @@ class TaskExecutor:
         self.max_tasks = max_tasks
         self.verify_checksum = verify_checksum
         self.stats = TaskStats()
+        self.on_written: Callable[[ReplicaTask], None] | None = None
+        """Called after a task's bytes were written to every target, before it is reported
+        (a disk tier journals its targets there; raising fails the task)."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one fetch-and-run at a time
@@ -270,4 +274,6 @@ class TaskExecutor:
         bad = [(t.segment, c) for t, c in zip(targets, codes, strict=True) if c != ErrorCode.OK]
         if bad:
             return "writing " + ", ".join(f"{seg}: {code.name}" for seg, code in bad) + " failed"
+        if self.on_written is not None:
+            self.on_written(task)
         return ""

@@ -139,6 +139,12 @@ class MetadataCore:
         #: Told of each object created with fewer replicas than its put asked for (fewer
         #: segments had room; `note_short`): the repair queue, which copies it up later.
         self.on_short: Callable[[ObjectMeta], None] | None = None
+        #: Called with each object that became readable (PutEnd, PutCommit): the tier manager
+        #: queues it for an eager offload.
+        self.on_complete: Callable[[ObjectMeta], None] | None = None
+        #: Milliseconds a refused put should wait before asking again while memory is being
+        #: freed by moves to a disk tier (0: none are running).
+        self.retry_hint: Callable[[], int] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
@@ -203,6 +209,8 @@ class MetadataCore:
         self.clients.drop_in_flight(obj)
         if self.journal is not None:
             self.journal.obj(obj)
+        if self.on_complete is not None:
+            self.on_complete(obj)
 
     def note_short(self, obj: ObjectMeta) -> None:
         """`obj` was just created with fewer replicas than its put asked for: tell `on_short`
@@ -223,6 +231,9 @@ class MetadataCore:
         if self.journal is not None:
             for obj, _ in done:
                 self.journal.obj(obj)
+        if self.on_complete is not None:
+            for obj, _ in done:
+                self.on_complete(obj)
 
     def rewrite_object(  # noqa: PLR0917
         self,
@@ -470,6 +481,8 @@ class MetadataCore:
                 got = self._allocate_again(size, plan, host)
             if not got:
                 self._defragment(aligned, plan)
+                if not plan.retry_after_ms and self.retry_hint is not None:
+                    plan.retry_after_ms = self.retry_hint() or plan.retry_after_ms
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
 
     def _defragment(self, aligned: int, plan: PutPlan) -> None:
@@ -550,7 +563,7 @@ class MetadataCore:
         if off is None:
             return None
         seg.objects += 1
-        return Replica(seg, off, _PROCESSING)
+        return Replica(seg, off, _PROCESSING, seg.kind)
 
     def reserve_range(
         self, client_id: ClientId, size: int, need: int

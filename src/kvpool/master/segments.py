@@ -11,12 +11,23 @@ kept, but stops *serving*: `serving` goes off and it leaves the `live` list, so 
 arenas and task targets skip it and readers are not offered its replicas; `restore` puts it
 back (docs/parts/reliability.md). `alive` means mounted (its allocator exists); `serving`
 means mounted and not silent, which is what a reader checks.
+
+A disk-tier segment (`kind` LOCAL_DISK: a node's preallocated offload file) is kept in `disks`,
+never in `live`: placement, arenas, swap-out, capacity and pressure never see it; only the
+tier manager (`tiers.py`) allocates there (docs/parts/tiers.md).
 """
 
 from __future__ import annotations
 
 from kvpool.master.allocator import OffsetAllocator
-from kvpool.protocol.messages import ClientId, HostId, SegmentInfo, SegmentName, SegmentStats
+from kvpool.protocol.messages import (
+    ClientId,
+    HostId,
+    ReplicaKind,
+    SegmentInfo,
+    SegmentName,
+    SegmentStats,
+)
 
 __all__ = ["Segment", "SegmentTable"]
 
@@ -31,6 +42,7 @@ class Segment:
         "endpoint",
         "generation",
         "host_id",
+        "kind",
         "name",
         "number",
         "objects",
@@ -51,7 +63,9 @@ class Segment:
         shm_path: str,
         alignment: int,
         generation: int = 0,
+        kind: ReplicaKind = ReplicaKind.MEMORY,
     ) -> None:
+        self.kind = kind
         self.number = number
         self.name = name
         self.size = size
@@ -80,6 +94,7 @@ class Segment:
             and info.endpoint == self.endpoint
             and info.shm_path == self.shm_path
             and info.generation == self.generation
+            and info.kind == self.kind
         )
 
     def info(self) -> SegmentInfo:
@@ -91,6 +106,7 @@ class Segment:
             self.shm_path,
             self.client_id,
             self.generation,
+            self.kind,
         )
 
     def stats(self) -> SegmentStats:
@@ -108,13 +124,18 @@ class Segment:
 class SegmentTable:
     """The live segments by name, plus a list of them for placement (kept in mount order)."""
 
-    __slots__ = ("_alignment", "_by_name", "_next_number", "live")
+    __slots__ = ("_alignment", "_by_name", "_next_number", "disks", "live")
 
     def __init__(self, alignment: int) -> None:
         self._alignment = alignment
         self._by_name: dict[SegmentName, Segment] = {}
         self._next_number = 1
         self.live: list[Segment] = []
+        #: Serving disk-tier segments (LOCAL_DISK), kept apart from `live` (memory).
+        self.disks: list[Segment] = []
+
+    def _list(self, seg: Segment) -> list[Segment]:
+        return self.live if seg.kind is ReplicaKind.MEMORY else self.disks
 
     def get(self, name: SegmentName) -> Segment | None:
         return self._by_name.get(name)
@@ -134,23 +155,24 @@ class SegmentTable:
             shm_path=info.shm_path,
             alignment=self._alignment,
             generation=info.generation,
+            kind=ReplicaKind(info.kind),
         )
         self._next_number += 1
         self._by_name[seg.name] = seg
-        self.live.append(seg)
+        self._list(seg).append(seg)
         return seg
 
     def silence(self, seg: Segment) -> None:
         """Stop serving `seg` (its owner fell silent); everything it holds is kept."""
         if seg.serving:
             seg.serving = False
-            self.live.remove(seg)
+            self._list(seg).remove(seg)
 
     def restore(self, seg: Segment) -> None:
         """Serve the silent `seg` again (its owner came back with the same memory)."""
         if seg.alive and not seg.serving:
             seg.serving = True
-            self.live.append(seg)
+            self._list(seg).append(seg)
 
     def mounted(self) -> list[Segment]:
         """Every mounted segment, silent ones included."""
@@ -161,7 +183,7 @@ class SegmentTable:
         seg.alive = False
         del self._by_name[seg.name]
         if seg.serving:
-            self.live.remove(seg)
+            self._list(seg).remove(seg)
         seg.serving = False
         # Every range of the segment goes with it; nothing may be freed into it again.
         seg.allocator = OffsetAllocator(0, self._alignment)

@@ -46,6 +46,7 @@ from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
+from kvpool.master.tiers import TierManager
 from kvpool.master.writes import WritePath
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -76,6 +77,7 @@ from kvpool.protocol.messages import (
     PutRevoke,
     PutStart,
     QueryTask,
+    RegisterDiskReplicas,
     ReleaseArenas,
     ReMountSegment,
     Remove,
@@ -125,6 +127,10 @@ class MasterService:
         planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
+        self._tiers = TierManager(core, self._tasks, self._config.tiers)
+        self._reads.on_disk_read = self._tiers.note_read
+        core.on_complete = self._tiers.note_complete
+        core.retry_hint = self._tiers.retry_hint
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
@@ -166,6 +172,7 @@ class MasterService:
             ReleaseArenas: ar.release_arenas,
             PutCommit: ar.put_commit,
             BatchPutCommit: ar.batch_put_commit,
+            RegisterDiskReplicas: self._tiers.register,
         }
         self._hooks.attach(self)
         #: The data directory's log and snapshots (None without `data_dir`).
@@ -294,7 +301,12 @@ class MasterService:
 
     def repair_tick(self) -> int:
         """Start due repair copies (`RepairQueue.tick`); answers how many started."""
-        return self._repair.tick(self._core.clock())
+        return self._repair.tick(self._core.clock()) + self._tiers.tick()
+
+    @property
+    def tiers(self) -> TierManager:
+        """Offload, promotion and disk registration (for stats and tests)."""
+        return self._tiers
 
     @property
     def repair(self) -> RepairQueue:
@@ -347,7 +359,7 @@ class MasterService:
         )
 
     def evict(self, obj: ObjectMeta) -> int:
-        return self._core.free_object(obj)
+        return self._tiers.evict(obj)
 
     def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         if replica not in obj.replicas:
@@ -360,7 +372,9 @@ class MasterService:
     def swap_out(
         self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
     ) -> bool:
-        return self._tasks.swap_out(obj, replica, low_watermark, on_done)
+        if self._tasks.swap_out(obj, replica, low_watermark, on_done):
+            return True
+        return self._tiers.move_to_disk(obj, replica, on_done)
 
     def move_away(
         self,

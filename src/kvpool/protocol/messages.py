@@ -100,6 +100,7 @@ from kvpool.protocol.replication import (
     LogReply,
     SnapshotReply,
 )
+from kvpool.protocol.tiers import DiskEntry, RegisterDiskReplicas
 from kvpool.protocol.values import (
     DEFAULT_REPLICATE_CONFIG,
     DEFAULT_TENANT,
@@ -143,6 +144,7 @@ __all__ = [
     "CountReply",
     "CreateCopyTask",
     "CreateMoveTask",
+    "DiskEntry",
     "Echo",
     "EchoReply",
     "ExistKey",
@@ -172,6 +174,7 @@ __all__ = [
     "QueryTask",
     "QueryTaskReply",
     "ReMountSegment",
+    "RegisterDiskReplicas",
     "ReleaseArenas",
     "RemountReply",
     "Remove",
@@ -519,6 +522,7 @@ class LocationsReply(Message):
     and `places[i]`, its readable memory replicas in the master's order, flattened as
     `[segment index, offset, segment index, offset, ...]`; the indexes point into `segments`
     and `endpoints` (each segment named once per reply). One `lease_ttl_ms` for all keys.
+    Disk-tier replicas follow the memory ones; `disk_segments` says which segments they are on.
     """
 
     codes: list[int]
@@ -528,6 +532,7 @@ class LocationsReply(Message):
     segments: list[SegmentName] = []
     endpoints: list[str] = []
     lease_ttl_ms: int = 0
+    disk_segments: list[int] = []
 
 
 class ExistReply(Message):
@@ -760,6 +765,7 @@ Request = (
     | HaStatus
     | FollowLog
     | FetchSnapshot
+    | RegisterDiskReplicas
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 

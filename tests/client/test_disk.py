@@ -29,7 +29,12 @@ def _write(tier: DiskTier, mem: SegmentMemory, key: str, offset: int, data: byte
     """What the task executor does: the bytes land in the mapped file, then the tier journals."""
     mem.buffer[offset : offset + len(data)] = data
     desc = ReplicaDesc(
-        1, ReplicaKind.LOCAL_DISK, ReplicaStatus.PROCESSING, SegmentName(mem.name), offset, len(data)
+        1,
+        ReplicaKind.LOCAL_DISK,
+        ReplicaStatus.PROCESSING,
+        SegmentName(mem.name),
+        offset,
+        len(data),
     )
     task = ReplicaTask(
         "t", TaskType.COPY, key, TenantId("default"), len(data),

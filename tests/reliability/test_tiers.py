@@ -95,9 +95,7 @@ def test_a_restarted_node_serves_its_disk_again_and_refuses_a_corrupted_object(
     _node(p, "16MiB", disk, "256MiB")
     assert "1 refused" in p.nodes[-1].output()
     back = [i for i in on_disk if i != victim]
-    wait_until(
-        lambda: all(s.exists(f"r{i}") for i in back), timeout=20, what="disk objects back"
-    )
+    wait_until(lambda: all(s.exists(f"r{i}") for i in back), timeout=20, what="disk objects back")
     for i in back:
         assert s.get(f"r{i}") == value(i)
     with pytest.raises(KVPoolError):
@@ -109,9 +107,7 @@ def test_pool_mode_with_a_disk_tier_loses_nothing_at_4x_memory(
     tmp_path: Path,
     store_for: list[Store],
 ) -> None:
-    p = pool(
-        nodes=0, master_args=("--offload-policy", "on-evict", "--eviction-mode", "pool")
-    )
+    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--eviction-mode", "pool"))
     _node(p, "32MiB", tmp_path / "disk", "512MiB")
     s = _store(store_for, p)
     n = 128  # 4x the memory

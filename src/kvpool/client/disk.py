@@ -55,13 +55,13 @@ from kvpool.protocol.messages import (
     SegmentName,
     TenantId,
 )
-from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.memory import DISK_FILE_NAME, SegmentMemory
 
 __all__ = ["DATA_FILE", "JOURNAL_FILE", "DiskTier", "DiskTierStats"]
 
 log = logging.getLogger(__name__)
 
-DATA_FILE: Final = "kvpool-disk.data"
+DATA_FILE: Final = DISK_FILE_NAME
 JOURNAL_FILE: Final = "kvpool-disk.journal"
 LOCK_FILE: Final = "kvpool-disk.lock"
 _HEAD: Final = struct.Struct("<IQ")

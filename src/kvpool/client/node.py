@@ -424,8 +424,9 @@ class NodeRuntime:
             if path is None:
                 mem = SegmentMemory.create(name, nbytes)
             else:
+                disk = kind is not ReplicaKind.MEMORY
                 mem = SegmentMemory.map_file(
-                    name, path, nbytes, offset, populate=kind is ReplicaKind.MEMORY
+                    name, path, nbytes, offset, populate=not disk, share=disk
                 )
             try:
                 server.add_segment(mem)

@@ -47,7 +47,7 @@ from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRunt
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.result import PutResult, PutStats
-from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor
+from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor, TaskStats
 from kvpool.client.validation import (
     MAX_KEY_BYTES,
     Buffer,
@@ -355,6 +355,11 @@ class Store:
                 ).start()
                 self._node.on_pending_tasks = self._tasks.wake
             self._tasks.on_written = disk.on_task_written
+
+    @property
+    def task_stats(self) -> TaskStats | None:
+        """What this Store's replica task executor did (None before it owns a segment)."""
+        return self._tasks.stats if self._tasks is not None else None
 
     @property
     def disk_tier(self) -> DiskTier | None:

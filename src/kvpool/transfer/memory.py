@@ -35,6 +35,7 @@ from kvpool.transfer.location import SegmentLocation, normalize_segment_name
 from kvpool.transfer.registration import buffer_address
 
 __all__ = [
+    "DISK_FILE_NAME",
     "SegmentMemory",
     "SharedMapping",
     "open_peer_mapping",
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 _MEMFD_PREFIX: Final = "kvpool:"
 _PROC_FD_RE: Final = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
+DISK_FILE_NAME: Final = "kvpool-disk.data"
+"""The data file of a node's disk tier (`kvpool.client.disk`): the one regular file a same-host
+peer may map as a segment."""
 
 _quarantine_lock = threading.Lock()
 _quarantine: set[SharedMapping] = set()
@@ -253,7 +257,14 @@ class SegmentMemory:
 
     @classmethod
     def map_file(
-        cls, name: str, path: str, size: int, offset: int = 0, *, populate: bool = True
+        cls,
+        name: str,
+        path: str,
+        size: int,
+        offset: int = 0,
+        *,
+        populate: bool = True,
+        share: bool = False,
     ) -> SegmentMemory:
         """A segment over `size` bytes of the caller's regular file `path` (a file on tmpfs such
         as /dev/shm, or on disk) from `offset` (a multiple of the page size), mapped
@@ -262,7 +273,9 @@ class SegmentMemory:
         It is not advertised to same-host peers (`shm_path` is "", so they use TCP): they
         verify a segment by its memfd name, and a caller's file carries none. `populate=False`
         maps without faulting the pages in (a disk tier: pages come and go with the page
-        cache). The file must
+        cache). `share=True` advertises the file to same-host peers after all (a disk tier's
+        `DISK_FILE_NAME` at offset 0: peers map it unpopulated and copy straight from the page
+        cache, `open_peer_mapping`). The file must
         not shrink while mounted: touching a page past its end kills the process (SIGBUS),
         the price Mooncake's `mount_segment` pays too. Raises `InvalidParams` for a bad range,
         a path that is not a regular file or cannot be opened read-write.
@@ -296,7 +309,7 @@ class SegmentMemory:
             os.close(fd)
             raise
         log.info("segment %s: %d bytes of %s at offset %d", clean, nbytes, path, offset)
-        return cls(clean, nbytes, fd, mapping, shared=False)
+        return cls(clean, nbytes, fd, mapping, shared=share)
 
     @property
     def buffer(self) -> memoryview:
@@ -394,7 +407,9 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
     expected = f"/memfd:{_MEMFD_PREFIX}{location.name} (deleted)"
     try:
         target = os.readlink(location.shm_path)
-        if start is None or target != expected:
+        # A node's disk tier file is mapped as it is: unpopulated, pages come from the cache.
+        disk = os.path.basename(target) == DISK_FILE_NAME
+        if start is None or (target != expected and not disk):
             raise TransferError(
                 f"segment {location.name}: {location.shm_path} is {target!r}, not {expected!r}"
             )
@@ -411,7 +426,9 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
                 f"segment {location.name}: {location.shm_path} has {actual} bytes, "
                 f"the location says {location.size}"
             )
-        mapping = SharedMapping(fd, location.size, f"peer segment {location.name}")
+        mapping = SharedMapping(
+            fd, location.size, f"peer segment {location.name}", populate=not disk
+        )
     except OSError as exc:
         raise TransferError(f"segment {location.name}: cannot map: {exc}") from exc
     finally:

@@ -103,7 +103,9 @@ class DiskTier:
         try:
             os.makedirs(self.directory, exist_ok=True)
             self._lock_fd = os.open(
-                os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                os.path.join(self.directory, LOCK_FILE),
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                0o600,
             )
         except OSError as exc:
             raise InvalidParams(f"offload dir {directory!r}: {exc.strerror or exc}") from exc

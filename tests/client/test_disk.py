@@ -135,3 +135,18 @@ def test_space_is_reserved_up_front_and_the_directory_is_exclusive(tmp_path: Pat
         tier.close()
     DiskTier(str(tmp_path), 4 * MiB).wipe()
     assert not (tmp_path / DATA_FILE).exists()
+
+
+def test_a_range_the_master_freed_is_journaled_and_not_found_again(tmp_path: Path) -> None:
+    tier, mem = _open(tmp_path)
+    _write(tier, mem, "gone", 0, b"g" * 4096)
+    _write(tier, mem, "kept", 4096, b"k" * 4096)
+    tier.on_freed([(SegmentName(mem.name), 0), (SegmentName("other/1"), 4096)])
+    assert [e.key for e in tier.entries()] == ["kept"]
+    mem.close()
+    tier.close()
+    again = DiskTier(str(tmp_path), 8 * MiB)
+    try:
+        assert [e.key for e in again.entries()] == ["kept"]
+    finally:
+        again.close()

@@ -149,3 +149,33 @@ def test_kill_9_in_the_middle_of_offloading_never_serves_a_torn_object(
         served += 1
     # Every object the master was told is on disk was journaled whole: it is served again.
     assert served >= len(done), p.nodes[-1].output()
+
+
+def test_an_object_removed_does_not_come_back_when_its_node_restarts(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    store_for: list[Store],
+) -> None:
+    p = pool(nodes=0, master_args=("--offload-policy", "eager"))
+    disk = tmp_path / "disk"
+    _node(p, "64MiB", disk, "64MiB")
+    s = _store(store_for, p)
+    for key in ("kept", "removed"):
+        assert s.put(key, value(len(key)))
+    wait_until(
+        lambda: all(ReplicaKind.LOCAL_DISK in kinds(s, k) for k in ("kept", "removed")),
+        what="both offloaded",
+    )
+    s.remove("removed", force=True)
+    # The node journals the freed range at its next FetchTasks (every 50 ms).
+    wait_until(lambda: _journal_has_del(disk), what="the free to be journaled")
+    assert p.stop_node(0) == 0
+    _node(p, "64MiB", disk, "64MiB")
+    wait_until(lambda: s.exists("kept"), what="the kept object back")
+    assert s.get("kept") == value(4)
+    assert not s.exists("removed")
+
+
+def _journal_has_del(disk: Path) -> bool:
+    data = (disk / "kvpool-disk.journal").read_bytes()
+    return data.count(b"removed") >= 2  # the ADD and the DEL record both name the key

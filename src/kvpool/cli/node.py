@@ -270,6 +270,7 @@ def node(
         if offload_dir is not None:
             disk = open_disk_tier(runtime, data, offload_dir, offload_size)
             executor.on_written = disk.on_task_written
+            executor.on_disk_freed = disk.on_freed
         executor.start()
         runtime.on_pending_tasks = executor.wake
         click.echo(

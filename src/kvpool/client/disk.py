@@ -300,6 +300,33 @@ class DiskTier:
                 self._entries[e.offset] = e
             self.stats.written += len(new)
 
+    def on_freed(self, ranges: list[tuple[SegmentName, int]]) -> None:
+        """The master freed these ranges (Remove, overwrite, a promotion that replaced the
+        disk copy...): journal them as given up, so that a restart does not bring their
+        objects back. Best effort: a failure is logged (the range is superseded when it is
+        written again)."""
+        seg = self.segment
+        if seg is None:
+            return
+        with self._lock:
+            gone = [
+                self._entries.pop(off)
+                for name, off in ranges
+                if name == seg.name and off in self._entries
+            ]
+            if not gone or self._journal_fd < 0:
+                return
+            try:
+                os.write(self._journal_fd, b"".join(_record(_DEL, e) for e in gone))
+                os.fdatasync(self._journal_fd)
+            except OSError as exc:
+                log.warning(
+                    "disk tier %s: journaling %d freed range(s) failed: %s",
+                    self.directory,
+                    len(gone),
+                    exc,
+                )
+
     def mount(
         self, node: NodeRuntime, on_created: Callable[[SegmentMemory], None] | None = None
     ) -> SegmentMemory:

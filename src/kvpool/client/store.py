@@ -355,6 +355,7 @@ class Store:
                 ).start()
                 self._node.on_pending_tasks = self._tasks.wake
             self._tasks.on_written = disk.on_task_written
+            self._tasks.on_disk_freed = disk.on_freed
 
     @property
     def task_stats(self) -> TaskStats | None:

@@ -60,6 +60,7 @@ from kvpool.master.segments import Segment, SegmentTable
 from kvpool.protocol.messages import (
     ClientId,
     HostId,
+    ReplicaKind,
     ReplicaStatus,
     SegmentInfo,
     SegmentName,
@@ -75,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _PROCESSING = ReplicaStatus.PROCESSING
 _COMPLETE = ReplicaStatus.COMPLETE
+_MEMORY_KIND = ReplicaKind.MEMORY
 _PREEMPT = Claim.PREEMPT
 _FORGET_DEAD = Claim.FORGET_DEAD
 
@@ -145,6 +147,9 @@ class MetadataCore:
         #: Milliseconds a refused put should wait before asking again while memory is being
         #: freed by moves to a disk tier (0: none are running).
         self.retry_hint: Callable[[], int] | None = None
+        #: Called with (segment, offset) of every disk-tier range freed: its node journals it
+        #: as given up, so the object does not come back after a restart.
+        self.on_disk_free: Callable[[Segment, int], None] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
@@ -641,6 +646,8 @@ class MetadataCore:
             return False  # its allocator went with the segment
         seg.allocator.free(r.offset, size)
         seg.objects -= 1
+        if seg.kind is not _MEMORY_KIND and self.on_disk_free is not None:
+            self.on_disk_free(seg, r.offset)
         return True
 
     # ------------------------------------------------------------------ segments, clients

@@ -65,6 +65,7 @@ from kvpool.protocol.messages import (
     Echo,
     ExistKey,
     FetchTasks,
+    FetchTasksReply,
     GetReplicaList,
     GetSegment,
     GetSize,
@@ -131,6 +132,7 @@ class MasterService:
         self._reads.on_disk_read = self._tiers.note_read
         core.on_complete = self._tiers.note_complete
         core.retry_hint = self._tiers.retry_hint
+        core.on_disk_free = self._tiers.note_disk_free
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
@@ -174,11 +176,21 @@ class MasterService:
             BatchPutCommit: ar.batch_put_commit,
             RegisterDiskReplicas: self._tiers.register,
         }
+        self._handlers[FetchTasks] = self._fetch_tasks
         self._hooks.attach(self)
         #: The data directory's log and snapshots (None without `data_dir`).
         self.durable: Durability | None = None
         if self._config.data_dir is not None and open_data_dir:
             self.open_data_dir()
+
+    def _fetch_tasks(self, req: FetchTasks) -> FetchTasksReply:
+        """FetchTasks, with the disk-tier ranges of the client freed since its last fetch."""
+        reply = self._task_path.fetch_tasks(req)
+        if reply.code == 0:
+            freed = self._tiers.take_freed(req.client_id)
+            if freed:
+                reply.disk_freed = freed
+        return reply
 
     # ------------------------------------------------------------------ durability, HA
 

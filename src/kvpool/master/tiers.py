@@ -35,10 +35,12 @@ from kvpool.master.segments import Segment
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tier_config import OffloadPolicy, TierConfig
 from kvpool.protocol.messages import (
+    ClientId,
     CountReply,
     RegisterDiskReplicas,
     ReplicaKind,
     ReplicaStatus,
+    SegmentName,
     TaskType,
 )
 
@@ -63,6 +65,7 @@ class TierManager:
         self._promote: deque[ObjectMeta] = deque()
         self._hits: dict[ObjectMeta, int] = {}
         self.in_flight = 0
+        self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
         #: Counters (stats, tests): offloaded, offload_failed, offload_dropped, moved_to_disk,
         #: promoted, promote_failed, disk_reads, registered.
         self.counters: dict[str, int] = dict.fromkeys(
@@ -111,6 +114,19 @@ class TierManager:
         if len(hits) >= cfg.promotion_table_limit:
             hits.clear()  # bounded: hot objects earn their count again quickly
         hits[obj] = n
+
+    def note_disk_free(self, seg: Segment, offset: int) -> None:
+        """A disk-tier range was freed: its owner learns it with its next FetchTasks
+        (bounded per client: past `offload_queue_limit` the oldest are forgotten, and such an
+        object may come back from its node's journal after a restart)."""
+        q = self._freed.setdefault(seg.client_id, [])
+        if len(q) >= self.config.offload_queue_limit:
+            del q[: len(q) // 2]
+        q.append((seg.name, offset))
+
+    def take_freed(self, client_id: ClientId) -> list[tuple[SegmentName, int]]:
+        """The client's freed disk ranges since the last call (FetchTasks hands them out)."""
+        return self._freed.pop(client_id, []) if self._freed else []
 
     # ------------------------------------------------------------------ work
 

@@ -684,6 +684,7 @@ class FetchTasks(Message):
 class FetchTasksReply(Message):
     code: int
     tasks: list[ReplicaTask] = []
+    disk_freed: list[tuple[SegmentName, int]] = []  # ranges of the executor's disk tiers freed
 
 
 class MarkTaskComplete(Message):

@@ -38,13 +38,14 @@ def test_without_a_local_replica_the_masters_order_is_kept() -> None:
     assert [r.replica_id for r in order_replicas(reps, lambda s: False)] == [1, 2]
 
 
-def test_incomplete_and_non_memory_replicas_are_never_chosen() -> None:
+def test_incomplete_replicas_are_never_chosen_and_disk_comes_after_memory() -> None:
     reps = [
         rep(1, "local", status=ReplicaStatus.PROCESSING),
         rep(2, "local", kind=ReplicaKind.LOCAL_DISK),
         rep(3, "remote"),
+        rep(4, "remote", kind=ReplicaKind.DFS),
     ]
-    assert [r.replica_id for r in order_replicas(reps, lambda s: s == "local")] == [3]
+    assert [r.replica_id for r in order_replicas(reps, lambda s: s == "local")] == [3, 2]
     assert order_replicas([rep(1, "x", status=ReplicaStatus.PROCESSING)], lambda s: True) == []
 
 

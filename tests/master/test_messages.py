@@ -81,6 +81,11 @@ SAMPLES: list[m.Message] = [
     m.BatchReply([0, -704]),
     m.RemountReply(0, [m.SegmentName("s1")]),
     m.ReportBadReplica("k", m.SegmentName("s1"), 4096, m.TenantId("t")),
+    m.RegisterDiskReplicas(
+        m.ClientId("c1"),
+        m.SegmentName("s1"),
+        [m.DiskEntry(m.TenantId("t"), "k", 4096, 100, 7)],
+    ),
     m.PingReply(0, m.ClientStatus.NEED_REMOUNT, 3),
     m.SegmentReply(0, m.SegmentInfo(m.SegmentName("s"), 1)),
     m.PutStartReply(

@@ -42,6 +42,7 @@ _BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "fuzz": ("kvpool.bench.fuzz", "command", "Hostile input at a master and a node; both survive."),
     "ha": ("kvpool.bench.ha", "command", "HA off / --data-dir / standby; failover; snapshots."),
     "llm": ("kvpool.bench.llm", "command", "Real-model TTFT with the pool against recompute."),
+    "tiers": ("kvpool.bench.tiers", "command", "Memory and disk-tier get/put beside file I/O."),
 }
 
 

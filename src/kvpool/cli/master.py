@@ -14,10 +14,12 @@ import asyncio
 import re
 import signal
 import sys
+from typing import Any
 
 import click
 
 from kvpool.cli.params import Name
+from kvpool.cli.tiers import master_tier_options, tier_config
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.ha import EtcdUrl
@@ -362,6 +364,7 @@ def _ratio() -> click.FloatRange:
     "--host (0: a free port, logged as 'http listening on HOST:PORT'). Off by default; "
     "Mooncake's master uses 9003.",
 )
+@master_tier_options
 def master(
     *,
     host: str,
@@ -405,6 +408,7 @@ def master(
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
     http_port: int | None,
+    **tier_flags: Any,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM."""
     ha_url, cluster_id = _ha_url(
@@ -458,6 +462,7 @@ def master(
             ha_lease_ttl=ha_lease_ttl,
             ha_standby_timeout=ha_standby_timeout,
             ha_ack=ha_ack,
+            tiers=tier_config(tier_flags),
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

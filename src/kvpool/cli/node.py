@@ -19,8 +19,10 @@ from types import FrameType
 import click
 
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
+from kvpool.cli.tiers import node_tier_options
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
+from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
@@ -48,6 +50,25 @@ def _rss_shmem() -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def open_disk_tier(runtime: NodeRuntime, data: DataPath, directory: str, size: int) -> DiskTier:
+    """Open, verify and mount the disk tier in `directory`; says what it found."""
+    try:
+        disk = DiskTier(directory, size)
+    except KVPoolError as exc:
+        raise click.ClickException(exc.message) from exc
+    try:
+        mem = disk.mount(runtime, data.engine.attach_local)
+    except BaseException:
+        disk.close()
+        raise
+    st = disk.stats
+    click.echo(
+        f"kvpool node: disk tier {mem.name} ({format_size(size)} in {disk.directory}): "
+        f"{st.verified} object(s) verified, {st.refused} refused"
+    )
+    return disk
 
 
 def mount_with_progress(
@@ -184,6 +205,7 @@ def mount_with_progress(
     help="Serve /metrics (Prometheus: segment bytes, transfer-server requests, bytes and "
     "errors by op, connections) and /health on this port of --host (0: a free port).",
 )
+@node_tier_options
 def node(
     *,
     master: str,
@@ -202,6 +224,8 @@ def node(
     transfer_min_rate: int,
     drain_grace: float = 0.0,
     http_port: int | None = None,
+    offload_dir: str | None,
+    offload_size: int,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -253,6 +277,7 @@ def node(
     data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
     executor: TaskExecutor | None = None
     http: NodeHttp | None = None
+    disk: DiskTier | None = None
     try:
         try:
             runtime.start()
@@ -264,7 +289,12 @@ def node(
             raise click.ClickException(f"cannot join the pool at {master}: {exc}") from exc
         except OSError as exc:  # the transfer server cannot bind --host
             raise click.ClickException(f"cannot serve on --host {host}: {exc.strerror}") from exc
-        executor = TaskExecutor(runtime, data, poll_interval=poll).start()
+        executor = TaskExecutor(runtime, data, poll_interval=poll)
+        if offload_dir is not None:
+            disk = open_disk_tier(runtime, data, offload_dir, offload_size)
+            executor.on_written = disk.on_task_written
+            executor.on_disk_freed = disk.on_freed
+        executor.start()
         runtime.on_pending_tasks = executor.wake
         click.echo(
             f"kvpool node: segment {mem.name} ({format_size(mem.size)}, pre-faulted in "
@@ -292,5 +322,7 @@ def node(
         if executor is not None:
             executor.close()
         runtime.close()
+        if disk is not None:
+            disk.close()
         data.close()
     click.echo("kvpool node: stopped")

@@ -18,6 +18,7 @@ import click
 
 from kvpool.cli.params import Duration, Name, Size
 from kvpool.cli.status import render_table
+from kvpool.cli.tiers import node_tier_options
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.client.node import MIN_SEGMENT_SIZE
 from kvpool.client.validation import check_segment_size
@@ -71,8 +72,16 @@ def status_line(address: str, reply: StatsReply) -> str:
     type=Duration(0.05, 3600),
     help="Status line refresh period.",
 )
+@node_tier_options
 def up(
-    *, segment_size: int, port: int, host: str, client_ttl: float | None, refresh: float
+    *,
+    segment_size: int,
+    port: int,
+    host: str,
+    client_ttl: float | None,
+    refresh: float,
+    offload_dir: str | None,
+    offload_size: int,
 ) -> None:
     """Run a master and one node here until Ctrl-C."""
     try:
@@ -90,7 +99,22 @@ def up(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    pool = EmbeddedPool(PoolSpec(segment_size=size, host=host, port=port, client_ttl=ttl))
+    node_args: tuple[str, ...] = ()
+    master_args: tuple[str, ...] = ()
+    if offload_dir is not None:
+        # A disk tier: what reclaim takes out of memory moves there (docs/parts/tiers.md).
+        node_args = ("--offload-dir", offload_dir, "--offload-size", str(offload_size))
+        master_args = ("--offload-policy", "on-evict")
+    pool = EmbeddedPool(
+        PoolSpec(
+            segment_size=size,
+            host=host,
+            port=port,
+            client_ttl=ttl,
+            master_args=master_args,
+            node_args=node_args,
+        )
+    )
     try:
         try:
             click.echo(f"starting a master and a node with {format_size(size)} ...")

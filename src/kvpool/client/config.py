@@ -82,14 +82,26 @@ class StoreConfig:
     """With an `etcd://` master: seconds a call whose leader failed waits for a (new) leader
     before it fails (NotLeader / RpcError); also how long the Store waits for a leader at
     start."""
+    offload_dir: str | None = None
+    """A directory for this process's disk tier (`kvpool.client.disk`: a preallocated file
+    of `offload_size` bytes and its journal); None for none."""
+    offload_size: int = 0
+    """Bytes of the disk tier (with `offload_dir`; at least 1 MiB)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
-        for name in ("segment_size", "arena_size", "local_buffer_size"):
+        for name in ("segment_size", "arena_size", "local_buffer_size", "offload_size"):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
         if self.segment_size:
             parse_size(self.segment_size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
             check_segment_size(self.segment_size)
+        if self.offload_dir is not None and (
+            not isinstance(self.offload_dir, str) or self.offload_size < (1 << 20)
+        ):
+            raise InvalidParams(
+                f"offload_dir {self.offload_dir!r} needs an offload_size of at least 1 MiB, "
+                f"got {self.offload_size}"
+            )
         if not isinstance(self.protocol, str) or self.protocol not in PROTOCOLS:
             raise InvalidParams(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
         for name in ("tenant", "cluster_id", "host"):

@@ -55,6 +55,8 @@ class PoolSpec:
     """Seconds without a ping before the master drops a client (None: the master's default)."""
     master_args: tuple[str, ...] = ()
     """Extra `kvpool master` arguments."""
+    node_args: tuple[str, ...] = ()
+    """Extra `kvpool node` arguments (e.g. `--offload-dir PATH`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "segment_size", parse_size(self.segment_size, name="segment_size"))
@@ -126,6 +128,7 @@ class EmbeddedPool:
                 str(segment_size),
                 "--host",
                 self.spec.host,
+                *self.spec.node_args,
             ],
             name=name or f"kvpool node {len(self.nodes)}",
             on_line=on_line,

@@ -70,6 +70,7 @@ from kvpool.protocol.messages import (
     PingReply,
     RemountReply,
     ReMountSegment,
+    ReplicaKind,
     Reply,
     Response,
     SegmentInfo,
@@ -301,6 +302,9 @@ class NodeRuntime:
         self.on_pending_tasks: Callable[[], None] | None = None
         """Called by the heartbeat when a Ping says replica tasks wait for this client (the
         `TaskExecutor` of `kvpool.client.tasks` sets it to its `wake`)."""
+        self.on_remount: Callable[[list[SegmentName]], None] | None = None
+        """Called after every successful (re)registration with the segments the master kept
+        (a disk tier registers its objects again when its segment was not among them)."""
         self.on_heartbeat: Callable[[bool], None] | None = None
         """Called by the heartbeat after every Ping: True when the master answered and knows
         this client, False when the Ping failed or answered NEED_REMOUNT (the master restarted
@@ -367,6 +371,9 @@ class NodeRuntime:
                 ", ".join(restored),
             )
         self.restored = list(restored)
+        hook = self.on_remount
+        if hook is not None:
+            hook(self.restored)
 
     def release_calls(self) -> None:
         """After a leader switch: the remount was tried, let the held calls go."""
@@ -397,11 +404,13 @@ class NodeRuntime:
         *,
         path: str | None = None,
         offset: int = 0,
+        kind: ReplicaKind = ReplicaKind.MEMORY,
     ) -> SegmentMemory:
         """Create, serve and mount a new segment of `size` bytes; returns its memory.
 
         The memory is a new memfd, or with `path` the bytes [offset, offset + size) of that
-        regular file (`SegmentMemory.map_file`). `on_created(mem)` runs after the memory
+        regular file (`SegmentMemory.map_file`; a LOCAL_DISK `kind` maps it without faulting
+        it in: a disk tier, `kvpool.client.disk`). `on_created(mem)` runs after the memory
         exists and before the master is told (the Store attaches it to its engine there).
         Nothing is left behind when this fails.
         """
@@ -415,7 +424,10 @@ class NodeRuntime:
             if path is None:
                 mem = SegmentMemory.create(name, nbytes)
             else:
-                mem = SegmentMemory.map_file(name, path, nbytes, offset)
+                disk = kind is not ReplicaKind.MEMORY
+                mem = SegmentMemory.map_file(
+                    name, path, nbytes, offset, populate=not disk, share=disk
+                )
             try:
                 server.add_segment(mem)
                 if on_created is not None:
@@ -429,6 +441,7 @@ class NodeRuntime:
                     client_id=self.client_id,
                     # Names this memory: a pause is survived only by the same memory.
                     generation=secrets.randbits(64) or 1,
+                    kind=kind,
                 )
                 reply = self.rpc.call_as(MountSegment(self.client_id, self.host_id, info), Reply)
                 raise_for_code(reply.code, f"MountSegment {name}")

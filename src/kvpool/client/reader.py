@@ -374,6 +374,9 @@ class Reader:
             return None
         segments = loc.segments
         local = [is_local(SegmentName(name)) for name in segments]
+        for i in loc.disk_segments:  # a local disk replica is no better than remote memory
+            if 0 <= i < len(local):
+                local[i] = False
         first: list[int] = []
         for p in loc.places:
             j = 0

@@ -1,8 +1,10 @@
 """Which replica a read tries first, and what makes a read's bytes acceptable.
 
-Replica choice follows Mooncake's client: only COMPLETE memory replicas are candidates; the
-first one whose segment lives on this host comes first (a same-host read is one memcpy from the
-owner's shared memory), then the others in the master's order. A read that fails on one replica
+Replica choice follows Mooncake's client: COMPLETE memory replicas come first, the first one
+whose segment lives on this host first (a same-host read is one memcpy from the owner's shared
+memory), then the others in the master's order; COMPLETE disk-tier replicas (LOCAL_DISK, read
+through their node's transfer server, or memcpy from the mapped file in the node itself) follow,
+the same way. A read that fails on one replica
 moves to the next, so the returned order is the whole retry plan.
 
 A read is accepted when its bytes hash to the checksum recorded at PutEnd (xxh3_64, which costs
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import xxhash
 
@@ -44,24 +47,31 @@ def digest_or_checksum(digest: int | None, view: memoryview) -> int:
 def order_replicas(
     replicas: Sequence[ReplicaDesc], is_local: Callable[[SegmentName], bool]
 ) -> list[ReplicaDesc]:
-    """Readable memory replicas, the first local one first, then the rest in the given order.
+    """Readable replicas: memory ones first (the first local one first, then the rest in the
+    given order), then disk-tier (LOCAL_DISK) ones, the first local one first.
 
     `is_local(segment)` says whether a segment lives on this host. An empty result means no
-    replica is readable from memory (the caller answers REPLICA_IS_NOT_READY or INVALID_REPLICA).
+    replica is readable (the caller answers REPLICA_IS_NOT_READY or INVALID_REPLICA).
     """
     if len(replicas) == 1:  # the common case: no choice to make
         r = replicas[0]
-        ok = r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE
+        ok = r.kind in _READABLE_KINDS and r.status == ReplicaStatus.COMPLETE
         return [r] if ok else []
-    out = [
-        r for r in replicas if r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE
-    ]
-    for i, r in enumerate(out):
-        if is_local(r.segment):
-            if i:
-                out.insert(0, out.pop(i))
-            break
+    complete = [r for r in replicas if r.status == ReplicaStatus.COMPLETE]
+    out: list[ReplicaDesc] = []
+    for kind in _READABLE_KINDS:
+        tier = [r for r in complete if r.kind == kind]
+        for i, r in enumerate(tier):
+            if is_local(r.segment):
+                if i:
+                    tier.insert(0, tier.pop(i))
+                break
+        out += tier
     return out
+
+
+_READABLE_KINDS: Final = (ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK)
+"""Replica kinds a reader reads, in the order it prefers them."""
 
 
 def lease_deadline(started: float, lease_ttl_ms: int) -> float:

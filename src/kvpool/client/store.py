@@ -41,13 +41,14 @@ from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
+from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.result import PutResult, PutStats
-from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor
+from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S, TaskExecutor, TaskStats
 from kvpool.client.validation import (
     MAX_KEY_BYTES,
     Buffer,
@@ -135,6 +136,8 @@ class Store:
         task_poll_interval: float = DEFAULT_POLL_INTERVAL_S,
         arena_size: int | str = "64MiB",
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
+        offload_dir: str | None = None,
+        offload_size: int | str = 0,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -152,6 +155,8 @@ class Store:
             task_poll_interval=task_poll_interval,
             arena_size=parse_size(arena_size, name="arena_size"),
             failover_timeout=failover_timeout,
+            offload_dir=offload_dir,
+            offload_size=parse_size(offload_size, name="offload_size"),
         )
         self._setup(config)
 
@@ -169,6 +174,7 @@ class Store:
         self._arenas: Arenas | None = None
         self._data: DataPath | None = None
         self._tasks: TaskExecutor | None = None
+        self._disk: DiskTier | None = None
         self._mount_lock = threading.Lock()
         self._node = NodeRuntime(
             config.master,
@@ -192,6 +198,8 @@ class Store:
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
                 self._mount(self._data, config.segment_size)
+            if config.offload_dir is not None:
+                self._mount_disk(self._data, config.offload_dir, config.offload_size)
         except BaseException:
             self._teardown()
             raise
@@ -260,6 +268,8 @@ class Store:
             if self._arenas is not None:
                 self._arenas.close()  # before the node: its connection carries the release
             self._node.close()
+            if self._disk is not None:
+                self._disk.close()
         if self._data is not None:
             self._data.close()
 
@@ -334,6 +344,30 @@ class Store:
                 ).start()
                 self._node.on_pending_tasks = self._tasks.wake
         return mem.name
+
+    def _mount_disk(self, data: DataPath, directory: str, size: int) -> None:
+        """Open the disk tier in `directory`, mount it, register what it holds; this Store
+        then executes the offload and promotion tasks that touch it (docs/parts/tiers.md)."""
+        with self._mount_lock:
+            disk = self._disk = DiskTier(directory, size)
+            disk.mount(self._node, data.engine.attach_local)
+            if self._tasks is None:
+                self._tasks = TaskExecutor(
+                    self._node, data, poll_interval=self._config.task_poll_interval
+                ).start()
+                self._node.on_pending_tasks = self._tasks.wake
+            self._tasks.on_written = disk.on_task_written
+            self._tasks.on_disk_freed = disk.on_freed
+
+    @property
+    def task_stats(self) -> TaskStats | None:
+        """What this Store's replica task executor did (None before it owns a segment)."""
+        return self._tasks.stats if self._tasks is not None else None
+
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        """This Store's disk tier (None without `offload_dir`)."""
+        return self._disk
 
     def unmount_segment(self, name: str) -> None:
         """Take segment `name` out of the pool: the master unmounts it (and drops the

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,6 +39,7 @@ from kvpool.protocol.messages import (
     MarkTaskComplete,
     ReplicaTask,
     Reply,
+    SegmentName,
 )
 from kvpool.transfer.request import TransferOp
 
@@ -98,6 +100,11 @@ class TaskExecutor:
         self.max_tasks = max_tasks
         self.verify_checksum = verify_checksum
         self.stats = TaskStats()
+        self.on_written: Callable[[ReplicaTask], None] | None = None
+        """Called after a task's bytes were written to every target, before it is reported
+        (a disk tier journals its targets there; raising fails the task)."""
+        self.on_disk_freed: Callable[[list[tuple[SegmentName, int]]], None] | None = None
+        """Called with the disk-tier ranges the master freed (a disk tier journals them)."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one fetch-and-run at a time
@@ -159,6 +166,9 @@ class TaskExecutor:
             if reply.code == ErrorCode.CLIENT_NOT_FOUND:
                 return 0  # not registered (yet, or again): the heartbeat remounts
             raise_for_code(reply.code, "FetchTasks")
+            if reply.disk_freed and self.on_disk_freed is not None:
+                # Before the tasks: a range freed there may be written again by one of them.
+                self.on_disk_freed(reply.disk_freed)
             done: list[MarkTaskComplete] = []
             copied = 0
             for task in reply.tasks:  # all of them: a fetched task is ours to report
@@ -270,4 +280,6 @@ class TaskExecutor:
         bad = [(t.segment, c) for t, c in zip(targets, codes, strict=True) if c != ErrorCode.OK]
         if bad:
             return "writing " + ", ".join(f"{seg}: {code.name}" for seg, code in bad) + " failed"
+        if self.on_written is not None:
+            self.on_written(task)
         return ""

@@ -8,10 +8,11 @@ Durations are seconds (floats), sizes bytes. `kvpool master` maps each flag onto
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvpool.errors import InvalidParams
+from kvpool.master.tier_config import TierConfig
 
 __all__ = ["AllocationStrategy", "EvictionMode", "MasterConfig"]
 
@@ -160,6 +161,9 @@ class MasterConfig:
     and bootstraps again from a snapshot."""
     ha_chunk_bytes: int = 1 << 20
     """Largest piece of log or snapshot sent in one reply to a standby."""
+
+    tiers: TierConfig = field(default_factory=TierConfig)
+    """Offload to node disk tiers and promotion on hit (`tier_config.py`)."""
 
     def __post_init__(self) -> None:
         if self.ha_lease_ttl < 2 or isinstance(self.ha_lease_ttl, bool):

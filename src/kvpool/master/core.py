@@ -60,6 +60,7 @@ from kvpool.master.segments import Segment, SegmentTable
 from kvpool.protocol.messages import (
     ClientId,
     HostId,
+    ReplicaKind,
     ReplicaStatus,
     SegmentInfo,
     SegmentName,
@@ -75,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _PROCESSING = ReplicaStatus.PROCESSING
 _COMPLETE = ReplicaStatus.COMPLETE
+_MEMORY_KIND = ReplicaKind.MEMORY
 _PREEMPT = Claim.PREEMPT
 _FORGET_DEAD = Claim.FORGET_DEAD
 
@@ -139,6 +141,15 @@ class MetadataCore:
         #: Told of each object created with fewer replicas than its put asked for (fewer
         #: segments had room; `note_short`): the repair queue, which copies it up later.
         self.on_short: Callable[[ObjectMeta], None] | None = None
+        #: Called with each object that became readable (PutEnd, PutCommit): the tier manager
+        #: queues it for an eager offload.
+        self.on_complete: Callable[[ObjectMeta], None] | None = None
+        #: Milliseconds a refused put should wait before asking again while memory is being
+        #: freed by moves to a disk tier (0: none are running).
+        self.retry_hint: Callable[[], int] | None = None
+        #: Called with (segment, offset) of every disk-tier range freed: its node journals it
+        #: as given up, so the object does not come back after a restart.
+        self.on_disk_free: Callable[[Segment, int], None] | None = None
         self._observers: tuple[MetadataObserver, ...] = ()
         self._alignment = config.alignment
         self._release_timeout = config.put_start_release_timeout
@@ -203,6 +214,8 @@ class MetadataCore:
         self.clients.drop_in_flight(obj)
         if self.journal is not None:
             self.journal.obj(obj)
+        if self.on_complete is not None:
+            self.on_complete(obj)
 
     def note_short(self, obj: ObjectMeta) -> None:
         """`obj` was just created with fewer replicas than its put asked for: tell `on_short`
@@ -223,6 +236,9 @@ class MetadataCore:
         if self.journal is not None:
             for obj, _ in done:
                 self.journal.obj(obj)
+        if self.on_complete is not None:
+            for obj, _ in done:
+                self.on_complete(obj)
 
     def rewrite_object(  # noqa: PLR0917
         self,
@@ -470,6 +486,8 @@ class MetadataCore:
                 got = self._allocate_again(size, plan, host)
             if not got:
                 self._defragment(aligned, plan)
+                if not plan.retry_after_ms and self.retry_hint is not None:
+                    plan.retry_after_ms = self.retry_hint() or plan.retry_after_ms
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
 
     def _defragment(self, aligned: int, plan: PutPlan) -> None:
@@ -550,7 +568,7 @@ class MetadataCore:
         if off is None:
             return None
         seg.objects += 1
-        return Replica(seg, off, _PROCESSING)
+        return Replica(seg, off, _PROCESSING, seg.kind)
 
     def reserve_range(
         self, client_id: ClientId, size: int, need: int
@@ -628,6 +646,8 @@ class MetadataCore:
             return False  # its allocator went with the segment
         seg.allocator.free(r.offset, size)
         seg.objects -= 1
+        if seg.kind is not _MEMORY_KIND and self.on_disk_free is not None:
+            self.on_disk_free(seg, r.offset)
         return True
 
     # ------------------------------------------------------------------ segments, clients

@@ -14,6 +14,8 @@ an object found with no live replica is forgotten through the core.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import xxhash
 
 from kvpool.codes import OBJECT_NOT_FOUND, OK, REPLICA_IS_NOT_READY
@@ -21,6 +23,7 @@ from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import (
     REPLICA_ID_SHIFT,
     ObjectMeta,
+    Replica,
 )
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -58,6 +61,9 @@ class ReadPath:
         self._core = core
         self._index = core.index
         self._clock = core.clock
+        #: Called with an object read while no memory replica of it is readable (served
+        #: from a disk tier): the tier manager counts it for promotion on hit.
+        self.on_disk_read: Callable[[ObjectMeta], None] | None = None
         self._hooks = core.hooks
         self._lease_ttl = core.config.default_kv_lease_ttl
         self._lease_ttl_ms = round(self._lease_ttl * 1000)
@@ -108,6 +114,7 @@ class ReadPath:
         index: dict[SegmentName, int] = {}
         endpoints: list[str] = []
         empty: list[int] = []
+        disks: list[int] = []
         for key in keys:
             obj = shards[h(key.encode(), seed) % nshards].get(key)
             if obj is None:
@@ -118,6 +125,7 @@ class ReadPath:
                 continue
             where: list[int] = []
             readable = False
+            disk: list[Replica] | None = None
             for r in obj.replicas:
                 seg = r.segment
                 if r.status is _COMPLETE and seg.serving:
@@ -128,6 +136,22 @@ class ReadPath:
                             i = index[seg.name] = len(endpoints)
                             endpoints.append(seg.endpoint)
                         where += (i, r.offset)
+                    elif disk is None:
+                        disk = [r]
+                    else:
+                        disk.append(r)
+            if disk is not None:
+                # Disk-tier replicas after every memory one: readers take them in order.
+                if not where and self.on_disk_read is not None:
+                    self.on_disk_read(obj)
+                for r in disk:
+                    seg = r.segment
+                    i = index.get(seg.name)
+                    if i is None:
+                        i = index[seg.name] = len(endpoints)
+                        endpoints.append(seg.endpoint)
+                        disks.append(i)
+                    where += (i, r.offset)
             if not readable:
                 code = REPLICA_IS_NOT_READY if obj.has_live_replica() else OBJECT_NOT_FOUND
                 if code == OBJECT_NOT_FOUND:
@@ -144,7 +168,7 @@ class ReadPath:
             sums.append(obj.checksum)
             places.append(where)
         return LocationsReply(
-            codes, sizes, sums, places, list(index), endpoints, self._lease_ttl_ms
+            codes, sizes, sums, places, list(index), endpoints, self._lease_ttl_ms, disks
         )
 
     def _read_obj(self, obj: ObjectMeta, deadline: float) -> ReplicaListReply:
@@ -170,6 +194,10 @@ class ReadPath:
                 return _NOT_READY_LIST
             self._core.forget_dead(obj)
             return _NOT_FOUND_LIST
+        if any(d.kind is not _MEMORY for d in descs):
+            descs.sort(key=lambda d: d.kind is not _MEMORY)  # memory first (stable)
+            if descs[0].kind is not _MEMORY and self.on_disk_read is not None:
+                self.on_disk_read(obj)
         obj.lease_deadline = max(obj.lease_deadline, deadline)
         self._hooks.on_access(obj)
         return ReplicaListReply(OK, descs, size, obj.checksum, self._lease_ttl_ms)

@@ -11,12 +11,23 @@ kept, but stops *serving*: `serving` goes off and it leaves the `live` list, so 
 arenas and task targets skip it and readers are not offered its replicas; `restore` puts it
 back (docs/parts/reliability.md). `alive` means mounted (its allocator exists); `serving`
 means mounted and not silent, which is what a reader checks.
+
+A disk-tier segment (`kind` LOCAL_DISK: a node's preallocated offload file) is kept in `disks`,
+never in `live`: placement, arenas, swap-out, capacity and pressure never see it; only the
+tier manager (`tiers.py`) allocates there (docs/parts/tiers.md).
 """
 
 from __future__ import annotations
 
 from kvpool.master.allocator import OffsetAllocator
-from kvpool.protocol.messages import ClientId, HostId, SegmentInfo, SegmentName, SegmentStats
+from kvpool.protocol.messages import (
+    ClientId,
+    HostId,
+    ReplicaKind,
+    SegmentInfo,
+    SegmentName,
+    SegmentStats,
+)
 
 __all__ = ["Segment", "SegmentTable"]
 
@@ -32,6 +43,7 @@ class Segment:
         "endpoint",
         "generation",
         "host_id",
+        "kind",
         "name",
         "number",
         "objects",
@@ -52,7 +64,9 @@ class Segment:
         shm_path: str,
         alignment: int,
         generation: int = 0,
+        kind: ReplicaKind = ReplicaKind.MEMORY,
     ) -> None:
+        self.kind = kind
         self.number = number
         self.name = name
         self.size = size
@@ -84,6 +98,7 @@ class Segment:
             and info.endpoint == self.endpoint
             and info.shm_path == self.shm_path
             and info.generation == self.generation
+            and info.kind == self.kind
         )
 
     def info(self) -> SegmentInfo:
@@ -95,6 +110,7 @@ class Segment:
             self.shm_path,
             self.client_id,
             self.generation,
+            self.kind,
         )
 
     def stats(self) -> SegmentStats:
@@ -112,13 +128,18 @@ class Segment:
 class SegmentTable:
     """The live segments by name, plus a list of them for placement (kept in mount order)."""
 
-    __slots__ = ("_alignment", "_by_name", "_next_number", "live")
+    __slots__ = ("_alignment", "_by_name", "_next_number", "disks", "live")
 
     def __init__(self, alignment: int) -> None:
         self._alignment = alignment
         self._by_name: dict[SegmentName, Segment] = {}
         self._next_number = 1
         self.live: list[Segment] = []
+        #: Serving disk-tier segments (LOCAL_DISK), kept apart from `live` (memory).
+        self.disks: list[Segment] = []
+
+    def _list(self, seg: Segment) -> list[Segment]:
+        return self.live if seg.kind is ReplicaKind.MEMORY else self.disks
 
     def get(self, name: SegmentName) -> Segment | None:
         return self._by_name.get(name)
@@ -138,32 +159,35 @@ class SegmentTable:
             shm_path=info.shm_path,
             alignment=self._alignment,
             generation=info.generation,
+            kind=ReplicaKind(info.kind),
         )
         self._next_number += 1
         self._by_name[seg.name] = seg
-        self.live.append(seg)
+        self._list(seg).append(seg)
         return seg
 
     def silence(self, seg: Segment) -> None:
         """Stop serving `seg` (its owner fell silent); everything it holds is kept."""
         if seg.serving:
             seg.serving = False
-            if seg in self.live:  # a draining segment has left it already
-                self.live.remove(seg)
+            lst = self._list(seg)
+            if seg in lst:  # a draining segment has left it already
+                lst.remove(seg)
 
     def restore(self, seg: Segment) -> None:
         """Serve the silent `seg` again (its owner came back with the same memory)."""
         if seg.alive and not seg.serving:
             seg.serving = True
             if not seg.draining:
-                self.live.append(seg)
+                self._list(seg).append(seg)
 
     def drain(self, seg: Segment) -> None:
         """Take `seg` out of placement (GRACEFULLY_UNMOUNTING): still mounted and readable."""
         if seg.alive and not seg.draining:
             seg.draining = True
-            if seg in self.live:
-                self.live.remove(seg)
+            lst = self._list(seg)
+            if seg in lst:
+                lst.remove(seg)
 
     def mounted(self) -> list[Segment]:
         """Every mounted segment, silent ones included."""
@@ -173,8 +197,9 @@ class SegmentTable:
         """Take `seg` out of the pool: unreadable and unallocatable from now on."""
         seg.alive = False
         del self._by_name[seg.name]
-        if seg in self.live:
-            self.live.remove(seg)
+        lst = self._list(seg)
+        if seg in lst:
+            lst.remove(seg)
         seg.serving = False
         # Every range of the segment goes with it; nothing may be freed into it again.
         seg.allocator = OffsetAllocator(0, self._alignment)

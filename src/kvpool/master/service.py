@@ -47,6 +47,7 @@ from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
+from kvpool.master.tiers import TierManager
 from kvpool.master.writes import WritePath
 from kvpool.protocol.drain import DrainSegment, DrainStatus
 from kvpool.protocol.messages import (
@@ -66,6 +67,7 @@ from kvpool.protocol.messages import (
     Echo,
     ExistKey,
     FetchTasks,
+    FetchTasksReply,
     GetReplicaList,
     GetSegment,
     GetSize,
@@ -78,6 +80,7 @@ from kvpool.protocol.messages import (
     PutRevoke,
     PutStart,
     QueryTask,
+    RegisterDiskReplicas,
     ReleaseArenas,
     ReMountSegment,
     Remove,
@@ -127,6 +130,11 @@ class MasterService:
         planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
+        self._tiers = TierManager(core, self._tasks, self._config.tiers)
+        self._reads.on_disk_read = self._tiers.note_read
+        core.on_complete = self._tiers.note_complete
+        core.retry_hint = self._tiers.retry_hint
+        core.on_disk_free = self._tiers.note_disk_free
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)
@@ -171,12 +179,23 @@ class MasterService:
             BatchPutCommit: ar.batch_put_commit,
             DrainSegment: self._drains.drain_segment,
             DrainStatus: self._drains.drain_status,
+            RegisterDiskReplicas: self._tiers.register,
         }
+        self._handlers[FetchTasks] = self._fetch_tasks
         self._hooks.attach(self)
         #: The data directory's log and snapshots (None without `data_dir`).
         self.durable: Durability | None = None
         if self._config.data_dir is not None and open_data_dir:
             self.open_data_dir()
+
+    def _fetch_tasks(self, req: FetchTasks) -> FetchTasksReply:
+        """FetchTasks, with the disk-tier ranges of the client freed since its last fetch."""
+        reply = self._task_path.fetch_tasks(req)
+        if reply.code == 0:
+            freed = self._tiers.take_freed(req.client_id)
+            if freed:
+                reply.disk_freed = freed
+        return reply
 
     # ------------------------------------------------------------------ durability, HA
 
@@ -299,7 +318,12 @@ class MasterService:
 
     def repair_tick(self) -> int:
         """Start due repair copies (`RepairQueue.tick`); answers how many started."""
-        return self._repair.tick(self._core.clock())
+        return self._repair.tick(self._core.clock()) + self._tiers.tick()
+
+    @property
+    def tiers(self) -> TierManager:
+        """Offload, promotion and disk registration (for stats and tests)."""
+        return self._tiers
 
     @property
     def drains(self) -> DrainTable:
@@ -357,7 +381,7 @@ class MasterService:
         )
 
     def evict(self, obj: ObjectMeta) -> int:
-        return self._core.free_object(obj)
+        return self._tiers.evict(obj)
 
     def evict_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         if replica not in obj.replicas:
@@ -370,7 +394,9 @@ class MasterService:
     def swap_out(
         self, obj: ObjectMeta, replica: Replica, low_watermark: float, on_done: TaskDone
     ) -> bool:
-        return self._tasks.swap_out(obj, replica, low_watermark, on_done)
+        if self._tasks.swap_out(obj, replica, low_watermark, on_done):
+            return True
+        return self._tiers.move_to_disk(obj, replica, on_done)
 
     def move_away(
         self,

@@ -178,10 +178,12 @@ class TaskTable(MetadataObserver):
         on_done: TaskDone | None,
         *,
         repair: bool = False,
+        executor: ClientId | None = None,
     ) -> tuple[Task | None, int]:
         """A PENDING task copying `source` of `obj` to new ranges on `targets`, or (None,
         the code that refuses it); nothing changes when refused. A silent segment is no
-        target (SEGMENT_NOT_FOUND)."""
+        target (SEGMENT_NOT_FOUND). `executor`: who runs it (the tier manager names a disk
+        segment's owner, which journals what it writes); by default the source's owner."""
         core = self._core
         segs: list[Segment] = []
         held = {r.segment for r in obj.replicas if r.segment.alive}
@@ -192,7 +194,8 @@ class TaskTable(MetadataObserver):
             if seg in held:
                 return None, REPLICA_ALREADY_EXISTS
             segs.append(seg)
-        executor = self._executor_for(source.segment)
+        if executor is None:
+            executor = self._executor_for(source.segment)
         if executor is None:
             return None, CLIENT_NOT_FOUND
         got: list[Replica] = []

@@ -102,6 +102,7 @@ from kvpool.protocol.replication import (
     LogReply,
     SnapshotReply,
 )
+from kvpool.protocol.tiers import DiskEntry, RegisterDiskReplicas
 from kvpool.protocol.values import (
     DEFAULT_REPLICATE_CONFIG,
     DEFAULT_TENANT,
@@ -146,6 +147,7 @@ __all__ = [
     "CountReply",
     "CreateCopyTask",
     "CreateMoveTask",
+    "DiskEntry",
     "Echo",
     "EchoReply",
     "ExistKey",
@@ -175,6 +177,7 @@ __all__ = [
     "QueryTask",
     "QueryTaskReply",
     "ReMountSegment",
+    "RegisterDiskReplicas",
     "ReleaseArenas",
     "RemountReply",
     "Remove",
@@ -522,6 +525,7 @@ class LocationsReply(Message):
     and `places[i]`, its readable memory replicas in the master's order, flattened as
     `[segment index, offset, segment index, offset, ...]`; the indexes point into `segments`
     and `endpoints` (each segment named once per reply). One `lease_ttl_ms` for all keys.
+    Disk-tier replicas follow the memory ones; `disk_segments` says which segments they are on.
     """
 
     codes: list[int]
@@ -531,6 +535,7 @@ class LocationsReply(Message):
     segments: list[SegmentName] = []
     endpoints: list[str] = []
     lease_ttl_ms: int = 0
+    disk_segments: list[int] = []
 
 
 class ExistReply(Message):
@@ -682,6 +687,7 @@ class FetchTasks(Message):
 class FetchTasksReply(Message):
     code: int
     tasks: list[ReplicaTask] = []
+    disk_freed: list[tuple[SegmentName, int]] = []  # ranges of the executor's disk tiers freed
 
 
 class MarkTaskComplete(Message):
@@ -766,6 +772,7 @@ Request = (
     | FetchSnapshot
     | DrainSegment
     | DrainStatus
+    | RegisterDiskReplicas
 )
 """Every request the master serves (the `request_type` of its RpcServer)."""
 

@@ -113,6 +113,8 @@ class SegmentInfo(Message):
     `generation` is a random 64-bit number the node draws when it creates the segment's memory
     (0: none given): a remount naming a segment the master holds as silent restores it, with
     its objects, only when name and generation match (docs/parts/reliability.md).
+    `kind` is the tier of the segment's bytes: MEMORY, or LOCAL_DISK for a node's disk tier
+    (a preallocated file; never counted as memory, never chosen for a put: docs/parts/tiers.md).
     """
 
     name: SegmentName
@@ -122,6 +124,7 @@ class SegmentInfo(Message):
     shm_path: str = ""
     client_id: ClientId = ClientId("")
     generation: int = 0
+    kind: ReplicaKind = ReplicaKind.MEMORY
 
 
 class ReplicaDesc(Message):

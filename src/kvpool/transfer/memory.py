@@ -35,6 +35,7 @@ from kvpool.transfer.location import SegmentLocation, normalize_segment_name
 from kvpool.transfer.registration import buffer_address
 
 __all__ = [
+    "DISK_FILE_NAME",
     "SegmentMemory",
     "SharedMapping",
     "open_peer_mapping",
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 _MEMFD_PREFIX: Final = "kvpool:"
 _PROC_FD_RE: Final = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
+DISK_FILE_NAME: Final = "kvpool-disk.data"
+"""The data file of a node's disk tier (`kvpool.client.disk`): the one regular file a same-host
+peer may map as a segment."""
 
 _quarantine_lock = threading.Lock()
 _quarantine: set[SharedMapping] = set()
@@ -86,18 +90,28 @@ class SharedMapping:
         "size",
     )
 
-    def __init__(self, fd: int, size: int, label: str, offset: int = 0) -> None:
+    def __init__(
+        self, fd: int, size: int, label: str, offset: int = 0, *, populate: bool = True
+    ) -> None:
         self.size = size
         self.label = label
-        self._mmap: mmap.mmap | None = mmap.mmap(
-            fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=offset
-        )
+        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+        self._mmap: mmap.mmap | None = mmap.mmap(fd, size, flags=flags, offset=offset)
         self._view: memoryview | None = memoryview(self._mmap)
         self.address = buffer_address(self._view)
         """Where the mapping starts in this process (copy paths pick chunk sizes by it)."""
         self._lock = threading.Lock()
         self._holders = 0
         self._closing = False
+
+    def flush(self, offset: int, size: int) -> None:
+        """msync the pages of [offset, offset + size) to the file behind the mapping (a disk
+        tier journals an object only after its bytes are flushed)."""
+        m = self._mmap
+        if m is None or size <= 0:
+            return
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        m.flush(start, min(offset + size, self.size) - start)
 
     @property
     def view(self) -> memoryview:
@@ -242,13 +256,26 @@ class SegmentMemory:
         return cls(clean, nbytes, fd, mapping)
 
     @classmethod
-    def map_file(cls, name: str, path: str, size: int, offset: int = 0) -> SegmentMemory:
+    def map_file(
+        cls,
+        name: str,
+        path: str,
+        size: int,
+        offset: int = 0,
+        *,
+        populate: bool = True,
+        share: bool = False,
+    ) -> SegmentMemory:
         """A segment over `size` bytes of the caller's regular file `path` (a file on tmpfs such
         as /dev/shm, or on disk) from `offset` (a multiple of the page size), mapped
         `MAP_SHARED | MAP_POPULATE`: what the pool writes there lands in the file.
 
         It is not advertised to same-host peers (`shm_path` is "", so they use TCP): they
-        verify a segment by its memfd name, and a caller's file carries none. The file must
+        verify a segment by its memfd name, and a caller's file carries none. `populate=False`
+        maps without faulting the pages in (a disk tier: pages come and go with the page
+        cache). `share=True` advertises the file to same-host peers after all (a disk tier's
+        `DISK_FILE_NAME` at offset 0: peers map it unpopulated and copy straight from the page
+        cache, `open_peer_mapping`). The file must
         not shrink while mounted: touching a page past its end kills the process (SIGBUS),
         the price Mooncake's `mount_segment` pays too. Raises `InvalidParams` for a bad range,
         a path that is not a regular file or cannot be opened read-write.
@@ -272,7 +299,9 @@ class SegmentMemory:
                 raise InvalidParams(
                     f"{path!r}: [{offset}, {offset + nbytes}) is past its end ({st.st_size} bytes)"
                 )
-            mapping = SharedMapping(fd, nbytes, f"segment {clean} ({path})", offset)
+            mapping = SharedMapping(
+                fd, nbytes, f"segment {clean} ({path})", offset, populate=populate
+            )
         except OSError as exc:
             os.close(fd)
             raise KVPoolError(f"cannot map {path!r} as segment {clean!r}: {exc}") from exc
@@ -280,7 +309,7 @@ class SegmentMemory:
             os.close(fd)
             raise
         log.info("segment %s: %d bytes of %s at offset %d", clean, nbytes, path, offset)
-        return cls(clean, nbytes, fd, mapping, shared=False)
+        return cls(clean, nbytes, fd, mapping, shared=share)
 
     @property
     def buffer(self) -> memoryview:
@@ -378,7 +407,9 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
     expected = f"/memfd:{_MEMFD_PREFIX}{location.name} (deleted)"
     try:
         target = os.readlink(location.shm_path)
-        if start is None or target != expected:
+        # A node's disk tier file is mapped as it is: unpopulated, pages come from the cache.
+        disk = os.path.basename(target) == DISK_FILE_NAME
+        if start is None or (target != expected and not disk):
             raise TransferError(
                 f"segment {location.name}: {location.shm_path} is {target!r}, not {expected!r}"
             )
@@ -395,7 +426,9 @@ def open_peer_mapping(location: SegmentLocation) -> PeerMapping:
                 f"segment {location.name}: {location.shm_path} has {actual} bytes, "
                 f"the location says {location.size}"
             )
-        mapping = SharedMapping(fd, location.size, f"peer segment {location.name}")
+        mapping = SharedMapping(
+            fd, location.size, f"peer segment {location.name}", populate=not disk
+        )
     except OSError as exc:
         raise TransferError(f"segment {location.name}: cannot map: {exc}") from exc
     finally:

@@ -206,8 +206,14 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
         host, port = split_hostname(p.local_hostname)
         if p.metadata_server.upper() != "P2PHANDSHAKE":
             log.debug("setup: metadata_server %r is not needed by kvpool", p.metadata_server)
+        offload_dir: str | None = None
         if p.enable_ssd_offload:
-            log.warning("setup: enable_ssd_offload is not supported by this compatibility layer")
+            if p.ssd_offload_path:
+                # kvpool's disk tier (docs/parts/tiers.md): a preallocated file there, 4x the
+                # segment (at least 1 GiB); the master's --offload-policy decides what goes.
+                offload_dir = p.ssd_offload_path
+            else:
+                log.warning("setup: enable_ssd_offload without ssd_offload_path: no disk tier")
         if p.enable_client_http_server:
             log.warning("setup: the client HTTP server is not supported; use `kvpool status`")
         if p.protocol != "tcp":
@@ -224,6 +230,8 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             # Mooncake's "tcp" means "no RDMA" and still copies locally when it can; kvpool's
             # "auto" is the same idea plus shared memory between processes of one host.
             protocol="auto",
+            offload_dir=offload_dir,
+            offload_size=max(4 * segment, 1 << 30) if offload_dir is not None else 0,
         )
         segments = store.segments
         reserved = None

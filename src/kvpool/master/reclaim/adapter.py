@@ -108,11 +108,15 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
             return Verdict.STALE
         primary: Replica | None = None
         mine: Replica | None = None
+        on_disk = False
         for r in obj.replicas:
-            if r.kind is ReplicaKind.MEMORY and r.readable():
-                primary = primary or r
-                if r is rec.replica_id:
-                    mine = r
+            if r.kind is ReplicaKind.MEMORY:
+                if r.readable():
+                    primary = primary or r
+                    if r is rec.replica_id:
+                        mine = r
+            elif r.readable():
+                on_disk = True
         if mine is None:
             rid = rec.replica_id
             if rid.status is _COMPLETE and rid.segment.alive and rid in obj.replicas:
@@ -127,7 +131,8 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         if not obj.complete or self._svc.has_task(obj):
             return Verdict.BUSY  # an in-place upsert is rewriting it, or a task copies it
         pinned = obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline
-        if not pinned and mine is not primary:
+        if not pinned and (mine is not primary or on_disk):
+            # Another memory replica, or a disk-tier copy, keeps the object: drop this one.
             return Verdict.DROPPABLE
         if pressure and not _under_pressure(mine, self._low):
             # It would have to move, and its segment is at or below the low watermark: a move

@@ -1,0 +1,267 @@
+"""`kvpool bench tiers`: put/get from memory and from a node's disk tier, next to plain file I/O.
+
+One master (`--offload-policy on-evict --no-promotion-on-hit`, so what is on disk stays there
+while it is measured) and, in this process, a Store that owns a memory segment and a disk tier
+(`offload_dir` in a temporary directory, by default under the system's temp dir; `--dir` picks
+the file system) plus a pure-client Store. Rows:
+
+* `limit`/`file`: `pwrite` and `pread` of the same bytes in a file in the same directory, same
+  run (the page cache is warm for both this and the disk tier: the tier's data file is written
+  through the same cache);
+* `kvpool`/`memory`: get (and put) through the pure client (shm from the node's memfd);
+* `kvpool`/`disk-local`: get by the Store that owns the disk tier (memcpy from the mapped file);
+* `kvpool`/`disk-shm`: get by a same-host client, which maps the tier's file itself and copies
+  straight from the page cache;
+* `kvpool`/`disk-tcp`: get by a client forced to TCP, streamed by the owner's transfer server;
+* `kvpool`/`disk-on-evict`: put with memory full, each put moving an older object to disk;
+* `metric: objects_beyond_ram_readable`: the fraction of objects read back exactly after
+  writing 8x the memory in 1 MiB objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
+from kvpool.client.embedded import EmbeddedPool, PoolSpec
+from kvpool.client.store import Store
+from kvpool.errors import KVPoolError
+from kvpool.protocol.messages import ReplicaKind
+
+__all__ = ["command", "run"]
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    memory: int
+    disk: int
+    reps: dict[int, int]
+
+    @staticmethod
+    def of(quick: bool) -> Plan:
+        if quick:
+            return Plan(memory=64 * MiB, disk=768 * MiB, reps={MiB: 8, 16 * MiB: 3})
+        return Plan(memory=256 * MiB, disk=3 << 30, reps={MiB: 64, 16 * MiB: 12})
+
+
+def _value(i: int, size: int) -> bytes:
+    return (i.to_bytes(8, "little") + b"tiersbch") * (size // 16)
+
+
+def _row(path: str, system: str, op: str, size: int, times: list[float], **extra: Any) -> Row:
+    total = sum(times) or 1e-9
+    n = len(times)
+    return Row(
+        system=system,
+        path=path,
+        op=op,
+        value_size=size,
+        batch=1,
+        ops_per_s=n / total,
+        bytes_per_s=n * size / total,
+        p50_us=percentile(times, 0.5) * 1e6,
+        p99_us=percentile(times, 0.99) * 1e6,
+        calls=n,
+        extra=extra,
+    )
+
+
+def _timed(n: int, fn: Callable[[int], object]) -> list[float]:
+    out: list[float] = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _file_rows(directory: str, size: int, n: int) -> list[Row]:
+    path = os.path.join(directory, f"baseline-{size}")
+    data = _value(7, size)
+    dest = bytearray(size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size * n)
+        put = _timed(n, lambda i: os.pwrite(fd, data, i * size))
+        get = _timed(n, lambda i: os.preadv(fd, [dest], i * size))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return [_row("file", "limit", "put", size, put), _row("file", "limit", "get", size, get)]
+
+
+def _disk_only(store: Store, key: str) -> bool:
+    return [ReplicaKind(r.kind) for r in store.get_replica_desc(key)] == [ReplicaKind.LOCAL_DISK]
+
+
+def run(quick: bool = False, directory: str | None = None) -> list[Any]:
+    """Run the benchmark (a master child process, two Stores here); returns its rows."""
+    plan = Plan.of(quick)
+    root = tempfile.mkdtemp(prefix="kvpool-bench-tiers-", dir=directory)
+    pool = EmbeddedPool(
+        PoolSpec(
+            segment_size=0,
+            nodes=0,
+            master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"),
+        )
+    )
+    rows: list[Any] = []
+    try:
+        address = pool.start()
+        owner = Store(
+            address,
+            segment_size=plan.memory,
+            offload_dir=os.path.join(root, "disk"),
+            offload_size=plan.disk,
+            rpc_timeout=60.0,
+        )
+        client = Store(address, rpc_timeout=60.0)
+        tcp = Store(address, rpc_timeout=60.0, protocol="tcp")
+        try:
+            for size, n in plan.reps.items():
+                rows += _size_rows(owner, client, tcp, root, size, n, plan)
+            rows.append(_capacity(client, plan))
+        finally:
+            tcp.close()
+            client.close()
+            owner.close()
+    finally:
+        pool.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _size_rows(  # noqa: PLR0917
+    owner: Store, client: Store, tcp: Store, root: str, size: int, n: int, plan: Plan
+) -> list[Row]:
+    base = _file_rows(root, size, n)
+    file_get = base[1]
+    tag = f"s{size}"
+    # Memory: the last objects written stay in memory.
+    owner.remove_all(force=True)
+    mem_put = _timed(n, lambda i: client.put(f"{tag}-m{i}", _value(i, size)))
+    mem_get = _timed(n, lambda i: client.get(f"{tag}-m{i}"))
+    rows = [
+        _row("memory", "kvpool", "put", size, mem_put),
+        _row("memory", "kvpool", "get", size, mem_get),
+    ]
+    # Disk: written first, then pushed out of memory by filler (on-evict moves them to disk).
+    for i in range(n):
+        client.put(f"{tag}-d{i}", _value(i, size))
+    # Checking touches the objects (an access, a lease): fill a memory's worth between checks.
+    filler = 0
+    fill_times: list[float] = []
+    for _ in range(6):
+        for _ in range(plan.memory // MiB):
+            t = time.perf_counter()
+            client.put(f"{tag}-f{filler}", _value(filler, MiB))
+            fill_times.append(time.perf_counter() - t)
+            filler += 1
+        if all(_disk_only(client, f"{tag}-d{i}") for i in range(n)):
+            break
+    else:
+        raise KVPoolError("objects did not move to the disk tier")
+    if size == MiB and fill_times:
+        rows.append(_row("disk-on-evict", "kvpool", "put", MiB, fill_times))
+
+    _settle(owner)
+
+    def timed_gets(store: Store) -> list[float]:
+        got: list[bytes | bytearray | None] = [None] * n
+
+        def get(i: int) -> None:
+            got[i] = store.get(f"{tag}-d{i}")
+
+        times = _timed(n, get)
+        for i, v in enumerate(got):  # checked outside the timing, as the baseline's bytes
+            if v != _value(i, size):
+                raise KVPoolError(f"{tag}-d{i} read back wrong")
+        return times
+
+    disk = [
+        _row("disk-local", "kvpool", "get", size, timed_gets(owner)),
+        _row("disk-shm", "kvpool", "get", size, timed_gets(client)),
+        _row("disk-tcp", "kvpool", "get", size, timed_gets(tcp)),
+    ]
+    for r in disk:
+        r.ratio = r.bytes_per_s / file_get.bytes_per_s
+        r.baseline = f"file pread {file_get.bytes_per_s / 1e9:.2f} GB/s"
+    return [*base, *rows, *disk]
+
+
+def _settle(owner: Store, quiet: float = 0.5, limit: float = 60.0) -> None:
+    """Wait until the owner's task executor has been idle for `quiet` seconds: the moves that
+    reclaim started while memory filled run in the owner's process, and would be measured
+    with the reads otherwise."""
+    tasks = owner.task_stats
+    if tasks is None:
+        return
+    end = time.monotonic() + limit
+    last = (-1, -1)
+    while time.monotonic() < end:
+        now = (tasks.succeeded, tasks.failed)
+        if now == last:
+            return
+        last = now
+        time.sleep(quiet)
+
+
+def _capacity(client: Store, plan: Plan) -> dict[str, Any]:
+    client.remove_all(force=True)
+    n = 8 * plan.memory // MiB
+    t = time.perf_counter()
+    for i in range(n):
+        client.put(f"cap{i}", _value(i, MiB))
+    put_s = time.perf_counter() - t
+    exact = 0
+    for i in range(n):
+        with contextlib.suppress(KVPoolError):
+            exact += client.get(f"cap{i}") == _value(i, MiB)
+    return {
+        "system": "kvpool",
+        "path": "disk",
+        "metric": "objects_beyond_ram_readable",
+        "value": exact / n,
+        "objects": n,
+        "memory_bytes": plan.memory,
+        "data_bytes": n * MiB,
+        "put_bytes_per_s": n * MiB / put_s,
+    }
+
+
+_COLUMNS = (
+    Column("system", "<7", lambda r: r.system),
+    Column("path", "<14", lambda r: r.path),
+    Column("op", "<4", lambda r: r.op),
+    Column("size", ">9", lambda r: f"{r.value_size // 1024} KiB"),
+    Column("GB/s", ">7", lambda r: f"{r.bytes_per_s / 1e9:.2f}"),
+    Column("p50 us", ">9", lambda r: f"{r.p50_us:.0f}"),
+    Column("p99 us", ">9", lambda r: f"{r.p99_us:.0f}"),
+    Column("x file", ">7", lambda r: "" if r.ratio is None else f"{r.ratio:.2f}"),
+)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Few calls and a 64 MiB memory (tests).")
+@click.option("--json", "json_path", default=None, help="Write the rows as JSON to this file.")
+@click.option("--dir", "directory", default=None, help="Where the disk tier and baseline go.")
+def command(*, quick: bool, json_path: str | None, directory: str | None) -> None:
+    """Memory and disk-tier put/get (1 MiB, 16 MiB) beside pread/pwrite; data 8x the memory."""
+    rows = run(quick=quick, directory=directory)
+    click.echo(render_table(_COLUMNS, [r for r in rows if isinstance(r, Row)]))
+    for r in rows:
+        if not isinstance(r, Row):
+            click.echo(f"{r['metric']}: {r['value']:.3f} ({r['objects']} objects)")
+    if json_path:
+        write_json(json_path, rows)

@@ -1,0 +1,32 @@
+"""Messages of the tiers below memory: a node names what its disk tier holds (docs/parts/tiers.md).
+
+messages.py re-exports them and lists them in `Request`.
+"""
+
+from __future__ import annotations
+
+from kvpool.protocol.values import ClientId, Message, SegmentName, TenantId
+
+__all__ = ["DiskEntry", "RegisterDiskReplicas"]
+
+
+class DiskEntry(Message):
+    """One object a node's disk tier holds: `size` bytes at `offset` of its disk segment,
+    written whole and verified against `checksum` (xxh3_64) by the node."""
+
+    tenant: TenantId
+    key: str
+    offset: int
+    size: int
+    checksum: int
+
+
+class RegisterDiskReplicas(Message):
+    """A node names the objects its disk segment `segment` holds (after a restart, or after the
+    master forgot it): each becomes a COMPLETE LOCAL_DISK replica (the object is created when
+    absent; an existing one of another size or checksum is left alone). Answered by
+    `CountReply` (replicas registered)."""
+
+    client_id: ClientId
+    segment: SegmentName
+    entries: list[DiskEntry]

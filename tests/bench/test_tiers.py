@@ -1,0 +1,39 @@
+"""`kvpool bench tiers --quick`: memory and disk-tier rows beside the file baseline, every disk
+read checked, and every object readable with the data at 8x the memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvpool.cli import main
+
+MiB = 1 << 20
+
+
+def test_quick_tiers_bench_reports_every_path_and_reads_everything_beyond_ram(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "tiers.json"
+    result = CliRunner().invoke(
+        main, ["bench", "tiers", "--quick", "--json", str(out), "--dir", str(tmp_path)]
+    )
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    rows = json.loads(out.read_text())
+    rates = {(r["system"], r["path"], r["op"], r["value_size"]) for r in rows if "op" in r}
+    for size in (MiB, 16 * MiB):
+        for key in (
+            ("limit", "file", "get", size),
+            ("limit", "file", "put", size),
+            ("kvpool", "memory", "get", size),
+            ("kvpool", "disk-local", "get", size),
+            ("kvpool", "disk-shm", "get", size),
+            ("kvpool", "disk-tcp", "get", size),
+        ):
+            assert key in rates, key
+    (cap,) = [r for r in rows if r.get("metric") == "objects_beyond_ram_readable"]
+    assert cap["value"] == 1.0
+    assert cap["data_bytes"] == 8 * cap["memory_bytes"]
+    assert not list(tmp_path.glob("kvpool-bench-tiers-*"))  # cleaned up

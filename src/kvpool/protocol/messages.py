@@ -66,25 +66,13 @@ Lifecycles (the master is the only writer of metadata; bytes never pass through 
   written (REPLICA_IS_NOT_READY) unless `force`; `RemoveAll` and `RemoveByRegex` answer how many
   objects they removed and skip leased objects unless `force`.
 
-* **Replica tasks** (Mooncake's create_copy_task / create_move_task / query_task). Anyone asks
-  `CreateCopyTask(key, targets)` or `CreateMoveTask(key, source, target)` and gets
-  `TaskReply(code, task_id)`; the master also makes move tasks itself (pool-mode swap-out)
-  and copy tasks (repair of objects that lost replicas; a replica that fails its checksum is
-  reported with `ReportBadReplica`, or by its executor with `MarkTaskComplete.bad_source`).
-  The master allocates the destination ranges (PROCESSING, invisible to readers) and assigns
-  the task to one executor: the client that owns the source segment if it is alive, else a live
-  client with a segment on the source's host. The executor learns of work from
-  `PingReply.pending_tasks` (or by polling) and sends `FetchTasks(client_id, max_tasks)`; each
-  `ReplicaTask` it gets is PROCESSING from then on. It copies `size` bytes from `source` to
-  every replica in `targets` through its transfer engine (segments as in `segments`), checks
-  the checksum if it wants, and reports `MarkTaskComplete(client_id, task_id, ok, message)`.
-  On success the master makes the destinations COMPLETE (copy: added; move: the source is
-  replaced and freed once no read lease can still be using it); on failure it frees them.
-  A task fails by itself when its executor expires, when the object is removed (force) or
-  when it is older than the task timeout; then its destinations are freed and a late report
-  gets OBJECT_NO_REPLICATION_TASK. `QueryTask(task_id)` answers the status.
-  `BatchReplicaClear(keys, client_id, segment_name)` drops the replicas of the client's own
-  objects (all of them, or those on one segment) whose lease has expired.
+* **Replica tasks** (Mooncake's create_copy_task / create_move_task / query_task):
+  `CreateCopyTask` / `CreateMoveTask` answer `TaskReply(code, task_id)`; the master allocates
+  the destinations (PROCESSING) and assigns the task to one executor, which learns of it from
+  `PingReply.pending_tasks`, takes it with `FetchTasks`, copies through its transfer engine and
+  reports `MarkTaskComplete` (with `bad_source` for a replica that failed its checksum, as
+  `ReportBadReplica` does for readers). `QueryTask` answers the status; `BatchReplicaClear`
+  drops a client's own expired replicas. Step by step: `kvpool.master.tasks`.
 
 Every per-key request has a batch form whose reply carries one result per key, in order. Keys
 live in a tenant (default "default"); shards are chosen by a stable hash of (tenant, key).
@@ -97,6 +85,8 @@ from kvpool.protocol.replication import (
     Barrier,
     FetchSnapshot,
     FollowLog,
+    HaRequest,
+    HaResponse,
     HaStatus,
     HaStatusReply,
     LogReply,
@@ -766,10 +756,7 @@ Request = (
     | ReleaseArenas
     | PutCommit
     | BatchPutCommit
-    | HaStatus
-    | Barrier
-    | FollowLog
-    | FetchSnapshot
+    | HaRequest
     | DrainSegment
     | DrainStatus
     | RegisterDiskReplicas
@@ -798,9 +785,7 @@ Response = (
     | FetchTasksReply
     | BatchReplicaClearReply
     | ArenaReply
-    | HaStatusReply
-    | LogReply
-    | SnapshotReply
+    | HaResponse
     | DrainReply
 )
 """Every reply of the master (the `response_type` of an RpcClient talking to it). Named

@@ -14,6 +14,8 @@ __all__ = [
     "Barrier",
     "FetchSnapshot",
     "FollowLog",
+    "HaRequest",
+    "HaResponse",
     "HaStatus",
     "HaStatusReply",
     "LogReply",
@@ -94,3 +96,8 @@ class SnapshotReply(Message):
     offset: int = 0
     data: bytes = b""
     done: bool = False
+
+
+#: The requests and replies of this module, as the master's unions take them.
+HaRequest = HaStatus | Barrier | FollowLog | FetchSnapshot
+HaResponse = HaStatusReply | LogReply | SnapshotReply

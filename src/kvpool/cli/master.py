@@ -351,6 +351,15 @@ def _ratio() -> click.FloatRange:
     type=click.IntRange(1),
     help="Mooncake: --snapshot-interval in whole seconds.",
 )
+@click.option(
+    "--auth-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="YAML list of tokens (tokens: [{token, tenant, role: client|node|admin}]) every "
+    "connection must prove; reloaded on SIGHUP. Without it every local process is trusted "
+    "(docs/security.md).",
+)
 def master(
     *,
     host: str,
@@ -393,8 +402,9 @@ def master(
     ha_backend_connstring: str | None,
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
+    auth_file: str | None,
 ) -> None:
-    """Run the master on HOST:PORT until SIGINT or SIGTERM."""
+    """Run the master on HOST:PORT until SIGINT or SIGTERM (SIGHUP reloads --auth-file)."""
     ha_url, cluster_id = _ha_url(
         ha_url, cluster_id, enable_ha, etcd_endpoints, ha_backend_connstring
     )
@@ -446,6 +456,7 @@ def master(
             ha_lease_ttl=ha_lease_ttl,
             ha_standby_timeout=ha_standby_timeout,
             ha_ack=ha_ack,
+            auth_file=auth_file or "",
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc
@@ -501,6 +512,9 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    credentials = server.credentials
+    if credentials is not None:
+        loop.add_signal_handler(signal.SIGHUP, credentials.reload)
     try:
         await server.start()
         host, port = server.address
@@ -508,11 +522,15 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
             click.echo(
                 f"kvpool master: HA member {server.member_id} advertising {server.advertise}"
             )
+        if credentials is not None:
+            click.echo(f"kvpool master: {len(credentials.tokens)} tokens from {credentials.path}")
+        else:
+            click.echo("kvpool master: no --auth-file: every process that reaches it is trusted")
         click.echo(f"kvpool master listening on {host}:{port}")
         sys.stdout.flush()
         await stop.wait()
         click.echo("kvpool master: stopping")
     finally:
         await server.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -28,6 +28,7 @@ from kvpool.config import format_size
 from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.fdlimit import raise_fd_limit
+from kvpool.rpc.auth import client_token
 from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 
@@ -167,6 +168,14 @@ def mount_with_progress(
     type=Size(minimum=1),
     help="Bytes/s below which a transfer's payload fails (after the stall timeout).",
 )
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the token to prove to a master with --auth-file "
+    "[default: $KVPOOL_AUTH_TOKEN].",
+)
 def node(
     *,
     master: str,
@@ -183,6 +192,7 @@ def node(
     transfer_idle_timeout: float,
     transfer_stall_timeout: float,
     transfer_min_rate: int,
+    token_file: str | None,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -223,6 +233,7 @@ def node(
             heartbeat_interval=interval,
             cluster_id=cluster_id,
             name="kvpool-node",
+            token=client_token(None, token_file),
         )
     except KVPoolError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -20,6 +20,7 @@ from kvpool.client.leader import LeaderFollower, check_master, parse_master
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import HaStatus, HaStatusReply, Response, Stats, StatsReply
+from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["render_table", "stats_to_dict", "status"]
@@ -149,7 +150,17 @@ def render_table(address: str, reply: StatsReply) -> str:
     type=Duration(0.1, 3600),
     help="Seconds to wait for the master.",
 )
-def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the token to prove to a master with --auth-file "
+    "[default: $KVPOOL_AUTH_TOKEN].",
+)
+def status(
+    *, address: str, cluster_id: str, as_json: bool, timeout: float, token_file: str | None
+) -> None:
     """Show the segments, clients and objects of the pool whose master is at --master."""
     master = address
     try:
@@ -170,6 +181,7 @@ def status(*, address: str, cluster_id: str, as_json: bool, timeout: float) -> N
             cluster_id=cluster_id,
             timeout=timeout,
             client_name="kvpool-status",
+            token=client_token(None, token_file),
         ) as rpc:
             reply = rpc.call_as(Stats(), StatsReply)
             ha = rpc.call_as(HaStatus(), HaStatusReply)

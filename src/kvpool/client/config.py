@@ -12,7 +12,7 @@ cluster id then comes from the URL; a different explicit `cluster_id` is refused
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
@@ -82,6 +82,11 @@ class StoreConfig:
     """With an `etcd://` master: seconds a call whose leader failed waits for a (new) leader
     before it fails (NotLeader / RpcError); also how long the Store waits for a leader at
     start."""
+    token: str = field(default="", repr=False)
+    """The credential this Store proves to a master that has an auth file (docs/security.md);
+    "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
+    token_file: str = ""
+    """A file whose first line is the token (used when `token` is "")."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -100,6 +105,9 @@ class StoreConfig:
                     f"got {value!r:.80}"
                 )
         object.__setattr__(self, "cluster_id", check_master(self.master, self.cluster_id))
+        for name in ("token", "token_file"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
         for name, most in _DURATIONS.items():

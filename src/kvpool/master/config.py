@@ -160,6 +160,10 @@ class MasterConfig:
     and bootstraps again from a snapshot."""
     ha_chunk_bytes: int = 1 << 20
     """Largest piece of log or snapshot sent in one reply to a standby."""
+    # -- security (docs/security.md)
+    auth_file: str = ""
+    """YAML file of the tokens connections must prove (`kvpool.master.auth`; reloaded on
+    SIGHUP); "": no credentials, every connection is served as before."""
 
     def __post_init__(self) -> None:
         if self.ha_lease_ttl < 2 or isinstance(self.ha_lease_ttl, bool):

@@ -36,6 +36,7 @@ import msgspec
 
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.fdlimit import raise_fd_limit
+from kvpool.master.auth import Credentials, RequestPolicy
 from kvpool.master.config import MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
@@ -89,8 +90,13 @@ class MasterServer:
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {}
         self._install(self.service)
         durable = self.service.durable
+        #: The auth file's tokens (None: no credentials; every request is served as before).
+        self.credentials = Credentials(self.config.auth_file) if self.config.auth_file else None
+        handler = self._rpc_handler()
+        if self.credentials is not None:
+            handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(
-            self._rpc_handler(),
+            handler,
             request_type=Request,
             host=self.config.host,
             port=self.config.port,
@@ -102,6 +108,7 @@ class MasterServer:
             max_connections=self.config.rpc_max_connections,
             max_connections_per_peer=self.config.rpc_max_connections_per_peer,
             term=term,
+            tokens=None if self.credentials is None else self.credentials.tokens,
         )
         del durable
         self._tasks: list[asyncio.Task[None]] = []

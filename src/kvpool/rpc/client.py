@@ -253,6 +253,8 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._closed = False
         self.server_name = ""
+        #: The tenant and role of the token the server accepted ("" without credentials).
+        self.auth_tenant = self.auth_role = ""
         #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
         self.server_term = 0
         #: The highest leader term seen (set by the caller from discovery too): a server whose
@@ -530,6 +532,7 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         welcome, decoder = self._handshake(sock, deadline, self.address)
         self.server_name = welcome.server_name
+        self.auth_tenant, self.auth_role = welcome.tenant, welcome.role
         if welcome.term:
             if welcome.term < self.min_term:
                 sock.close()

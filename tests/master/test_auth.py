@@ -192,7 +192,7 @@ def test_sighup_reloads_the_tokens_and_a_bad_file_keeps_them(
             except Unauthenticated:
                 return False
 
-        wait_until(rotated_works, 10, "the reloaded token to be accepted")
+        wait_until(rotated_works, 10, what="the reloaded token to be accepted")
         auth_file.write_text("tokens: [not a mapping]\n")
         os.kill(master_proc.pid, signal.SIGHUP)
         master_proc.wait_for_line("auth file not reloaded")
@@ -201,7 +201,7 @@ def test_sighup_reloads_the_tokens_and_a_bad_file_keeps_them(
     finally:
         auth_file.write_text(TOKENS)
         os.kill(master_proc.pid, signal.SIGHUP)
-    wait_until(lambda: not rotated_works(), 10, "the rotated token to be dropped")
+    wait_until(lambda: not rotated_works(), 10, what="the rotated token to be dropped")
 
 
 def test_status_proves_its_token_from_a_file_or_the_environment(

@@ -216,12 +216,17 @@ class AdminPath:
         core = self._core
         now = self._clock()
         limit = now - self._config.put_start_release_timeout
+        # A client that never registered (no ReMountSegment, no Ping) is no Store: its
+        # PutStarts are released after the discard timeout, not the release timeout, so a
+        # flood of them cannot hold the pool "processing" for long (docs/security.md).
+        orphan_limit = now - self._config.put_start_discard_timeout
+        known = core.clients.get
         released = 0
         stale = [
             obj
-            for bucket in core.clients.in_flight.values()
+            for client_id, bucket in core.clients.in_flight.items()
             for obj in bucket
-            if obj.put_start_time <= limit
+            if obj.put_start_time <= (limit if known(client_id) is not None else orphan_limit)
         ]
         for obj in stale:
             log.info("releasing stale PutStart of %r", obj.key)

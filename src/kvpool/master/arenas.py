@@ -135,6 +135,8 @@ class ArenaPath:
         groups = req.config.group_ids
         sums = [req.checksum] if req.checksum is not None else None
         (code,) = self._commit_many(plan, arena, [req.key], [req.size], [req.offset], sums, groups)
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
         return _OK_REPLY if code == OK else Reply(code)
 
     def batch_put_commit(self, req: BatchPutCommit) -> BatchReply:
@@ -146,11 +148,16 @@ class ArenaPath:
         if code == OK and (len(sizes) != n or len(offsets) != n or (sums and len(sums) != n)):
             code = INVALID_PARAMS
         if code != OK:
+            if plan is not None and plan.fresh_tenant:
+                self._planner.finish(plan)
             return BatchReply([code] * n)
         assert plan is not None and arena is not None
-        return BatchReply(
-            self._commit_many(plan, arena, keys, sizes, offsets, sums or None, req.config.group_ids)
+        codes = self._commit_many(
+            plan, arena, keys, sizes, offsets, sums or None, req.config.group_ids
         )
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return BatchReply(codes)
 
     def _commit_plan(
         self,
@@ -171,6 +178,8 @@ class ArenaPath:
         if plan.code != OK:
             return None, None, plan.code
         if cfg.replica_num != 1 or cfg.preferred_segments:
+            if plan.fresh_tenant:
+                self._planner.finish(plan)
             return None, None, INVALID_PARAMS  # arenas hold one replica, placed by the master
         return plan, arena, OK
 

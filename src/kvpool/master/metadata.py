@@ -208,6 +208,13 @@ class ObjectIndex:
             t = self._tenants[tenant] = TenantShards(tenant, self._num_shards)
         return t
 
+    def drop_if_empty(self, tenant: str) -> None:
+        """Forget `tenant`'s containers when it holds no object: a tenant made for a put that
+        was then refused must not keep its ~5 KiB of empty shards for good."""
+        t = self._tenants.get(tenant)
+        if t is not None and not any(t.shards):
+            del self._tenants[tenant]
+
     def shard_of(self, tenant: str, key: str) -> int:
         """The stable shard index of (tenant, key): xxh3_64(key, seed=xxh3_64(tenant)) % N."""
         t = self._tenants.get(tenant)

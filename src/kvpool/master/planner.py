@@ -7,6 +7,8 @@ anything:
 * `PutPlanner.plan`: is the request's config valid (client id, tenant, replica count, soft pin,
   group ids), and what does it resolve to: a `PutPlan`, computed once per request (a batch:
   once for all its keys), which also carries a batch's allocation region (`core.py` cuts it).
+* `PutPlanner.finish`: after the request, forget a tenant made for it that stored nothing
+  (a refused put naming a new tenant leaves the master no bigger).
 * `PutPlanner.claim`: may a key held by `old` be taken? The one rule, Mooncake's:
 
   ============================================  ===============
@@ -55,6 +57,7 @@ class PutPlan:
         "client_id",
         "code",
         "exclude",
+        "fresh_tenant",
         "hard_pin",
         "in_flight",
         "preferred",
@@ -90,6 +93,9 @@ class PutPlan:
         self.exclude = cfg.exclude_segments
         self.same_node = cfg.prefer_alloc_in_same_node
         self.shards: TenantShards | None = None  # set by `PutPlanner.plan` once valid
+        #: `shards` were made for this request (the tenant had none): `PutPlanner.finish`
+        #: drops them again when the request stored nothing.
+        self.fresh_tenant = False
         #: The client's in-flight set (ClientTable.in_flight_bucket), also set by `plan`.
         self.in_flight: dict[ObjectMeta, None] | None = None
         # A batch's bump region: one range taken for many objects, carved in order (see
@@ -147,10 +153,17 @@ class PutPlanner:
         if plan.code == OK:
             # A tenant's shard list and a client's in-flight set are containers made on first
             # use; making them early changes nothing anyone can observe.
+            plan.fresh_tenant = self._index.tenant(tenant) is None
             plan.shards = self._index.tenant_for_insert(tenant)
             plan.in_flight = self._clients.in_flight_bucket(client_id)
             plan.simple = plan.simple and self._random
         return plan
+
+    def finish(self, plan: PutPlan) -> None:
+        """After the request of `plan`: a tenant made for it that holds nothing is dropped
+        (callers test `plan.fresh_tenant` first, so this costs nothing on the common path)."""
+        plan.fresh_tenant = False
+        self._index.drop_if_empty(plan.tenant)
 
     def claim(self, old: ObjectMeta, now: float) -> Claim:
         """May a put at `now` take the key `old` holds? (module docstring)"""

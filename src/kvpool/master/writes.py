@@ -84,7 +84,10 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else ""
-        return self._put_one(plan, req.key, req.size, group, self._clock())
+        reply = self._put_one(plan, req.key, req.size, group, self._clock())
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def _batch_plan(self, req: BatchPutStart | BatchUpsertStart) -> PutPlan:
         """The plan of a batch start, with one size per key."""
@@ -113,6 +116,8 @@ class WritePath:
             return BatchPutStartReply([put_one(plan, keys[i], sizes[i], "", now) for i in range(n)])
         finally:
             self._core.release_region(plan)
+            if plan.fresh_tenant:
+                self._planner.finish(plan)
 
     def _put_one(self, plan: PutPlan, key: str, size: int, group: str, now: float) -> PutStartReply:
         if not key or size <= 0:
@@ -157,7 +162,10 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else None
-        return self._upsert_one(plan, req.key, req.size, group, self._clock())
+        reply = self._upsert_one(plan, req.key, req.size, group, self._clock())
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def batch_upsert_start(self, req: BatchUpsertStart) -> BatchPutStartReply:
         keys, sizes = req.keys, req.sizes
@@ -168,9 +176,12 @@ class WritePath:
         groups = req.config.group_ids
         now = self._clock()
         upsert = self._upsert_one
-        return BatchPutStartReply(
+        reply = BatchPutStartReply(
             [upsert(plan, keys[i], sizes[i], groups[i] if groups else None, now) for i in range(n)]
         )
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def _upsert_one(
         self, plan: PutPlan, key: str, size: int, group: str | None, now: float

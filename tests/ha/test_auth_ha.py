@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpool import Store
-from kvpool.errors import KVPoolError
+from kvpool.errors import KVPoolError, ReplicaNotReady
 from kvpool.protocol.messages import HaStatus, HaStatusReply, Response
 from kvpool.rpc.client import RpcClient
 from kvtest.etcd import EtcdServer
@@ -75,4 +75,11 @@ def test_standbys_and_stores_follow_an_authenticated_leader(
             30,
             what="the standby to lead",
         )
-        assert store.get("k") == b"v" * 1000
+
+        def read() -> bytearray | None:
+            try:
+                return store.get("k")
+            except ReplicaNotReady:  # until the Store has remounted on the new leader
+                return None
+
+        assert wait_until(read, 30, what="the value from the new leader") == b"v" * 1000

@@ -38,6 +38,7 @@ from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.fdlimit import raise_fd_limit
 from kvpool.master.auth import Credentials, RequestPolicy
 from kvpool.master.config import MasterConfig
+from kvpool.master.guard import SegmentGuard
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
@@ -92,7 +93,9 @@ class MasterServer:
         durable = self.service.durable
         #: The auth file's tokens (None: no credentials; every request is served as before).
         self.credentials = Credentials(self.config.auth_file) if self.config.auth_file else None
-        handler = self._rpc_handler()
+        #: Segment ownership checks made with or without credentials (`kvpool.master.guard`).
+        self.guard = SegmentGuard(lambda: self.service.segments)
+        handler = self.guard.guard(self._rpc_handler())
         if self.credentials is not None:
             handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(

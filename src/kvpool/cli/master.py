@@ -360,6 +360,31 @@ def _ratio() -> click.FloatRange:
     "connection must prove; reloaded on SIGHUP. Without it every local process is trusted "
     "(docs/security.md).",
 )
+@click.option(
+    "--tenant-quota-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="Tenant quotas in Mooncake's format (version: 1, tenants: [{name, quota}]); a put "
+    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP.",
+)
+@click.option(
+    "--enable_multi_tenants",
+    is_flag=True,
+    help="Mooncake: accepted (tenants are always on in kvpool); quotas need a connector.",
+)
+@click.option(
+    "--tenant_quota_connector_type",
+    type=click.Choice(["file"]),
+    default=None,
+    help="Mooncake: where the quota policy comes from (only 'file').",
+)
+@click.option(
+    "--tenant_quota_connector_uri",
+    default=None,
+    metavar="PATH",
+    help="Mooncake: the quota policy file (the same as --tenant-quota-file).",
+)
 def master(
     *,
     host: str,
@@ -403,6 +428,10 @@ def master(
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
     auth_file: str | None,
+    tenant_quota_file: str | None,
+    enable_multi_tenants: bool,
+    tenant_quota_connector_type: str | None,
+    tenant_quota_connector_uri: str | None,
 ) -> None:
     """Run the master on HOST:PORT until SIGINT or SIGTERM (SIGHUP reloads --auth-file)."""
     ha_url, cluster_id = _ha_url(
@@ -420,6 +449,10 @@ def master(
         )
     if snapshot_interval_seconds is not None:
         snapshot_interval = float(snapshot_interval_seconds)
+    tenant_quota_file = _quota_file(
+        tenant_quota_file, tenant_quota_connector_type, tenant_quota_connector_uri
+    )
+    del enable_multi_tenants  # tenants are always on
     try:
         config = MasterConfig(
             host=host,
@@ -457,6 +490,7 @@ def master(
             ha_standby_timeout=ha_standby_timeout,
             ha_ack=ha_ack,
             auth_file=auth_file or "",
+            tenant_quota_file=tenant_quota_file or "",
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc
@@ -466,6 +500,21 @@ def master(
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     except KVPoolError as exc:
         raise click.ClickException(exc.message) from exc
+
+
+def _quota_file(path: str | None, connector: str | None, uri: str | None) -> str | None:
+    """The tenant quota file from --tenant-quota-file or Mooncake's connector flags."""
+    if uri is not None:
+        if connector is None:
+            raise click.UsageError(
+                "--tenant_quota_connector_uri: needs --tenant_quota_connector_type=file"
+            )
+        if path is not None and path != uri:
+            raise click.UsageError("--tenant_quota_connector_uri differs from --tenant-quota-file")
+        return uri
+    if connector is not None:
+        raise click.UsageError("--tenant_quota_connector_type: needs --tenant_quota_connector_uri")
+    return path
 
 
 def _ha_url(
@@ -512,9 +561,16 @@ async def _serve(config: MasterConfig, reclaim: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    credentials = server.credentials
-    if credentials is not None:
-        loop.add_signal_handler(signal.SIGHUP, credentials.reload)
+    credentials, quotas = server.credentials, server.quotas
+
+    def reload() -> None:
+        if credentials is not None:
+            credentials.reload()
+        if quotas is not None:
+            quotas.reload()
+
+    if credentials is not None or quotas is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await server.start()
         host, port = server.address

@@ -37,6 +37,7 @@ def stats_to_dict(reply: StatsReply) -> dict[str, Any]:
     out["clients"] = [named(c) for c in reply.clients]
     out["silent_segments"] = [named(s) for s in reply.silent_segments]
     out["silent_clients"] = [named(c) for c in reply.silent_clients]
+    out["tenants"] = [named(t) for t in reply.tenants]
     return out
 
 
@@ -127,6 +128,21 @@ def render_table(address: str, reply: StatsReply) -> str:
                 for c in sorted(reply.silent_clients, key=lambda c: c.client_id)
             ],
             right={2, 3},
+        )
+    if reply.tenants:
+        lines += ["", f"tenants: {len(reply.tenants)}"]
+        lines += _table(
+            ["TENANT", "USED", "QUOTA", "USE%"],
+            [
+                [
+                    t.name,
+                    format_size(t.used),
+                    "-" if t.quota is None else format_size(t.quota),
+                    "-" if t.quota is None else _pct(t.used, t.quota),
+                ]
+                for t in reply.tenants
+            ],
+            right={1, 2, 3},
         )
     return "\n".join(lines)
 

@@ -62,6 +62,7 @@ from kvpool.codes import (
     NOT_SUPPORTED,
     OBJECT_ALREADY_EXISTS,
     OK,
+    TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.core import MetadataCore
@@ -208,6 +209,7 @@ class ArenaPath:
         h = xxhash.xxh3_64_intdigest
         claim = arena.claim
         may_claim = self._planner.claim
+        admits = self._planner.admits
         clear_holder = core.clear_holder
         create = core.create_committed
         seg = arena.segment
@@ -231,6 +233,11 @@ class ArenaPath:
                 if verdict is _EXISTS:
                     out.append(OBJECT_ALREADY_EXISTS)
                     continue
+            if plan.quota is not None and not admits(
+                plan, size, old.size if old is not None else 0
+            ):
+                out.append(TENANT_QUOTA_EXCEEDED)
+                continue
             if not claim(offset, (size + mask) & ~mask):
                 out.append(INVALID_PARAMS)
                 continue

@@ -20,7 +20,8 @@ of a proven connection then passes `RequestPolicy.check`:
   token); RemoveAll, RemoveByRegex, copy/move/query tasks and the HA replication requests
   (FollowLog, FetchSnapshot) are admin-only;
 * `Stats` and `GetSegment` answer a non-admin with every client id blanked: a client id is
-  what a client proves ownership of its puts and segments with, so nobody learns another's.
+  what a client proves ownership of its puts and segments with, so nobody learns another's;
+  the per-tenant usage in `Stats` shows the token's own tenant only.
 
 Without an auth file none of this runs: the handler is the plain one (zero cost).
 """
@@ -218,6 +219,9 @@ class RequestPolicy:
                 clients=[_no_owner(c) for c in reply.clients],
                 silent_segments=[_no_owner(s) for s in reply.silent_segments],
                 silent_clients=[_no_owner(c) for c in reply.silent_clients],
+                tenants=[
+                    t for t in reply.tenants if principal is not None and t.name == principal.tenant
+                ],
             )
         if isinstance(reply, SegmentReply) and reply.segment is not None:
             return msgspec.structs.replace(reply, segment=_no_owner(reply.segment))

@@ -164,6 +164,9 @@ class MasterConfig:
     auth_file: str = ""
     """YAML file of the tokens connections must prove (`kvpool.master.auth`; reloaded on
     SIGHUP); "": no credentials, every connection is served as before."""
+    tenant_quota_file: str = ""
+    """Mooncake-format tenant quota policy (`kvpool.master.quota`; reloaded on SIGHUP); "":
+    no quotas."""
 
     def __post_init__(self) -> None:
         if self.ha_lease_ttl < 2 or isinstance(self.ha_lease_ttl, bool):

@@ -32,6 +32,7 @@ from kvpool.master.config import AllocationStrategy, MasterConfig
 from kvpool.master.lease import resolve_soft_pin
 from kvpool.master.liveness import ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, TenantShards
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.segments import Segment
 from kvpool.protocol.messages import ClientId, ReplicateConfigMsg, TenantId
 
@@ -61,6 +62,7 @@ class PutPlan:
         "hard_pin",
         "in_flight",
         "preferred",
+        "quota",
         "region_end",
         "region_left",
         "region_next",
@@ -96,6 +98,8 @@ class PutPlan:
         #: `shards` were made for this request (the tenant had none): `PutPlanner.finish`
         #: drops them again when the request stored nothing.
         self.fresh_tenant = False
+        #: The tenant's quota in bytes (None: no limit), set by `plan`; `PutPlanner.admits`.
+        self.quota: int | None = None
         #: The client's in-flight set (ClientTable.in_flight_bucket), also set by `plan`.
         self.in_flight: dict[ObjectMeta, None] | None = None
         # A batch's bump region: one range taken for many objects, carved in order (see
@@ -120,7 +124,7 @@ class PutPlan:
 class PutPlanner:
     """Validates puts and rules on claims; changes nothing."""
 
-    __slots__ = ("_clients", "_config", "_discard", "_index", "_random")
+    __slots__ = ("_clients", "_config", "_discard", "_index", "_random", "quotas")
 
     def __init__(
         self,
@@ -134,6 +138,8 @@ class PutPlanner:
         self._clients = clients
         self._random = strategy is AllocationStrategy.RANDOM
         self._discard = config.put_start_discard_timeout
+        #: The tenant quotas in force (None: none; `kvpool.master.quota`).
+        self.quotas: TenantQuotas | None = None
 
     def plan(
         self, client_id: ClientId, tenant: TenantId, cfg: ReplicateConfigMsg, n: int
@@ -157,7 +163,18 @@ class PutPlanner:
             plan.shards = self._index.tenant_for_insert(tenant)
             plan.in_flight = self._clients.in_flight_bucket(client_id)
             plan.simple = plan.simple and self._random
+            if self.quotas is not None:
+                plan.quota = self.quotas.limit(tenant)
         return plan
+
+    def admits(self, plan: PutPlan, size: int, replaces: int = 0) -> bool:
+        """Whether a put of `size` bytes (replacing an object of `replaces` bytes) keeps its
+        tenant within its quota; callers test `plan.quota is not None` first."""
+        quota = plan.quota
+        if quota is None:
+            return True
+        used = self._index.tenant_bytes.get(plan.tenant, 0)
+        return used - replaces + size <= quota
 
     def finish(self, plan: PutPlan) -> None:
         """After the request of `plan`: a tenant made for it that holds nothing is dropped

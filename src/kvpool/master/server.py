@@ -40,6 +40,7 @@ from kvpool.master.auth import Credentials, RequestPolicy
 from kvpool.master.config import MasterConfig
 from kvpool.master.guard import SegmentGuard
 from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
     BatchExistKey,
@@ -89,6 +90,10 @@ class MasterServer:
             self.config, clock=clock, hooks=hooks, open_data_dir=open_data_dir
         )
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {}
+        #: The tenant quotas (None: no --tenant-quota-file), applied to each service installed.
+        self.quotas = (
+            TenantQuotas(self.config.tenant_quota_file) if self.config.tenant_quota_file else None
+        )
         self._install(self.service)
         durable = self.service.durable
         #: The auth file's tokens (None: no credentials; every request is served as before).
@@ -120,6 +125,7 @@ class MasterServer:
     def _install(self, service: MasterService) -> None:
         """Serve `service` from now on (an HA master replaces a stale one)."""
         self.service = service
+        service.set_quotas(self.quotas)
         handlers: dict[type[Any], Callable[[Any], Any]] = dict(service.handlers)
         handlers[RemoveAll] = self._remove_all
         handlers[RemoveByRegex] = self._remove_by_regex

@@ -33,6 +33,7 @@ from kvpool.codes import (
     OBJECT_NOT_FOUND,
     OBJECT_REPLICA_BUSY,
     OK,
+    TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta, TenantShards
@@ -134,6 +135,10 @@ class WritePath:
         # Decide, claim, then take the key: a full pool leaves a stale write (or a dead
         # object) of the key as it was. Clearing it frees nothing that allocating could use:
         # a preempted write's ranges stay parked, a dead object's sit on unmounted segments.
+        if plan.quota is not None and not self._planner.admits(
+            plan, size, old.size if old is not None else 0
+        ):
+            return PutStartReply(TENANT_QUOTA_EXCEEDED)
         replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
@@ -209,6 +214,8 @@ class WritePath:
             # its owner cannot be written now, and the old bytes there must not come back
             # under the new checksum.)
             fresh = None
+        elif plan.quota is not None and not self._planner.admits(plan, size, obj.size):
+            return PutStartReply(TENANT_QUOTA_EXCEEDED)
         else:
             # Case C (and a same-size rewrite under a live read lease, which must not write
             # under the reader): new ranges first, so a full pool leaves the old value intact.

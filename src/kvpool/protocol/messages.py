@@ -201,6 +201,7 @@ __all__ = [
     "TaskStatus",
     "TaskType",
     "TenantId",
+    "TenantUsage",
     "UnmountSegment",
     "UpsertStart",
 ]
@@ -574,6 +575,14 @@ class ClientStats(Message):
     comes back; `ttl_left_s` is then the time left before it is dropped (`client_dead_ttl`)."""
 
 
+class TenantUsage(Message):
+    """One tenant in a `StatsReply`: the bytes of its objects and its quota (None: none)."""
+
+    name: TenantId
+    used: int
+    quota: int | None = None
+
+
 class StatsReply(Message):
     code: int
     segments: list[SegmentStats] = []
@@ -604,6 +613,9 @@ class StatsReply(Message):
     """Repair copies that failed (each is retried with backoff, up to a limit)."""
     standbys: int = 0
     """HA leader: standbys in sync (each write waits for all of them); 0 otherwise."""
+    tenants: list[TenantUsage] = []
+    """Bytes of indexed objects per tenant, with its quota (`kvpool.master.quota`); a
+    non-admin of a master with credentials sees its own tenant only."""
 
 
 # ---------------------------------------------------------------- replica tasks

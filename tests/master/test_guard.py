@@ -77,6 +77,10 @@ def test_a_segment_over_another_clients_shared_memory_is_refused(master: str) ->
         remount = attacker.call(m.ReMountSegment(thief, m.HostId("h"), [fake]))
         assert remount.code == E.SEGMENT_ALREADY_EXISTS
         assert capacity(attacker) == before
+        # The same /proc path on another host is another process's memory: allowed.
+        elsewhere = m.SegmentInfo(fake.name, fake.size, m.HostId("h2"), "127.0.0.1:1", path)
+        assert attacker.call(m.MountSegment(thief, m.HostId("h2"), elsewhere)) == m.Reply(0)
+        assert attacker.call(m.UnmountSegment(thief, fake.name)) == m.Reply(0)
         assert node.call(m.UnmountSegment(owner, name)) == m.Reply(0)
 
 

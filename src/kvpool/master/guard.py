@@ -12,8 +12,10 @@ client ever does them:
   owner between connections is not protected; with credentials they are also hidden from
   non-admins (`kvpool.master.auth`).
 * **A segment that names another's shared memory.** A mount whose `shm_path` is the path of a
-  mounted segment of another client is refused SEGMENT_ALREADY_EXISTS: same-host writers
-  would otherwise copy into the other segment's memory at offsets allocated for this one.
+  serving segment of another client on the same host is refused SEGMENT_ALREADY_EXISTS:
+  same-host writers would otherwise copy into the other segment's memory at offsets allocated
+  for this one. (Not against silent segments: a restarted node may reuse its dead
+  predecessor's pid and fd, so its `/proc/PID/fd/N` path.)
 * **A segment whose transfer endpoint is another machine.** A client connected from a remote
   IP may only mount segments whose endpoint host is that IP (or a name, which the master does
   not resolve): it cannot send the pool's writes to a third host. Clients on loopback or the
@@ -93,7 +95,7 @@ class SegmentGuard:
             return None
         infos = [request.segment] if isinstance(request, MountSegment) else request.segments
         for info in infos:
-            code = self._check_segment(info, client_id, conn)
+            code = self._check_segment(info, client_id, info.host_id or request.host_id, conn)
             if code is not None:
                 return self._refuse(
                     code,
@@ -106,11 +108,17 @@ class SegmentGuard:
         return None
 
     def _check_segment(
-        self, info: SegmentInfo, client_id: ClientId, conn: Connection
+        self, info: SegmentInfo, client_id: ClientId, host_id: str, conn: Connection
     ) -> int | None:
         if info.shm_path:
-            for seg in self._segments().mounted():
-                if seg.shm_path == info.shm_path and seg.client_id != client_id:
+            for seg in self._segments().live:
+                # Same host only (/proc/1/fd/5 exists in every container), and only a serving
+                # segment: a restarted node may get its dead predecessor's pid and fd.
+                if (
+                    seg.shm_path == info.shm_path
+                    and seg.host_id == host_id
+                    and seg.client_id != client_id
+                ):
                     return SEGMENT_ALREADY_EXISTS
         if not _endpoint_allowed(info.endpoint, conn.peer):
             return INVALID_PARAMS

@@ -171,9 +171,11 @@ def test_roles_put_get_and_stats_redaction(master: str) -> None:
         assert got.segment is not None and got.segment.client_id == ""
         full = admin.call_as(m.Stats(), m.StatsReply)
         assert node in {s.client_id for s in full.segments}
-        # The admin acts in any tenant.
+        # The admin acts in any tenant, and may unmount a live node's segment.
         assert admin.call(m.Remove(key, True, tenant=tenant)) == m.Reply(0)
-        assert n.call(m.UnmountSegment(node, m.SegmentName(name))) == m.Reply(0)
+        other = m.ClientId(_uid("other-node"))
+        assert n.call(m.UnmountSegment(other, m.SegmentName(name))) == m.Reply(E.ILLEGAL_CLIENT)
+        assert admin.call(m.UnmountSegment(node, m.SegmentName(name))) == m.Reply(0)
 
 
 def test_sighup_reloads_the_tokens_and_a_bad_file_keeps_them(

@@ -8,7 +8,8 @@ client ever does them:
   that mounted (or remounted, or pinged for) it; while that connection is open, an
   `UnmountSegment` naming the id on any other connection is refused ILLEGAL_CLIENT. (A node's
   RpcClient keeps one connection and sends its unmounts on it; when the connection breaks the
-  node's next Ping or remount binds the new one.) Client ids are still bearer names, and an
+  node's next Ping or remount binds the new one; with credentials, an `admin` token may
+  unmount any segment, naming its owner's id from `Stats`.) Client ids are bearer names, and an
   owner between connections is not protected; with credentials they are also hidden from
   non-admins (`kvpool.master.auth`).
 * **A segment that names another's shared memory.** A mount whose `shm_path` is the path of a
@@ -84,7 +85,8 @@ class SegmentGuard:
         bound = self._owner_conn.get(client_id)
         other_live = bound is not None and bound is not conn and not bound.closed
         if isinstance(request, UnmountSegment):
-            if other_live:
+            principal = conn.principal
+            if other_live and (principal is None or not principal.admin):
                 return self._refuse(
                     ILLEGAL_CLIENT, conn, f"unmount of {request.name!r} for client {client_id}"
                 )

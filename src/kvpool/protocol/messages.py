@@ -117,6 +117,7 @@ from kvpool.protocol.values import (
     TaskStatus,
     TaskType,
     TenantId,
+    TenantUsage,
 )
 
 __all__ = [
@@ -573,14 +574,6 @@ class ClientStats(Message):
     silent: bool = False
     """Silent past `client_ttl`: its segments take no new replicas and serve no reads until it
     comes back; `ttl_left_s` is then the time left before it is dropped (`client_dead_ttl`)."""
-
-
-class TenantUsage(Message):
-    """One tenant in a `StatsReply`: the bytes of its objects and its quota (None: none)."""
-
-    name: TenantId
-    used: int
-    quota: int | None = None
 
 
 class StatsReply(Message):

@@ -20,6 +20,7 @@ EXPECTED = {
     "ObjectAlreadyExists",
     "ObjectHasLease",
     "ObjectNotFound",
+    "PermissionDenied",
     "PutResult",
     "PutStats",
     "ReplicaNotReady",
@@ -30,6 +31,7 @@ EXPECTED = {
     "StoreClosed",
     "StoreConfig",
     "TransferError",
+    "Unauthenticated",
     "__version__",
 }
 

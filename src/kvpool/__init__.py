@@ -22,10 +22,12 @@ from kvpool.errors import (
     ObjectAlreadyExists,
     ObjectHasLease,
     ObjectNotFound,
+    PermissionDenied,
     ReplicaNotReady,
     RpcError,
     StoreClosed,
     TransferError,
+    Unauthenticated,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ __all__ = [
     "ObjectAlreadyExists",
     "ObjectHasLease",
     "ObjectNotFound",
+    "PermissionDenied",
     "PutResult",
     "PutStats",
     "ReplicaNotReady",
@@ -85,5 +88,6 @@ __all__ = [
     "StoreClosed",
     "StoreConfig",
     "TransferError",
+    "Unauthenticated",
     "__version__",
 ]

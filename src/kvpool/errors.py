@@ -24,6 +24,8 @@ Families (each a subclass of `KVPoolError`, so callers can catch as broadly as t
     ├── RpcError                 RPC_FAIL, RPC_TIMEOUT (a fault of the connection)
     │   └── NotLeader            NOT_LEADER, LEADER_CHANGED (an HA master that does not lead)
     ├── StoreClosed              calls after close() (UNAVAILABLE_IN_CURRENT_STATUS)
+    ├── Unauthenticated          UNAUTHENTICATED (no token, or a wrong one, where one is needed)
+    ├── PermissionDenied         PERMISSION_DENIED (the token's tenant or role does not allow it)
     └── ...                      every other code maps to KVPoolError itself
 """
 
@@ -45,11 +47,13 @@ __all__ = [
     "ObjectError",
     "ObjectHasLease",
     "ObjectNotFound",
+    "PermissionDenied",
     "ReplicaNotReady",
     "RpcError",
     "SegmentError",
     "StoreClosed",
     "TransferError",
+    "Unauthenticated",
     "error_for_code",
     "raise_for_code",
 ]
@@ -133,6 +137,9 @@ class ErrorCode(IntEnum):
     # kvpool's own codes (no Mooncake counterpart): the master of an HA cluster.
     NOT_LEADER = -1900
     LEADER_CHANGED = -1901
+    # kvpool's own codes: credentials (docs/security.md).
+    UNAUTHENTICATED = -1910
+    PERMISSION_DENIED = -1911
 
     @classmethod
     def of(cls, value: int) -> ErrorCode:
@@ -238,6 +245,20 @@ class StoreClosed(KVPoolError, RuntimeError):
     default_code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
 
 
+class Unauthenticated(KVPoolError):
+    """The master needs a token and the connection proved none, or a wrong one
+    (UNAUTHENTICATED); nothing was served on it."""
+
+    default_code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDenied(KVPoolError):
+    """The connection's token does not allow the request: another tenant's objects, or a
+    request its role may not make (PERMISSION_DENIED); nothing was changed."""
+
+    default_code = ErrorCode.PERMISSION_DENIED
+
+
 _FAMILY: dict[ErrorCode, type[KVPoolError]] = {
     ErrorCode.INVALID_PARAMS: InvalidParams,
     ErrorCode.INVALID_KEY: InvalidParams,
@@ -261,6 +282,8 @@ _FAMILY: dict[ErrorCode, type[KVPoolError]] = {
     ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS: StoreClosed,
     ErrorCode.NOT_LEADER: NotLeader,
     ErrorCode.LEADER_CHANGED: NotLeader,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
 }
 for _code in ErrorCode:
     if -714 <= _code <= -700 and _code not in _FAMILY:

@@ -298,8 +298,21 @@ def test_a_put_refused_for_space_leaves_a_stale_write_of_the_key_alone(
 def test_unfinished_put_start_is_released_after_release_timeout(
     svc: MasterService, clock: object
 ) -> None:
+    assert svc.handle(m.ReMountSegment(WRITER, m.HostId("h"))).code == OK  # a registered Store
     start(svc, "k", size=MiB)
     clock.advance(svc.config.put_start_release_timeout - 1)  # type: ignore[attr-defined]
+    assert svc.release_stale() == 0 and used(svc) == MiB
+    clock.advance(1)  # type: ignore[attr-defined]
+    assert svc.release_stale() == 1
+    assert used(svc) == 0 and get(svc, "k").code == E.OBJECT_NOT_FOUND
+
+
+def test_a_put_start_of_a_client_that_never_registered_is_released_after_the_discard_timeout(
+    svc: MasterService, clock: object
+) -> None:
+    # issue #15: a flood of PutStarts from an id no Store registered held the pool for 600 s.
+    start(svc, "k", size=MiB, client=m.ClientId("never-registered"))
+    clock.advance(svc.config.put_start_discard_timeout - 1)  # type: ignore[attr-defined]
     assert svc.release_stale() == 0 and used(svc) == MiB
     clock.advance(1)  # type: ignore[attr-defined]
     assert svc.release_stale() == 1

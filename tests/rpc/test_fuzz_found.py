@@ -87,14 +87,6 @@ def _pipelined(conn: RawConn, messages: list[Any]) -> list[Any]:
     return [_MASTER_REPLY.decode(conn.recv_frame()[1]) for _ in messages]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="master/planner.py `plan`: a PutStart's tenant gets its shard containers "
-    "(`tenant_for_insert`) before the put is refused, and they are never freed, so every "
-    "refused PutStart naming a new tenant keeps ~5 KiB for good (the fuzz: +96 MiB for "
-    "20,000); fix: validate the whole request before making containers, and bound or reap "
-    "tenants that hold nothing (issue #15's tenants and quotas)",
-)
 def test_refused_puts_naming_new_tenants_leave_the_master_no_bigger() -> None:
     with kvpool_proc("master", "--port", "0", "--no-unix-socket", name="tenant master") as proc:
         with RawConn(proc.wait_ready()) as conn:

@@ -365,6 +365,40 @@ def _ratio() -> click.FloatRange:
     "Mooncake's master uses 9003.",
 )
 @master_tier_options
+@click.option(
+    "--auth-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="YAML list of tokens (tokens: [{token, tenant, role: client|node|admin}]) every "
+    "connection must prove; reloaded on SIGHUP. Without it every local process is trusted "
+    "(docs/security.md).",
+)
+@click.option(
+    "--tenant-quota-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="Tenant quotas in Mooncake's format (version: 1, tenants: [{name, quota}]); a put "
+    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP.",
+)
+@click.option(
+    "--enable_multi_tenants",
+    is_flag=True,
+    help="Mooncake: accepted (tenants are always on in kvpool); quotas need a connector.",
+)
+@click.option(
+    "--tenant_quota_connector_type",
+    type=click.Choice(["file"]),
+    default=None,
+    help="Mooncake: where the quota policy comes from (only 'file').",
+)
+@click.option(
+    "--tenant_quota_connector_uri",
+    default=None,
+    metavar="PATH",
+    help="Mooncake: the quota policy file (the same as --tenant-quota-file).",
+)
 def master(
     *,
     host: str,
@@ -408,9 +442,14 @@ def master(
     enable_snapshot: bool,
     snapshot_interval_seconds: int | None,
     http_port: int | None,
+    auth_file: str | None,
+    tenant_quota_file: str | None,
+    enable_multi_tenants: bool,
+    tenant_quota_connector_type: str | None,
+    tenant_quota_connector_uri: str | None,
     **tier_flags: Any,
 ) -> None:
-    """Run the master on HOST:PORT until SIGINT or SIGTERM."""
+    """Run the master on HOST:PORT until SIGINT or SIGTERM (SIGHUP reloads --auth-file)."""
     ha_url, cluster_id = _ha_url(
         ha_url, cluster_id, enable_ha, etcd_endpoints, ha_backend_connstring
     )
@@ -426,6 +465,10 @@ def master(
         )
     if snapshot_interval_seconds is not None:
         snapshot_interval = float(snapshot_interval_seconds)
+    tenant_quota_file = _quota_file(
+        tenant_quota_file, tenant_quota_connector_type, tenant_quota_connector_uri
+    )
+    del enable_multi_tenants  # tenants are always on
     try:
         config = MasterConfig(
             host=host,
@@ -463,6 +506,8 @@ def master(
             ha_standby_timeout=ha_standby_timeout,
             ha_ack=ha_ack,
             tiers=tier_config(tier_flags),
+            auth_file=auth_file or "",
+            tenant_quota_file=tenant_quota_file or "",
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc
@@ -472,6 +517,21 @@ def master(
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from exc
     except KVPoolError as exc:
         raise click.ClickException(exc.message) from exc
+
+
+def _quota_file(path: str | None, connector: str | None, uri: str | None) -> str | None:
+    """The tenant quota file from --tenant-quota-file or Mooncake's connector flags."""
+    if uri is not None:
+        if connector is None:
+            raise click.UsageError(
+                "--tenant_quota_connector_uri: needs --tenant_quota_connector_type=file"
+            )
+        if path is not None and path != uri:
+            raise click.UsageError("--tenant_quota_connector_uri differs from --tenant-quota-file")
+        return uri
+    if connector is not None:
+        raise click.UsageError("--tenant_quota_connector_type: needs --tenant_quota_connector_uri")
+    return path
 
 
 def _ha_url(
@@ -519,6 +579,16 @@ async def _serve(config: MasterConfig, reclaim: bool, http_port: int | None = No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    credentials, quotas = server.credentials, server.quotas
+
+    def reload() -> None:
+        if credentials is not None:
+            credentials.reload()
+        if quotas is not None:
+            quotas.reload()
+
+    if credentials is not None or quotas is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await server.start()
         host, port = server.address
@@ -528,6 +598,10 @@ async def _serve(config: MasterConfig, reclaim: bool, http_port: int | None = No
             )
         if http_port is not None:
             http = await start_master_http(server, config.host, http_port)
+        if credentials is not None:
+            click.echo(f"kvpool master: {len(credentials.tokens)} tokens from {credentials.path}")
+        else:
+            click.echo("kvpool master: no --auth-file: every process that reaches it is trusted")
         click.echo(f"kvpool master listening on {host}:{port}")
         if http is not None:
             # After the RPC line: `children.READY_RE` waits for the first "listening on".
@@ -540,5 +614,5 @@ async def _serve(config: MasterConfig, reclaim: bool, http_port: int | None = No
         if http is not None:
             await http.close()
         await server.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -32,6 +32,7 @@ from kvpool.demo.progress import ProgressBar
 from kvpool.errors import KVPoolError
 from kvpool.fdlimit import raise_fd_limit
 from kvpool.ops.node import NodeHttp
+from kvpool.rpc.auth import client_token
 from kvpool.transfer.limits import ServerLimits, set_default_limits
 from kvpool.transfer.memory import SegmentMemory
 
@@ -206,6 +207,14 @@ def mount_with_progress(
     "errors by op, connections) and /health on this port of --host (0: a free port).",
 )
 @node_tier_options
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the token to prove to a master with --auth-file "
+    "[default: $KVPOOL_AUTH_TOKEN].",
+)
 def node(
     *,
     master: str,
@@ -226,6 +235,7 @@ def node(
     http_port: int | None = None,
     offload_dir: str | None,
     offload_size: int,
+    token_file: str | None,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -269,6 +279,7 @@ def node(
             heartbeat_interval=interval,
             cluster_id=cluster_id,
             name="kvpool-node",
+            token=client_token(None, token_file),
         )
     except KVPoolError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -22,6 +22,7 @@ from kvpool.client.leader import LeaderFollower, check_master, parse_master
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import HaStatus, HaStatusReply, Response, Stats, StatsReply
+from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["render_table", "stats_to_dict", "status"]
@@ -38,6 +39,7 @@ def stats_to_dict(reply: StatsReply) -> dict[str, Any]:
     out["clients"] = [named(c) for c in reply.clients]
     out["silent_segments"] = [named(s) for s in reply.silent_segments]
     out["silent_clients"] = [named(c) for c in reply.silent_clients]
+    out["tenants"] = [named(t) for t in reply.tenants]
     return out
 
 
@@ -129,6 +131,21 @@ def render_table(address: str, reply: StatsReply) -> str:
             ],
             right={2, 3},
         )
+    if reply.tenants:
+        lines += ["", f"tenants: {len(reply.tenants)}"]
+        lines += _table(
+            ["TENANT", "USED", "QUOTA", "USE%"],
+            [
+                [
+                    t.name,
+                    format_size(t.used),
+                    "-" if t.quota is None else format_size(t.quota),
+                    "-" if t.quota is None else _pct(t.used, t.quota),
+                ]
+                for t in reply.tenants
+            ],
+            right={1, 2, 3},
+        )
     return "\n".join(lines)
 
 
@@ -161,6 +178,14 @@ def render_table(address: str, reply: StatsReply) -> str:
     type=Duration(0.1, 3600),
     help="Seconds between refreshes with --watch.",
 )
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the token to prove to a master with --auth-file "
+    "[default: $KVPOOL_AUTH_TOKEN].",
+)
 def status(
     *,
     address: str,
@@ -169,10 +194,11 @@ def status(
     timeout: float,
     watch: bool = False,
     interval: float = 2.0,
+    token_file: str | None = None,
 ) -> None:
     """Show the segments, clients and objects of the pool whose master is at --master."""
     if not watch:
-        _show(address, cluster_id, as_json, timeout)
+        _show(address, cluster_id, as_json, timeout, token_file)
         return
     try:
         while True:
@@ -180,7 +206,7 @@ def status(
                 click.clear()
                 click.echo(f"{time.strftime('%H:%M:%S')}  every {interval:g}s (Ctrl-C stops)")
             try:
-                _show(address, cluster_id, as_json, timeout)
+                _show(address, cluster_id, as_json, timeout, token_file)
             except click.ClickException as exc:  # the master may come back: keep watching
                 click.echo(f"error: {exc.message}", err=True)
             sys.stdout.flush()
@@ -189,7 +215,9 @@ def status(
         return
 
 
-def _show(address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
+def _show(
+    address: str, cluster_id: str, as_json: bool, timeout: float, token_file: str | None
+) -> None:
     master = address
     try:
         url = parse_master(master)
@@ -209,6 +237,7 @@ def _show(address: str, cluster_id: str, as_json: bool, timeout: float) -> None:
             cluster_id=cluster_id,
             timeout=timeout,
             client_name="kvpool-status",
+            token=client_token(None, token_file),
         ) as rpc:
             reply = rpc.call_as(Stats(), StatsReply)
             ha = rpc.call_as(HaStatus(), HaStatusReply)

@@ -12,7 +12,7 @@ cluster id then comes from the URL; a different explicit `cluster_id` is refused
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
@@ -87,6 +87,11 @@ class StoreConfig:
     of `offload_size` bytes and its journal); None for none."""
     offload_size: int = 0
     """Bytes of the disk tier (with `offload_dir`; at least 1 MiB)."""
+    token: str = field(default="", repr=False)
+    """The credential this Store proves to a master that has an auth file (docs/security.md);
+    "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
+    token_file: str = ""
+    """A file whose first line is the token (used when `token` is "")."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -112,6 +117,9 @@ class StoreConfig:
                     f"got {value!r:.80}"
                 )
         object.__setattr__(self, "cluster_id", check_master(self.master, self.cluster_id))
+        for name in ("token", "token_file"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
         for name, most in _DURATIONS.items():

@@ -262,8 +262,10 @@ class NodeRuntime:
         cluster_id: str = "kvpool",
         name: str = "kvpool-client",
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
+        token: bytes | None = None,
     ) -> None:
         url = parse_master(master)
+        self._token = token
         cluster_id = check_master(master, cluster_id)
         self.master = master
         self.host = host
@@ -321,6 +323,7 @@ class NodeRuntime:
                 cluster_id=self._cluster_id,
                 client_name=self.name,
                 timeout=self._rpc_timeout,
+                token=self._token,
             )
         return RpcClient(
             self.master,
@@ -328,6 +331,7 @@ class NodeRuntime:
             cluster_id=self._cluster_id,
             client_name=self.name,
             timeout=self._rpc_timeout,
+            token=self._token,
         )
 
     # -------------------------------------------------------------- lifecycle

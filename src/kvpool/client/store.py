@@ -65,6 +65,7 @@ from kvpool.config import parse_size
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed, raise_for_code
 from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply, TenantId
+from kvpool.rpc.auth import client_token
 
 __all__ = [
     "DEFAULT_TRANSFER_TIMEOUT_S",
@@ -113,7 +114,9 @@ class Store:
     Mooncake's `setup` order: `segment_size` and `arena_size` (bytes, an int or "4GiB"),
     `local_buffer_size` (accepted for Mooncake compatibility, only validated), `host`, `tenant`,
     `protocol` ("auto", "shm" or "tcp"), `verify_checksum`, `rpc_timeout`, `transfer_timeout`,
-    `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout` (seconds).
+    `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout` (seconds),
+    `token` / `token_file` (the credential for a master with an auth file; else
+    $KVPOOL_AUTH_TOKEN).
     `master` is "host:port", or `etcd://HOST:PORT[,...]/CLUSTER_ID` to follow the leader of a
     highly available cluster (`kvpool.client.leader`). `Store.from_config`
     takes a `StoreConfig` instead.
@@ -138,6 +141,8 @@ class Store:
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         offload_dir: str | None = None,
         offload_size: int | str = 0,
+        token: str = "",
+        token_file: str = "",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -157,6 +162,8 @@ class Store:
             failover_timeout=failover_timeout,
             offload_dir=offload_dir,
             offload_size=parse_size(offload_size, name="offload_size"),
+            token=token,
+            token_file=token_file,
         )
         self._setup(config)
 
@@ -184,6 +191,7 @@ class Store:
             cluster_id=config.cluster_id,
             name="kvpool-store",
             failover_timeout=config.failover_timeout,
+            token=client_token(config.token, config.token_file),
         )
         try:
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)
@@ -192,6 +200,9 @@ class Store:
             self._arenas = Arenas(node, node.client_id, config.arena_size)
             node.on_heartbeat = self._arenas.on_heartbeat
             tenant = TenantId(config.tenant)
+            if config.tenant == "default" and node.rpc.auth_tenant:
+                # A token names its tenant: a Store left at the default acts in it.
+                tenant = TenantId(node.rpc.auth_tenant)
             opened = self._gate.open
             self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
             self._reader = Reader(node, opened, tenant, config.verify_checksum)

@@ -38,6 +38,7 @@ from kvpool.codes import (
 from kvpool.master.arena_table import ArenaTable
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import Replica
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.repair import RepairQueue
 from kvpool.master.task_table import TaskTable
 from kvpool.protocol.messages import (
@@ -63,6 +64,7 @@ from kvpool.protocol.messages import (
     Stats,
     StatsReply,
     TenantId,
+    TenantUsage,
     UnmountSegment,
 )
 
@@ -95,6 +97,8 @@ class AdminPath:
         self._index = core.index
         #: When the monitor last ran `check_liveness` (None: not yet).
         self._last_liveness: float | None = None
+        #: The tenant quotas in force, shown in Stats (None: none).
+        self.quotas: TenantQuotas | None = None
 
     def echo(self, req: Echo) -> EchoReply:
         return EchoReply(req.payload)
@@ -141,7 +145,16 @@ class AdminPath:
             repair.in_flight,
             repair.done,
             repair.failed,
+            tenants=self._tenant_usage(),
         )
+
+    def _tenant_usage(self) -> list[TenantUsage]:
+        used = self._index.tenant_bytes
+        limits = self.quotas.limits if self.quotas is not None else {}
+        return [
+            TenantUsage(TenantId(name), used.get(name, 0), limits.get(name))
+            for name in sorted(used.keys() | limits.keys())
+        ]
 
     def mount_segment(self, req: MountSegment) -> Reply:
         if not req.client_id:
@@ -216,12 +229,17 @@ class AdminPath:
         core = self._core
         now = self._clock()
         limit = now - self._config.put_start_release_timeout
+        # A client that never registered (no ReMountSegment, no Ping) is no Store: its
+        # PutStarts are released after the discard timeout, not the release timeout, so a
+        # flood of them cannot hold the pool "processing" for long (docs/security.md).
+        orphan_limit = now - self._config.put_start_discard_timeout
+        known = core.clients.get
         released = 0
         stale = [
             obj
-            for bucket in core.clients.in_flight.values()
+            for client_id, bucket in core.clients.in_flight.items()
             for obj in bucket
-            if obj.put_start_time <= limit
+            if obj.put_start_time <= (limit if known(client_id) is not None else orphan_limit)
         ]
         for obj in stale:
             log.info("releasing stale PutStart of %r", obj.key)

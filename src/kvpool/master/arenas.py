@@ -62,6 +62,7 @@ from kvpool.codes import (
     NOT_SUPPORTED,
     OBJECT_ALREADY_EXISTS,
     OK,
+    TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.arena_table import Arena, ArenaTable
 from kvpool.master.core import MetadataCore
@@ -135,6 +136,8 @@ class ArenaPath:
         groups = req.config.group_ids
         sums = [req.checksum] if req.checksum is not None else None
         (code,) = self._commit_many(plan, arena, [req.key], [req.size], [req.offset], sums, groups)
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
         return _OK_REPLY if code == OK else Reply(code)
 
     def batch_put_commit(self, req: BatchPutCommit) -> BatchReply:
@@ -146,11 +149,16 @@ class ArenaPath:
         if code == OK and (len(sizes) != n or len(offsets) != n or (sums and len(sums) != n)):
             code = INVALID_PARAMS
         if code != OK:
+            if plan is not None and plan.fresh_tenant:
+                self._planner.finish(plan)
             return BatchReply([code] * n)
         assert plan is not None and arena is not None
-        return BatchReply(
-            self._commit_many(plan, arena, keys, sizes, offsets, sums or None, req.config.group_ids)
+        codes = self._commit_many(
+            plan, arena, keys, sizes, offsets, sums or None, req.config.group_ids
         )
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return BatchReply(codes)
 
     def _commit_plan(
         self,
@@ -177,6 +185,8 @@ class ArenaPath:
         if plan.code != OK:
             return None, None, plan.code
         if cfg.replica_num != 1 or cfg.preferred_segments:
+            if plan.fresh_tenant:
+                self._planner.finish(plan)
             return None, None, INVALID_PARAMS  # arenas hold one replica, placed by the master
         return plan, arena, OK
 
@@ -205,6 +215,7 @@ class ArenaPath:
         h = xxhash.xxh3_64_intdigest
         claim = arena.claim
         may_claim = self._planner.claim
+        admits = self._planner.admits
         clear_holder = core.clear_holder
         create = core.create_committed
         seg = arena.segment
@@ -228,6 +239,11 @@ class ArenaPath:
                 if verdict is _EXISTS:
                     out.append(OBJECT_ALREADY_EXISTS)
                     continue
+            if plan.quota is not None and not admits(
+                plan, size, old.size if old is not None else 0
+            ):
+                out.append(TENANT_QUOTA_EXCEEDED)
+                continue
             if not claim(offset, (size + mask) & ~mask):
                 out.append(INVALID_PARAMS)
                 continue

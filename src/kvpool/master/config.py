@@ -161,6 +161,13 @@ class MasterConfig:
     and bootstraps again from a snapshot."""
     ha_chunk_bytes: int = 1 << 20
     """Largest piece of log or snapshot sent in one reply to a standby."""
+    # -- security (docs/security.md)
+    auth_file: str = ""
+    """YAML file of the tokens connections must prove (`kvpool.master.auth`; reloaded on
+    SIGHUP); "": no credentials, every connection is served as before."""
+    tenant_quota_file: str = ""
+    """Mooncake-format tenant quota policy (`kvpool.master.quota`; reloaded on SIGHUP); "":
+    no quotas."""
 
     tiers: TierConfig = field(default_factory=TierConfig)
     """Offload to node disk tiers and promotion on hit (`tier_config.py`)."""

@@ -186,7 +186,10 @@ class MetadataCore:
         """Index the new record `obj` (its key absent) in `shard`, its tenant's dict of
         `obj.shard`; a write in progress also joins its client's in-flight set `in_flight`."""
         shard[obj.key] = obj  # ObjectIndex.add, inlined on the hottest write path
-        self.index.count += 1
+        index = self.index
+        index.count += 1
+        tb = index.tenant_bytes
+        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size
         if in_flight is not None:
             in_flight[obj] = None
             if self.journal is not None:  # its writer may write there after a restart
@@ -197,7 +200,10 @@ class MetadataCore:
         client committed from an arena, counted on its segment from now on)."""
         obj.replicas[0].segment.objects += 1
         shard[obj.key] = obj
-        self.index.count += 1
+        index = self.index
+        index.count += 1
+        tb = index.tenant_bytes
+        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size
 
     def complete_object(self, obj: ObjectMeta, checksum: int | None, now: float) -> None:
         """PutEnd: every replica COMPLETE, the checksum recorded, lease = max(lease, now), the

@@ -213,7 +213,11 @@ class HaMasterServer(MasterServer):
             self._gateway, keys, self.member_id, self.advertise, lease=lease
         )
         self._follower = Follower(
-            self.member_id, self.url.cluster_id, self.copy, self._leader_to_follow
+            self.member_id,
+            self.url.cluster_id,
+            self.copy,
+            self._leader_to_follow,
+            token=None if self.credentials is None else self.credentials.first_admin_token(),
         )
         self.election.start()
         self.membership.start()

@@ -183,13 +183,16 @@ class TenantShards:
 class ObjectIndex:
     """Objects by (tenant, key) in `num_shards` dicts per tenant."""
 
-    __slots__ = ("_num_shards", "_tenants", "count")
+    __slots__ = ("_num_shards", "_tenants", "count", "tenant_bytes")
 
     def __init__(self, num_shards: int) -> None:
         self._num_shards = num_shards
         self._tenants: dict[str, TenantShards] = {}
         #: Objects indexed (kept by `add` / `discard`; read it through len()).
         self.count = 0
+        #: Bytes (object sizes) indexed per tenant, kept with `count` (tenant quotas,
+        #: `kvpool.master.quota`); a tenant with nothing indexed has no entry.
+        self.tenant_bytes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self.count
@@ -207,6 +210,13 @@ class ObjectIndex:
         if t is None:
             t = self._tenants[tenant] = TenantShards(tenant, self._num_shards)
         return t
+
+    def drop_if_empty(self, tenant: str) -> None:
+        """Forget `tenant`'s containers when it holds no object: a tenant made for a put that
+        was then refused must not keep its ~5 KiB of empty shards for good."""
+        t = self._tenants.get(tenant)
+        if t is not None and not any(t.shards):
+            del self._tenants[tenant]
 
     def shard_of(self, tenant: str, key: str) -> int:
         """The stable shard index of (tenant, key): xxh3_64(key, seed=xxh3_64(tenant)) % N."""
@@ -226,6 +236,8 @@ class ObjectIndex:
         """Index `obj` in `shard` (the dict of its tenant and `obj.shard`); key not present."""
         shard[obj.key] = obj
         self.count += 1
+        tb = self.tenant_bytes
+        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size
 
     def insert(self, obj: ObjectMeta) -> None:
         """Index `obj` (its shard already computed); the key must not be present."""
@@ -241,6 +253,12 @@ class ObjectIndex:
             return False
         del shard[obj.key]
         self.count -= 1
+        tb = self.tenant_bytes
+        left = tb.get(obj.tenant, 0) - obj.size
+        if left > 0:
+            tb[obj.tenant] = left
+        else:
+            tb.pop(obj.tenant, None)
         return True
 
     def tenants(self) -> list[str]:

@@ -7,6 +7,8 @@ anything:
 * `PutPlanner.plan`: is the request's config valid (client id, tenant, replica count, soft pin,
   group ids), and what does it resolve to: a `PutPlan`, computed once per request (a batch:
   once for all its keys), which also carries a batch's allocation region (`core.py` cuts it).
+* `PutPlanner.finish`: after the request, forget a tenant made for it that stored nothing
+  (a refused put naming a new tenant leaves the master no bigger).
 * `PutPlanner.claim`: may a key held by `old` be taken? The one rule, Mooncake's:
 
   ============================================  ===============
@@ -30,6 +32,7 @@ from kvpool.master.config import AllocationStrategy, MasterConfig
 from kvpool.master.lease import resolve_soft_pin
 from kvpool.master.liveness import ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, TenantShards
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.segments import Segment
 from kvpool.protocol.messages import ClientId, ReplicateConfigMsg, TenantId
 
@@ -55,9 +58,11 @@ class PutPlan:
         "client_id",
         "code",
         "exclude",
+        "fresh_tenant",
         "hard_pin",
         "in_flight",
         "preferred",
+        "quota",
         "region_end",
         "region_left",
         "region_next",
@@ -90,6 +95,11 @@ class PutPlan:
         self.exclude = cfg.exclude_segments
         self.same_node = cfg.prefer_alloc_in_same_node
         self.shards: TenantShards | None = None  # set by `PutPlanner.plan` once valid
+        #: `shards` were made for this request (the tenant had none): `PutPlanner.finish`
+        #: drops them again when the request stored nothing.
+        self.fresh_tenant = False
+        #: The tenant's quota in bytes (None: no limit), set by `plan`; `PutPlanner.admits`.
+        self.quota: int | None = None
         #: The client's in-flight set (ClientTable.in_flight_bucket), also set by `plan`.
         self.in_flight: dict[ObjectMeta, None] | None = None
         # A batch's bump region: one range taken for many objects, carved in order (see
@@ -114,7 +124,7 @@ class PutPlan:
 class PutPlanner:
     """Validates puts and rules on claims; changes nothing."""
 
-    __slots__ = ("_clients", "_config", "_discard", "_index", "_random")
+    __slots__ = ("_clients", "_config", "_discard", "_index", "_random", "quotas")
 
     def __init__(
         self,
@@ -128,6 +138,8 @@ class PutPlanner:
         self._clients = clients
         self._random = strategy is AllocationStrategy.RANDOM
         self._discard = config.put_start_discard_timeout
+        #: The tenant quotas in force (None: none; `kvpool.master.quota`).
+        self.quotas: TenantQuotas | None = None
 
     def plan(
         self, client_id: ClientId, tenant: TenantId, cfg: ReplicateConfigMsg, n: int
@@ -147,10 +159,28 @@ class PutPlanner:
         if plan.code == OK:
             # A tenant's shard list and a client's in-flight set are containers made on first
             # use; making them early changes nothing anyone can observe.
+            plan.fresh_tenant = self._index.tenant(tenant) is None
             plan.shards = self._index.tenant_for_insert(tenant)
             plan.in_flight = self._clients.in_flight_bucket(client_id)
             plan.simple = plan.simple and self._random
+            if self.quotas is not None:
+                plan.quota = self.quotas.limit(tenant)
         return plan
+
+    def admits(self, plan: PutPlan, size: int, replaces: int = 0) -> bool:
+        """Whether a put of `size` bytes (replacing an object of `replaces` bytes) keeps its
+        tenant within its quota; callers test `plan.quota is not None` first."""
+        quota = plan.quota
+        if quota is None:
+            return True
+        used = self._index.tenant_bytes.get(plan.tenant, 0)
+        return used - replaces + size <= quota
+
+    def finish(self, plan: PutPlan) -> None:
+        """After the request of `plan`: a tenant made for it that holds nothing is dropped
+        (callers test `plan.fresh_tenant` first, so this costs nothing on the common path)."""
+        plan.fresh_tenant = False
+        self._index.drop_if_empty(plan.tenant)
 
     def claim(self, old: ObjectMeta, now: float) -> Claim:
         """May a put at `now` take the key `old` holds? (module docstring)"""

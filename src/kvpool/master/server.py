@@ -36,8 +36,11 @@ import msgspec
 
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.fdlimit import raise_fd_limit
+from kvpool.master.auth import Credentials, RequestPolicy
 from kvpool.master.config import MasterConfig
+from kvpool.master.guard import SegmentGuard
 from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.service import MasterService
 from kvpool.protocol.messages import (
     Barrier,
@@ -89,10 +92,21 @@ class MasterServer:
             self.config, clock=clock, hooks=hooks, open_data_dir=open_data_dir
         )
         self._handlers: dict[type[Any], Callable[[Any], Any]] = {}
+        #: The tenant quotas (None: no --tenant-quota-file), applied to each service installed.
+        self.quotas = (
+            TenantQuotas(self.config.tenant_quota_file) if self.config.tenant_quota_file else None
+        )
         self._install(self.service)
         durable = self.service.durable
+        #: The auth file's tokens (None: no credentials; every request is served as before).
+        self.credentials = Credentials(self.config.auth_file) if self.config.auth_file else None
+        #: Segment ownership checks made with or without credentials (`kvpool.master.guard`).
+        self.guard = SegmentGuard(lambda: self.service.segments)
+        handler = self.guard.guard(self._rpc_handler())
+        if self.credentials is not None:
+            handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(
-            self._rpc_handler(),
+            handler,
             request_type=Request,
             host=self.config.host,
             port=self.config.port,
@@ -104,6 +118,7 @@ class MasterServer:
             max_connections=self.config.rpc_max_connections,
             max_connections_per_peer=self.config.rpc_max_connections_per_peer,
             term=term,
+            tokens=None if self.credentials is None else self.credentials.tokens,
         )
         del durable
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,6 +127,7 @@ class MasterServer:
     def _install(self, service: MasterService) -> None:
         """Serve `service` from now on (an HA master replaces a stale one)."""
         self.service = service
+        service.set_quotas(self.quotas)
         handlers: dict[type[Any], Callable[[Any], Any]] = dict(service.handlers)
         handlers[RemoveAll] = self._remove_all
         handlers[RemoveByRegex] = self._remove_by_regex

@@ -42,6 +42,7 @@ from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
 from kvpool.master.oplog import Journal, OpLog, Rec
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.planner import PutPlanner
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.reads import ReadPath
 from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
@@ -127,7 +128,9 @@ class MasterService:
         self._repair = RepairQueue(core, self._tasks)
         core.observe(self._repair)
         core.on_short = self._repair.note
-        planner = PutPlanner(self._config, core.index, core.clients, core.placement.strategy)
+        planner = self._planner = PutPlanner(
+            self._config, core.index, core.clients, core.placement.strategy
+        )
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
         self._tiers = TierManager(core, self._tasks, self._config.tiers)
@@ -339,6 +342,11 @@ class MasterService:
 
     def stats(self, req: Stats) -> StatsReply:
         return self._admin.stats(req)
+
+    def set_quotas(self, quotas: TenantQuotas | None) -> None:
+        """Apply `quotas` to every put from now on (None: no limits); `kvpool.master.quota`."""
+        self._planner.quotas = quotas
+        self._admin.quotas = quotas
 
     def remove_by_regex(self, req: RemoveByRegex) -> Message:
         return self._admin.remove_by_regex(req)

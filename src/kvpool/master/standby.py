@@ -229,7 +229,10 @@ class Follower:
         *,
         poll_ms: int = 500,
         timeout: float = 5.0,
+        token: bytes | None = None,
     ) -> None:
+        #: The token proven to a leader that has credentials (the first admin token).
+        self.token = token
         self.member_id = member_id
         self.cluster_id = cluster_id
         self.copy = copy
@@ -280,6 +283,7 @@ class Follower:
                 cluster_id=self.cluster_id,
                 client_name=f"standby-{self.member_id}",
                 timeout=self._timeout,
+                token=self.token,
             )
             self._address = address
         return self._client

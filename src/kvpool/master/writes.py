@@ -33,6 +33,7 @@ from kvpool.codes import (
     OBJECT_NOT_FOUND,
     OBJECT_REPLICA_BUSY,
     OK,
+    TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta, TenantShards
@@ -84,7 +85,10 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else ""
-        return self._put_one(plan, req.key, req.size, group, self._clock())
+        reply = self._put_one(plan, req.key, req.size, group, self._clock())
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def _batch_plan(self, req: BatchPutStart | BatchUpsertStart) -> PutPlan:
         """The plan of a batch start, with one size per key."""
@@ -113,6 +117,8 @@ class WritePath:
             return BatchPutStartReply([put_one(plan, keys[i], sizes[i], "", now) for i in range(n)])
         finally:
             self._core.release_region(plan)
+            if plan.fresh_tenant:
+                self._planner.finish(plan)
 
     def _put_one(self, plan: PutPlan, key: str, size: int, group: str, now: float) -> PutStartReply:
         if not key or size <= 0:
@@ -129,6 +135,10 @@ class WritePath:
         # Decide, claim, then take the key: a full pool leaves a stale write (or a dead
         # object) of the key as it was. Clearing it frees nothing that allocating could use:
         # a preempted write's ranges stay parked, a dead object's sit on unmounted segments.
+        if plan.quota is not None and not self._planner.admits(
+            plan, size, old.size if old is not None else 0
+        ):
+            return PutStartReply(TENANT_QUOTA_EXCEEDED)
         replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
@@ -157,7 +167,10 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else None
-        return self._upsert_one(plan, req.key, req.size, group, self._clock())
+        reply = self._upsert_one(plan, req.key, req.size, group, self._clock())
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def batch_upsert_start(self, req: BatchUpsertStart) -> BatchPutStartReply:
         keys, sizes = req.keys, req.sizes
@@ -168,9 +181,12 @@ class WritePath:
         groups = req.config.group_ids
         now = self._clock()
         upsert = self._upsert_one
-        return BatchPutStartReply(
+        reply = BatchPutStartReply(
             [upsert(plan, keys[i], sizes[i], groups[i] if groups else None, now) for i in range(n)]
         )
+        if plan.fresh_tenant:
+            self._planner.finish(plan)
+        return reply
 
     def _upsert_one(
         self, plan: PutPlan, key: str, size: int, group: str | None, now: float
@@ -198,6 +214,8 @@ class WritePath:
             # its owner cannot be written now, and the old bytes there must not come back
             # under the new checksum.)
             fresh = None
+        elif plan.quota is not None and not self._planner.admits(plan, size, obj.size):
+            return PutStartReply(TENANT_QUOTA_EXCEEDED)
         else:
             # Case C (and a same-size rewrite under a live read lease, which must not write
             # under the reader): new ranges first, so a full pool leaves the old value intact.

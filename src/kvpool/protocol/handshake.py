@@ -20,11 +20,24 @@ nowhere else) connects there, handshakes again, checks that the second `Welcome`
 address and cluster, and drops the TCP connection; on any failure it keeps TCP. The field is a
 defaulted trailing one, so a `Welcome` of an older server still decodes (as "no Unix socket").
 
+Authentication (docs/security.md): a server that holds credentials answers the Hello with a
+`Welcome` whose ``challenge`` is a fresh random nonce (32 bytes), and serves nothing yet. The
+client answers with a `Proof` frame on request id 0: the id of its token (`token_key_id`) and
+``HMAC-SHA256(token, "kvpool-auth-v1" || nonce || cluster_id || client_name)`` (`auth_proof`),
+so the token never crosses the wire and a recorded proof is worth nothing on another
+connection. The server checks it against its token table and answers a second `Welcome`
+(``challenge`` empty, ``tenant`` and ``role`` of the token) or refuses with UNAUTHENTICATED and
+closes. A server without credentials answers as it always did: one `Welcome`, no challenge, no
+extra round trip. A client without a token that meets a challenge fails with UNAUTHENTICATED.
+The new fields trail their Structs with defaults, so older peers still decode them.
+
 Both checks are pure functions here, so the rules live in one place and are tested without I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Annotated, Final
 
 import msgspec
@@ -33,15 +46,19 @@ from kvpool.errors import ErrorCode, KVPoolError, error_for_code
 from kvpool.protocol.framing import ErrorReply
 
 __all__ = [
+    "AUTH_NONCE_BYTES",
     "HANDSHAKE_REQUEST_ID",
     "PROTOCOL_VERSION",
     "UNIX_ADDRESS_MAX_BYTES",
     "Hello",
+    "Proof",
     "Welcome",
+    "auth_proof",
     "check_hello",
     "check_unix_welcome",
     "check_welcome",
     "is_abstract_unix_address",
+    "token_key_id",
 ]
 
 #: The version of the framing, the handshake and the RPC rules. Bump on any incompatible change.
@@ -50,6 +67,10 @@ PROTOCOL_VERSION: Final = 1
 HANDSHAKE_REQUEST_ID: Final = 0
 #: The most bytes of a Unix socket address, its leading NUL included (Linux's sun_path).
 UNIX_ADDRESS_MAX_BYTES: Final = 108
+
+#: Bytes of the server's challenge nonce.
+AUTH_NONCE_BYTES: Final = 32
+_AUTH_DOMAIN: Final = b"kvpool-auth-v1"
 
 _Name = Annotated[str, msgspec.Meta(max_length=256)]
 
@@ -75,6 +96,32 @@ class Welcome(msgspec.Struct, tag=True, frozen=True):
     #: The leader term of an HA master when it answered (0: not HA, or not leading). A client
     #: that has seen term T refuses a master whose Welcome carries a lower non-zero term.
     term: int = 0
+    #: Non-empty: the server needs a `Proof` for this nonce before it serves anything.
+    challenge: Annotated[bytes, msgspec.Meta(max_length=256)] = b""
+    #: The tenant and role of the token the connection proved ("" without credentials).
+    tenant: _Name = ""
+    role: _Name = ""
+
+
+class Proof(msgspec.Struct, tag=True, frozen=True):
+    """The client's answer to a `Welcome` with a challenge (request id 0)."""
+
+    #: `token_key_id` of the token: which entry of the server's table to check against.
+    key_id: Annotated[bytes, msgspec.Meta(max_length=64)]
+    #: `auth_proof` of the token for the challenge.
+    mac: Annotated[bytes, msgspec.Meta(max_length=64)]
+
+
+def token_key_id(token: bytes) -> bytes:
+    """A public name of `token` (16 bytes of a domain-separated SHA-256): lets the server find
+    the token to check without trying each, and says nothing usable about the token itself."""
+    return hashlib.sha256(b"kvpool-token-id\0" + token).digest()[:16]
+
+
+def auth_proof(token: bytes, nonce: bytes, cluster_id: str, client_name: str) -> bytes:
+    """HMAC-SHA256 of the challenge, bound to the cluster and the client's name."""
+    msg = b"\0".join((_AUTH_DOMAIN, nonce, cluster_id.encode(), client_name.encode()))
+    return hmac.new(token, msg, hashlib.sha256).digest()
 
 
 def check_hello(

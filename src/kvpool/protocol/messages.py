@@ -110,6 +110,7 @@ from kvpool.protocol.values import (
     TaskStatus,
     TaskType,
     TenantId,
+    TenantUsage,
 )
 
 __all__ = [
@@ -197,6 +198,7 @@ __all__ = [
     "TaskStatus",
     "TaskType",
     "TenantId",
+    "TenantUsage",
     "UnmountSegment",
     "UpsertStart",
 ]
@@ -602,6 +604,9 @@ class StatsReply(Message):
     """Repair copies that failed (each is retried with backoff, up to a limit)."""
     standbys: int = 0
     """HA leader: standbys in sync (each write waits for all of them); 0 otherwise."""
+    tenants: list[TenantUsage] = []
+    """Bytes of indexed objects per tenant, with its quota (`kvpool.master.quota`); a
+    non-admin of a master with credentials sees its own tenant only."""
 
 
 # ---------------------------------------------------------------- replica tasks

@@ -30,6 +30,7 @@ __all__ = [
     "TaskStatus",
     "TaskType",
     "TenantId",
+    "TenantUsage",
 ]
 
 ClientId = NewType("ClientId", str)
@@ -162,3 +163,11 @@ class ReplicateConfigMsg(msgspec.Struct, tag=True, array_like=True, frozen=True)
 
 
 DEFAULT_REPLICATE_CONFIG = ReplicateConfigMsg()
+
+
+class TenantUsage(Message):
+    """One tenant in a `StatsReply`: the bytes of its objects and its quota (None: none)."""
+
+    name: TenantId
+    used: int
+    quota: int | None = None

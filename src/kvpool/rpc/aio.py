@@ -46,11 +46,18 @@ from kvpool.protocol.handshake import (
     HANDSHAKE_REQUEST_ID,
     PROTOCOL_VERSION,
     Hello,
+    Proof,
     Welcome,
     check_unix_welcome,
     is_abstract_unix_address,
 )
-from kvpool.rpc.client import Transport, _check_timeout, parse_address, unix_enabled
+from kvpool.rpc.client import (
+    Transport,
+    _check_timeout,
+    _proof_for,
+    parse_address,
+    unix_enabled,
+)
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]
@@ -173,8 +180,11 @@ class AsyncRpcClient:
         auth: bytes = b"",
         protocol_version: int = PROTOCOL_VERSION,
         unix: bool = True,
+        token: bytes | None = None,
     ) -> None:
         self.address = address
+        #: The token proven when the server challenges (None: none; a challenge then fails).
+        self.token = token
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
         #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
@@ -462,28 +472,45 @@ class AsyncRpcClient:
                     sock.close()
         return proto if ok else None
 
+    async def _exchange(self, proto: _Protocol, where: str, message: Hello | Proof) -> Welcome:
+        """Send one handshake frame and await the `Welcome` answering it."""
+        if proto.broken is not None or proto.transport is None:
+            raise RpcError(f"handshake with {where} failed: connection lost")
+        payload = self._encode(message)
+        if proto.welcome.done():  # the answer to the Hello was read: await the next frame
+            proto.welcome = asyncio.get_running_loop().create_future()
+        proto.transport.write(
+            HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
+        )
+        rid, payload = await proto.welcome
+        if rid & ERROR_FLAG:
+            refusal = self._decode_error(payload)
+            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
+        return msgspec.msgpack.decode(payload, type=Welcome)
+
     async def _handshake(self, proto: _Protocol, where: str, *, unix_address: str = "") -> Welcome:
         """Send the Hello and check the Welcome (for the Unix socket `unix_address` when
         given); the connection is dropped on any failure, which raises as a connect does."""
         try:
             assert proto.transport is not None
-            payload = self._encode(self._hello)
-            proto.transport.write(
-                HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
-            )
-            rid, payload = await proto.welcome
-            if rid & ERROR_FLAG:
-                refusal = self._decode_error(payload)
-                raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-            welcome = msgspec.msgpack.decode(payload, type=Welcome)
-            problem = check_unix_welcome(
-                welcome,
-                cluster_id=self.cluster_id,
-                unix_address=unix_address,  # "" over TCP: the plain checks only
-                protocol_version=self.protocol_version,
-            )
-            if problem is not None:
-                raise problem
+            welcome = await self._exchange(proto, where, self._hello)
+            for _ in range(2):
+                problem = check_unix_welcome(
+                    welcome,
+                    cluster_id=self.cluster_id,
+                    unix_address=unix_address,  # "" over TCP: the plain checks only
+                    protocol_version=self.protocol_version,
+                )
+                if problem is not None:
+                    raise problem
+                if not welcome.challenge:
+                    break
+                proof = _proof_for(
+                    self.token, welcome.challenge, self.cluster_id, self.client_name, where
+                )
+                welcome = await self._exchange(proto, where, proof)
+            else:
+                raise RpcError(f"{where} challenged the proof of its own challenge")
         except msgspec.DecodeError as exc:
             proto.fail(RpcError(f"handshake with {where} failed: {exc}"))
             raise RpcError(f"handshake with {where} failed: {exc}") from exc

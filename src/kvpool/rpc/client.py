@@ -60,6 +60,7 @@ from kvpool.errors import (
     NotLeader,
     RpcError,
     StoreClosed,
+    Unauthenticated,
     error_for_code,
 )
 from kvpool.protocol.framing import (
@@ -77,9 +78,12 @@ from kvpool.protocol.handshake import (
     HANDSHAKE_REQUEST_ID,
     PROTOCOL_VERSION,
     Hello,
+    Proof,
     Welcome,
+    auth_proof,
     check_unix_welcome,
     is_abstract_unix_address,
+    token_key_id,
 )
 from kvpool.rpc.server import union_members
 
@@ -211,8 +215,11 @@ class RpcClient:
         protocol_version: int = PROTOCOL_VERSION,
         idle_check_after: float = 0.1,
         unix: bool = True,
+        token: bytes | None = None,
     ) -> None:
         self.address = address
+        #: The token proven when the server challenges (None: none; a challenge then fails).
+        self.token = token
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
@@ -246,6 +253,8 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._closed = False
         self.server_name = ""
+        #: The tenant and role of the token the server accepted ("" without credentials).
+        self.auth_tenant = self.auth_role = ""
         #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
         self.server_term = 0
         #: The highest leader term seen (set by the caller from discovery too): a server whose
@@ -523,6 +532,7 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         welcome, decoder = self._handshake(sock, deadline, self.address)
         self.server_name = welcome.server_name
+        self.auth_tenant, self.auth_role = welcome.tenant, welcome.role
         if welcome.term:
             if welcome.term < self.min_term:
                 sock.close()
@@ -590,34 +600,37 @@ class RpcClient:
         when given); `sock` is closed on any failure, which raises as a connect does."""
         try:
             decoder = FrameDecoder(self.max_frame_bytes)
-            payload = self._encode(self._hello)
-            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            sock.sendall(
-                HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
-            )
             frames: list[tuple[int, bytes]] = []
-            while not frames:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                sock.settimeout(remaining)
-                data = sock.recv(_RECV_BYTES)
-                if not data:
-                    raise ConnectionError("server closed the connection during the handshake")
-                frames = decoder.feed(data)
-            request_id, payload = frames[0]
-            if request_id & ERROR_FLAG:
-                refusal = self._decode_error(payload)
-                raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-            welcome = msgspec.msgpack.decode(payload, type=Welcome)
-            problem = check_unix_welcome(
-                welcome,
-                cluster_id=self.cluster_id,
-                unix_address=unix_address,  # "" over TCP: the plain checks only
-                protocol_version=self.protocol_version,
+            welcome = self._exchange(
+                sock,
+                decoder=decoder,
+                frames=frames,
+                deadline=deadline,
+                where=where,
+                message=self._hello,
             )
-            if problem is not None:
-                raise problem
+            for _ in range(2):
+                problem = check_unix_welcome(
+                    welcome,
+                    cluster_id=self.cluster_id,
+                    unix_address=unix_address,  # "" over TCP: the plain checks only
+                    protocol_version=self.protocol_version,
+                )
+                if problem is not None:
+                    raise problem
+                if not welcome.challenge:
+                    break
+                proof = self._proof(welcome.challenge, where)
+                welcome = self._exchange(
+                    sock,
+                    decoder=decoder,
+                    frames=frames,
+                    deadline=deadline,
+                    where=where,
+                    message=proof,
+                )
+            else:
+                raise RpcError(f"{where} challenged the proof of its own challenge")
         except FrameError as exc:
             sock.close()
             raise RpcError(f"bad frame from {where} during the handshake: {exc}") from exc
@@ -634,6 +647,39 @@ class RpcClient:
             sock.close()
             raise
         return welcome, decoder
+
+    def _exchange(
+        self,
+        sock: socket.socket,
+        *,
+        decoder: FrameDecoder,
+        frames: list[tuple[int, bytes]],
+        deadline: float,
+        where: str,
+        message: Hello | Proof,
+    ) -> Welcome:
+        """Send one handshake frame and read the `Welcome` that answers it (raising the
+        refusal when the server refuses)."""
+        payload = self._encode(message)
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        sock.sendall(HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload)
+        while not frames:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            sock.settimeout(remaining)
+            data = sock.recv(_RECV_BYTES)
+            if not data:
+                raise ConnectionError("server closed the connection during the handshake")
+            frames.extend(decoder.feed(data))
+        request_id, payload = frames.pop(0)
+        if request_id & ERROR_FLAG:
+            refusal = self._decode_error(payload)
+            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
+        return msgspec.msgpack.decode(payload, type=Welcome)
+
+    def _proof(self, challenge: bytes, where: str) -> Proof:
+        return _proof_for(self.token, challenge, self.cluster_id, self.client_name, where)
 
     def _fail(self, conn: _Conn, exc: BaseException) -> None:
         """Mark `conn` broken: fail its calls, wake their threads, shut the socket."""
@@ -808,6 +854,17 @@ class RpcClient:
 
 #: Every client alive in this process, so a forked child can drop the parent's connections.
 _live_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
+
+
+def _proof_for(
+    token: bytes | None, challenge: bytes, cluster_id: str, client_name: str, where: str
+) -> Proof:
+    """The answer to `challenge` (shared with the async client)."""
+    if not token:
+        raise Unauthenticated(
+            f"{where} requires a token: pass token=..., --token-file, or set KVPOOL_AUTH_TOKEN"
+        )
+    return Proof(token_key_id(token), auth_proof(token, challenge, cluster_id, client_name))
 
 
 def _forget_connections_in_child() -> None:

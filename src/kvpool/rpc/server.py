@@ -3,7 +3,10 @@
 `RpcServer` knows no service. It is given the request union (msgspec types) and a handler
 ``handler(request, conn)`` that returns the reply Struct, or an awaitable of it. The server
 
-* answers the handshake itself (`kvpool.protocol.handshake`);
+* answers the handshake itself (`kvpool.protocol.handshake`); given a `TokenTable`
+  (``tokens``), it challenges every connection, TCP and Unix alike, and serves nothing before a
+  valid `Proof` (UNAUTHENTICATED and close otherwise); the proven `Principal` is
+  ``conn.principal`` for the handler to authorize with;
 * listens on TCP and, unless told not to (``unix=False``), also on a Linux abstract Unix socket
   with a unique name that the `Welcome` advertises, so that clients on the same host (in the
   same network namespace) can move over to it: same connections, same handshake, same rules,
@@ -73,9 +76,11 @@ from kvpool.protocol.handshake import (
     HANDSHAKE_REQUEST_ID,
     PROTOCOL_VERSION,
     Hello,
+    Proof,
     Welcome,
     check_hello,
 )
+from kvpool.rpc.auth import Principal, TokenTable
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
@@ -123,7 +128,8 @@ class Connection(asyncio.Protocol):
     """One accepted connection. Handlers receive it as ``conn``.
 
     Public read-only attributes: ``conn_id``, ``peer`` ("host:port", or "unix" for a connection
-    on the server's Unix socket), ``client_name`` (from the Hello), ``handshaken``. ``close()``
+    on the server's Unix socket), ``client_name`` (from the Hello), ``handshaken``,
+    ``principal`` (the identity it proved; None on a server without credentials). ``close()``
     ends the connection from the service side (for example when a client is evicted).
 
     A handler's awaitable runs to completion even when its connection goes away (the reply is
@@ -138,6 +144,9 @@ class Connection(asyncio.Protocol):
         self.peer = "unix" if unix else ""
         self.client_name = ""
         self.handshaken = False
+        self.principal: Principal | None = None
+        # The challenge sent and not yet answered (None: no Hello yet, or no credentials).
+        self._nonce: bytes | None = None
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(min(server.max_frame_bytes, _PRE_HANDSHAKE_FRAME_BYTES))
         self._out: list[bytes] = []
@@ -268,6 +277,8 @@ class Connection(asyncio.Protocol):
     def _handshake(self, request_id: int, payload: bytes) -> bool:
         """Answer the first frame; False when the connection was refused (and is closing)."""
         server = self._server
+        if self._nonce is not None:
+            return self._check_proof(request_id, payload)
         try:
             hello = server._hello_decoder.decode(payload)
         except msgspec.DecodeError as exc:
@@ -283,8 +294,54 @@ class Connection(asyncio.Protocol):
             self._refuse(request_id, ErrorCode(refusal.code), refusal.message)
             return False
         self.client_name = hello.client_name
+        if server.tokens is not None:
+            self._nonce = server.tokens.challenge()
+            self._welcome(challenge=self._nonce)
+            return True
+        self._admitted()
+        return True
+
+    def _check_proof(self, request_id: int, payload: bytes) -> bool:
+        server = self._server
+        tokens = server.tokens
+        nonce, self._nonce = self._nonce, None
+        assert nonce is not None and tokens is not None
+        try:
+            proof = server._proof_decoder.decode(payload)
+        except msgspec.DecodeError:
+            proof = None
+        principal = (
+            None
+            if proof is None or request_id != HANDSHAKE_REQUEST_ID
+            else tokens.verify(proof, nonce, server.cluster_id, self.client_name)
+        )
+        if principal is None:
+            server.auth_failures += 1
+            limited_log.warning(
+                "auth-failed",
+                "%s: connection %s from %s (%r) failed authentication",
+                server.server_name,
+                self.conn_id,
+                self.peer,
+                self.client_name,
+            )
+            # One reason for every failure: a prober learns nothing about which tokens exist.
+            self._refuse(request_id, ErrorCode.UNAUTHENTICATED, "authentication failed")
+            return False
+        self.principal = principal
+        self._admitted(principal)
+        return True
+
+    def _admitted(self, principal: Principal | None = None) -> None:
         self.handshaken = True
-        self._decoder.max_frame_bytes = server.max_frame_bytes
+        self._decoder.max_frame_bytes = self._server.max_frame_bytes
+        if principal is None:
+            self._welcome()
+        else:
+            self._welcome(tenant=principal.tenant, role=principal.role.value)
+
+    def _welcome(self, *, challenge: bytes = b"", tenant: str = "", role: str = "") -> None:
+        server = self._server
         self._out.append(
             server._encoder.encode(
                 HANDSHAKE_REQUEST_ID,
@@ -294,10 +351,12 @@ class Connection(asyncio.Protocol):
                     server.server_name,
                     server.unix_address,
                     0 if server.term is None else server.term(),
+                    challenge,
+                    tenant,
+                    role,
                 ),
             )
         )
-        return True
 
     def _refuse(self, request_id: int, code: ErrorCode, message: str) -> None:
         limited_log.info(
@@ -449,6 +508,7 @@ class RpcServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         term: Callable[[], int] | None = None,
+        tokens: TokenTable | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -489,6 +549,10 @@ class RpcServer:
         self.server_name = server_name
         #: The leader term put in each `Welcome` (an HA master's; None: always 0).
         self.term = term
+        #: The tokens connections must prove one of (None: no credentials, no challenge).
+        self.tokens = tokens
+        #: Connections refused for a missing or wrong proof since start.
+        self.auth_failures = 0
         self.protocol_version = protocol_version
         self.max_frame_bytes = max_frame_bytes
         #: Whether `start()` also listens on an abstract Unix socket.
@@ -503,6 +567,7 @@ class RpcServer:
                 f"request_type: msgspec cannot decode {request_type!r}: {exc}"
             ) from exc
         self._hello_decoder = msgspec.msgpack.Decoder(Hello)
+        self._proof_decoder = msgspec.msgpack.Decoder(Proof)
         # Replies of any service are encoded; the encoder also checks the peer's frame limit.
         self._encoder = FrameEncoder(max_frame_bytes)
         self._server: asyncio.Server | None = None

@@ -57,6 +57,7 @@ from kvpool.errors import (
     ErrorCode,
     InvalidParams,
     KVPoolError,
+    NotLeader,
     StoreClosed,
     error_for_code,
     raise_for_code,
@@ -226,9 +227,10 @@ class Heartbeat:
                 "remount at the new leader %s failed (retried): %s", self.node.rpc.address, exc
             )
             self._switched = True  # again at the next beat
+            # Calls stay held (each up to its own deadline): before the remount the new leader
+            # holds this node's segments silent, and would answer their keys "not found".
             return False
-        finally:
-            self.node.release_calls()
+        self.node.release_calls()
         st.remounts += 1
         st.failures = 0
         log.info(
@@ -241,6 +243,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.node.release_calls()  # nothing will remount any more: held calls go (and fail)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
@@ -337,8 +340,21 @@ class NodeRuntime:
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> NodeRuntime:
-        """Register with the master (raises RpcError when it is unreachable), start pinging."""
-        self.remount()
+        """Register with the master (raises RpcError when it is unreachable), start pinging.
+
+        With an HA master a leader may already be named in etcd while it is still taking over
+        (it answers NOT_LEADER): registering is tried again until `failover_timeout`."""
+        deadline = time.monotonic() + self._failover_timeout
+        delay = 0.05
+        while True:
+            try:
+                self.remount()
+                break
+            except NotLeader:
+                if self.follower is None or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # a bounded back-off while the new leader takes over
+                delay = min(delay * 2, 0.5)
         self.heartbeat.stats.last_ok = time.monotonic()
         self.heartbeat.start()
         return self

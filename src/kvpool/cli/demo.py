@@ -17,10 +17,12 @@ a bandwidth demo with every byte checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -40,6 +42,28 @@ __all__ = ["demo"]
 _D = WorkloadSpec()
 _COUNT = click.IntRange(1, 1 << 20)
 _COUNT0 = click.IntRange(0, 1 << 20)
+
+
+@contextlib.contextmanager
+def _pool(master: str | None, size: int) -> Iterator[str]:
+    """`master`, or the address of an embedded pool of one `size` segment started for the
+    block (and stopped after it, also on failure)."""
+    if master is not None:
+        yield master
+        return
+    pool = EmbeddedPool(PoolSpec(segment_size=size))
+    try:
+        click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
+        try:
+            address = pool.start()
+        except KVPoolError as exc:
+            raise click.ClickException(f"cannot start the embedded pool: {exc}") from exc
+        assert pool.master is not None
+        pids = [pool.master.pid] + [n.pid for n in pool.nodes]
+        click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
+        yield address
+    finally:
+        pool.close()
 
 
 def _run_worker(role: str, master: str, spec: WorkloadSpec, protocol: str) -> dict[str, Any]:
@@ -229,27 +253,14 @@ def demo(
             param_hint="--segment-size",
         )
     t_start = time.perf_counter()
-    pool = EmbeddedPool(PoolSpec(segment_size=size)) if master is None else None
-    try:
-        if pool is not None:
-            click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
-            try:
-                master = pool.start()
-            except KVPoolError as exc:
-                raise click.ClickException(f"cannot start the embedded pool: {exc}") from exc
-            assert pool.master is not None
-            pids = [pool.master.pid] + [n.pid for n in pool.nodes]
-            click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
-        assert master is not None
+    with _pool(master, size) as address:
         click.echo(
-            f"pool at {master}; workload: {spec.layers} layers x {spec.chunk_tokens}-token chunks, "
-            f"{format_size(spec.object_bytes)} per object, {format_size(spec.prefill_bytes)} to write"
+            f"pool at {address}; workload: {spec.layers} layers x {spec.chunk_tokens}-token "
+            f"chunks, {format_size(spec.object_bytes)} per object, "
+            f"{format_size(spec.prefill_bytes)} to write"
         )
-        pre = _run_worker("prefill", master, spec, protocol)
-        dec = _run_worker("decode", master, spec, protocol)
-    finally:
-        if pool is not None:
-            pool.close()
+        pre = _run_worker("prefill", address, spec, protocol)
+        dec = _run_worker("decode", address, spec, protocol)
     elapsed = time.perf_counter() - t_start
     hit_ratio = dec["hit_tokens"] / dec["tokens"] if dec["tokens"] else 0.0
     expected_hits = _expected_hit_tokens(spec)
@@ -347,31 +358,17 @@ def _real_model(
             param_hint="--segment-size",
         )
     t_start = time.perf_counter()
-    pool = EmbeddedPool(PoolSpec(segment_size=size)) if master is None else None
-    try:
-        if pool is not None:
-            click.echo(f"starting the embedded pool ({format_size(size)} segment) ...")
-            try:
-                master = pool.start()
-            except KVPoolError as exc:
-                raise click.ClickException(f"cannot start the embedded pool: {exc}") from exc
-            assert pool.master is not None
-            pids = [pool.master.pid] + [n.pid for n in pool.nodes]
-            click.echo(f"embedded pool pids: {' '.join(map(str, pids))}")
-        assert master is not None
+    with _pool(master, size) as address:
         click.echo(
-            f"pool at {master}; model: Llama {spec.model_size} (hidden {m.hidden_size}, "
+            f"pool at {address}; model: Llama {spec.model_size} (hidden {m.hidden_size}, "
             f"{m.num_hidden_layers} layers, {m.num_key_value_heads} KV heads, random weights, "
             f"seed {spec.seed}), {spec.chunk_tokens}-token chunks of "
             f"{format_size(m.kv_bytes_per_token() * spec.chunk_tokens)}"
         )
         try:
-            result = run_job(spec, master, protocol=protocol, repeat=repeat, echo=click.echo)
+            result = run_job(spec, address, protocol=protocol, repeat=repeat, echo=click.echo)
         except KVPoolError as exc:
             raise click.ClickException(exc.message) from exc
-    finally:
-        if pool is not None:
-            pool.close()
     pre = result.prefill
     click.echo(
         f"\nprefill engine: {pre['prompts']} prompts, {pre['tokens']} tokens in "

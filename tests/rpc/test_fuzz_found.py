@@ -44,13 +44,6 @@ def idle_server() -> Iterator[ServerThread]:
         st.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpc/server.py: the frames that arrive in the same chunk as the Hello are cut by the "
-    "pre-handshake limit (64 KiB), since the decoder parses the whole chunk before the Hello "
-    "is answered and raises the limit; fix: apply the pre-handshake limit to the first frame "
-    "only (or re-feed the rest of the chunk after the handshake)",
-)
 def test_a_request_pipelined_behind_the_hello_may_be_as_large_as_any_handshaken_frame(
     server: ServerThread,
 ) -> None:

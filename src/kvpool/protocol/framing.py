@@ -185,8 +185,10 @@ class FrameDecoder:
         """Bytes held of a frame not yet complete."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
-        """Append `data` to the stream; return the frames it completed."""
+    def feed(self, data: bytes | bytearray | memoryview, max_frames: int = 0) -> list[Frame]:
+        """Append `data` to the stream; return the frames it completed (at most `max_frames`
+        when > 0: the rest stays buffered, unchecked, for a later call, perhaps under another
+        `max_frame_bytes`; `feed(b"")` parses it)."""
         if self.error is not None:
             raise self.error.copy()
         buf = self._buf
@@ -210,6 +212,8 @@ class FrameDecoder:
         limit = self.max_frame_bytes
         try:
             while end_of_data - pos >= 4:
+                if max_frames and len(frames) >= max_frames:
+                    break
                 (length,) = _LENGTH.unpack_from(view, pos)
                 if length < MIN_FRAME_LENGTH:
                     raise FrameError(

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import itertools
 import logging
@@ -226,7 +227,9 @@ class Connection(asyncio.Protocol):
             return
         self._seen = True
         try:
-            frames = self._decoder.feed(data)
+            # Before the handshake one frame at a time: what a peer pipelines behind its Hello
+            # is parsed only once the Hello was answered, under the handshaken frame limit.
+            frames = self._decoder.feed(data, 0 if self.handshaken else 1)
         except FrameError:
             frames = []
         self._backlog.extend(frames)
@@ -244,6 +247,10 @@ class Connection(asyncio.Protocol):
                     refused = True
                     backlog.clear()
                     break
+                # The next frame (all of them once handshaken) waited in the decoder; a bad one
+                # is recorded in the decoder's error and answered below.
+                with contextlib.suppress(FrameError):
+                    backlog.extend(self._decoder.feed(b"", 0 if self.handshaken else 1))
                 continue
             self._serve(request_id, payload, server)
         exc = self._decoder.error

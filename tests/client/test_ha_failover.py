@@ -10,7 +10,6 @@ exactly once, whichever way the first attempt went.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,31 +28,6 @@ from kvpool.rpc.thread import ServerThread
 from kvtest.etcd import EtcdServer
 from kvtest.leader import master, publish, stats
 from kvtest.procs import Proc
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def gateway(etcd: EtcdServer) -> Iterator[EtcdGateway]:
-    gw = EtcdGateway([etcd.endpoint], timeout=2.0)
-    try:
-        yield gw
-    finally:
-        gw.close()
-
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:100]
-
 
 Handler = Callable[[Any, Connection], Any]
 
@@ -103,13 +77,13 @@ def _client(etcd: EtcdServer, cluster: str, failover_timeout: float) -> Failover
 
 
 def test_a_not_leader_answer_moves_the_client_to_the_leader_etcd_names(
-    etcd: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
+    etcd_shared: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
 ) -> None:
     seen: Counter[str] = Counter()
     standby = serve(_standby(seen))
     leader = serve(_echo)
     publish(gateway, cluster, standby, 1)
-    client = _client(etcd, cluster, failover_timeout=5.0)
+    client = _client(etcd_shared, cluster, failover_timeout=5.0)
     try:  # the follower is not started: no watch, only the NOT_LEADER answer moves it
         assert client.address == standby
         publish(gateway, cluster, leader, 2)
@@ -123,11 +97,11 @@ def test_a_not_leader_answer_moves_the_client_to_the_leader_etcd_names(
 
 
 def test_not_leader_without_a_successor_fails_once_failover_timeout_passes(
-    etcd: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
+    etcd_shared: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
 ) -> None:
     seen: Counter[str] = Counter()
     publish(gateway, cluster, serve(_standby(seen)), 1)
-    client = _client(etcd, cluster, failover_timeout=1.0)
+    client = _client(etcd_shared, cluster, failover_timeout=1.0)
     try:
         t0 = time.monotonic()
         with pytest.raises(NotLeader, match="failover_timeout 1 s") as info:
@@ -142,10 +116,10 @@ def test_not_leader_without_a_successor_fails_once_failover_timeout_passes(
 
 
 def test_a_request_of_unknown_outcome_that_is_not_safe_to_repeat_fails_leader_changed(
-    etcd: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
+    etcd_shared: EtcdServer, gateway: EtcdGateway, cluster: str, serve: Callable[[Handler], str]
 ) -> None:
     publish(gateway, cluster, serve(_echo), 1)
-    client = _client(etcd, cluster, failover_timeout=1.0)
+    client = _client(etcd_shared, cluster, failover_timeout=1.0)
     try:
         task = m.CreateCopyTask("k", [m.SegmentName("s")])
         assert policy_of(task) is Policy.UNSAFE
@@ -219,7 +193,7 @@ def real_master(cluster: str) -> Iterator[str]:
     ],
 )
 def test_a_put_of_unknown_outcome_is_settled_by_the_leader_and_applied_once(
-    etcd: EtcdServer,
+    etcd_shared: EtcdServer,
     gateway: EtcdGateway,
     cluster: str,
     serve: Callable[[Handler], str],
@@ -231,7 +205,7 @@ def test_a_put_of_unknown_outcome_is_settled_by_the_leader_and_applied_once(
     publish(gateway, cluster, serve(proxy), 1)
     value = bytes(range(256)) * 400
     arena = "0" if path == "putstart" else "4MiB"
-    url = f"etcd://{etcd.endpoint}/{cluster}"
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
     try:
         with Store(url, segment_size="32MiB", arena_size=arena, heartbeat_interval=0.2) as store:
             assert store.put("k", value) is True
@@ -254,7 +228,7 @@ def test_a_put_of_unknown_outcome_is_settled_by_the_leader_and_applied_once(
 
 
 def test_a_remove_of_unknown_outcome_that_finds_nothing_on_retry_is_done(
-    etcd: EtcdServer,
+    etcd_shared: EtcdServer,
     gateway: EtcdGateway,
     cluster: str,
     serve: Callable[[Handler], str],
@@ -262,7 +236,7 @@ def test_a_remove_of_unknown_outcome_that_finds_nothing_on_retry_is_done(
 ) -> None:
     proxy = Proxy(real_master, cluster, "applied", (m.Remove,))
     publish(gateway, cluster, serve(proxy), 1)
-    url = f"etcd://{etcd.endpoint}/{cluster}"
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
     try:
         with Store(url, segment_size="32MiB", heartbeat_interval=0.2) as store:
             assert store.put("k", b"v" * 100)
@@ -280,7 +254,7 @@ def test_a_remove_of_unknown_outcome_that_finds_nothing_on_retry_is_done(
     [("putstart", "applied"), ("putstart", "dropped"), ("arena", "applied"), ("arena", "dropped")],
 )
 def test_a_batch_put_of_unknown_outcome_is_settled_key_by_key(
-    etcd: EtcdServer,
+    etcd_shared: EtcdServer,
     gateway: EtcdGateway,
     cluster: str,
     serve: Callable[[Handler], str],
@@ -293,7 +267,7 @@ def test_a_batch_put_of_unknown_outcome_is_settled_key_by_key(
     keys = [f"k{i}" for i in range(8)]
     values = [bytes([i]) * (1000 + i) for i in range(8)]
     arena = "0" if path == "putstart" else "4MiB"
-    url = f"etcd://{etcd.endpoint}/{cluster}"
+    url = f"etcd://{etcd_shared.endpoint}/{cluster}"
     try:
         with Store(url, segment_size="32MiB", arena_size=arena, heartbeat_interval=0.2) as store:
             assert store.batch_put(keys, values) == [ErrorCode.OK] * len(keys)

@@ -17,19 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.ha import EtcdGateway
 from kvtest.etcd import EtcdServer
 from kvtest.procs import Proc, wait_until
-
-
-@pytest.fixture(scope="session")
-def etcd_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd-shared") / "data")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -40,21 +29,6 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def gateway(etcd_shared: EtcdServer) -> Iterator[EtcdGateway]:
-    gw = EtcdGateway([etcd_shared.endpoint], timeout=2.0)
-    try:
-        yield gw
-    finally:
-        gw.close()
-
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> str:
-    """A cluster id of this test's own (tests on the shared etcd never meet)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:100]
 
 
 CONTENDER = Path(__file__).with_name("contender.py")

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from kvpool.ha import EtcdGateway
 from kvtest.procs import Proc, free_port, freeze, require_binary, wait_until
 
 __all__ = ["EtcdServer"]
@@ -24,8 +29,6 @@ READY = r"ready to serve client requests"
 def _etcd_binary() -> str:
     """`require_binary("etcd")`, naming Debian's package (etcd-server) in the skip message."""
     import shutil
-
-    import pytest
 
     missing = shutil.which("etcd") is None and not os.path.exists("/usr/sbin/etcd")
     if missing and os.environ.get("KVPOOL_REQUIRE_SERVICES") != "1":
@@ -117,3 +120,32 @@ class EtcdServer:
             return True
 
         wait_until(accepts, timeout, what=f"etcd on {self.endpoint}")
+
+
+# Fixtures for every test that needs etcd (a plugin of tests/conftest.py): one server for the
+# session, tests kept apart by cluster id (`cluster`); `gateway` is a client of it.
+
+
+@pytest.fixture(scope="session")
+def etcd_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path_factory.mktemp("etcd-shared") / "data")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(etcd_shared: EtcdServer) -> Iterator[EtcdGateway]:
+    gw = EtcdGateway([etcd_shared.endpoint], timeout=2.0)
+    try:
+        yield gw
+    finally:
+        gw.close()
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> str:
+    """A cluster id of this test's own (tests on the shared etcd never meet)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:100]

@@ -127,8 +127,10 @@ _RETRYABLE: Final = frozenset({ErrorCode.TRANSFER_FAIL, ErrorCode.SEGMENT_NOT_FO
 _PROCESSING: Final = ReplicaStatus.PROCESSING
 
 
-_SWITCH_GRACE_S: Final = 3.0
-"""For this long after a leader switch, a PutStart answered NO_AVAILABLE_HANDLE without a hint
+_SWITCH_GRACE_S: Final = 10.0
+"""(A node that missed the etcd watch finds the new leader after three failed pings a second
+apart, then remounts: a few seconds, more on a loaded machine.) For this long after a leader
+switch, a PutStart answered NO_AVAILABLE_HANDLE without a hint
 is asked again (the nodes are remounting at the new leader, whose segments are not yet placeable)
 every `_SWITCH_HINT_MS`, within the usual retry window."""
 _SWITCH_HINT_MS: Final = 50

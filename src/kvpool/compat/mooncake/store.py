@@ -277,6 +277,8 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             store.close()
         except KVPoolError as exc:
             log.warning("close: %s", exc)
+        # Graceful unmounts still draining end now that their Store is closed.
+        self._mounted.wait(DRAIN_JOIN_S)
         with self._lock:
             blocks, self._pool_blocks = self._pool_blocks, []
             reserved, self._name_port = self._name_port, None
@@ -419,6 +421,9 @@ def _endpoint_port(segments: list[str]) -> int | None:
             return int(port)
     return None
 
+
+DRAIN_JOIN_S: Final = 5.0
+"""Seconds `close()` waits for the threads of graceful unmounts to notice the closed Store."""
 
 NAME_PORTS: Final = range(12300, 14301)
 """Mooncake's client port range (MC_STORE_CLIENT_MIN_PORT 12300 .. MAX_PORT 14300): the port

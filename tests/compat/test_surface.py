@@ -59,6 +59,7 @@ def test_the_public_names_of_kvpool_compat_mooncake() -> None:
         "SoftPinAction",
         "TaskStatus",
         "TaskType",
+        "bind_to_numa_node",
     ]
 
 

@@ -18,6 +18,7 @@ from kvpool.compat.mooncake import (
     SoftPinAction,
     TaskStatus,
     TaskType,
+    bind_to_numa_node,
 )
 from kvpool.compat.mooncake import tensor as _tensor
 
@@ -79,4 +80,5 @@ __all__ = [
     "SoftPinAction",
     "TaskStatus",
     "TaskType",
+    "bind_to_numa_node",
 ]

@@ -13,6 +13,8 @@ Modules (each imports only those above it):
                     BufferHandle, MooncakeHostMemAllocator
     descriptors.py  ReplicaDescriptor, Descriptor, QueryTaskResponse, 128-bit task ids
     setup.py        setup()'s two argument forms, validated
+    lmcache_url.py  the master of LMCache's mooncakestore:// URL, for setup(dict) from LMCache
+    numa.py         bind_to_numa_node
     names.py        segment names, Mooncake's ("host:port") ↔ kvpool's ("<endpoint>/<n>")
     calls.py        argument checks as pybind11 makes them; `answers`, the one decorator that
                     turns a closed store and faults into each call's Mooncake answer
@@ -42,6 +44,7 @@ from kvpool.compat.mooncake.descriptors import (
     ReplicaDescriptor,
 )
 from kvpool.compat.mooncake.memory import BufferHandle, MooncakeHostMemAllocator
+from kvpool.compat.mooncake.numa import bind_to_numa_node
 from kvpool.compat.mooncake.replicate import (
     ObjectDataType,
     ReplicaStatus,
@@ -69,4 +72,5 @@ __all__ = [
     "SoftPinAction",
     "TaskStatus",
     "TaskType",
+    "bind_to_numa_node",
 ]

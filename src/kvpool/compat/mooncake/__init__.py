@@ -25,6 +25,8 @@ Modules (each imports only those above it):
     segments.py     segments mounted after setup
     tensor.py       Mooncake's tensor object format (304-byte header + data), the tensor calls
     tensor_tp.py    the tensor-parallel (`*_with_tp*`), safetensors and CUDA tensor calls
+    tensor_parallel.py  ParallelAxis, TensorParallelism, ReadTarget, `*_with_parallelism*`
+    transfer_engine.py  the shim's `mooncake.engine.TransferEngine` (host memory over TCP)
     dummy.py        the link of a `setup_dummy` store to its standalone client
     store.py        MooncakeDistributedStore: the families above, plus setup, close, removal
     async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
@@ -54,6 +56,7 @@ from kvpool.compat.mooncake.replicate import (
     TaskType,
 )
 from kvpool.compat.mooncake.store import MooncakeDistributedStore
+from kvpool.compat.mooncake.tensor_parallel import ParallelAxis, ReadTarget, TensorParallelism
 
 __all__ = [
     "BufferHandle",
@@ -65,12 +68,15 @@ __all__ = [
     "MooncakeDistributedStoreAsync",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
     "QueryTaskResponse",
+    "ReadTarget",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
     "TaskStatus",
     "TaskType",
+    "TensorParallelism",
     "bind_to_numa_node",
 ]

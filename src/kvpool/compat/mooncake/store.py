@@ -60,7 +60,7 @@ from kvpool.compat.mooncake.setup import (
     pool_master_address,
     split_hostname,
 )
-from kvpool.compat.mooncake.tensor_tp import TensorTpCalls
+from kvpool.compat.mooncake.tensor_parallel import TensorParallelCalls
 from kvpool.compat.mooncake.writes import Writes
 from kvpool.errors import InvalidParams, KVPoolError
 
@@ -72,7 +72,9 @@ INIT_ALL_BUFFER: Final = 1 << 30
 """init_all's local buffer size in Mooncake (1 GiB, fixed by the wheel)."""
 
 
-class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorTpCalls):
+class MooncakeDistributedStore(
+    Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorParallelCalls
+):
     """Mooncake's store API on a kvpool pool (see the module docstring).
 
     ::

@@ -43,15 +43,25 @@ def build_setup_dict(extra):
     return plain
 
 
-def connect(store_cls, bind, lmcache_config, numa_id):
-    store = store_cls()
-    setup_dict = build_setup_dict(lmcache_config.extra_config)
-    if numa_id is not None:
-        bind(numa_id)
+class StoreConfig:
+    def __init__(self, setup_config):
+        self.setup_config = setup_config
+
+
+def setup_store(store, config):
+    # LMCache's module-level helper: its `config` is the store config, which has no URL.
     try:
-        store.setup(setup_dict)  # the answer is ignored, as LMCache does
+        store.setup(config.setup_config)  # the answer is ignored, as LMCache does
     except TypeError:
         raise AssertionError("the dict form must not raise TypeError")
+
+
+def connect(store_cls, bind, lmcache_config, numa_id):
+    store = store_cls()
+    config = StoreConfig(build_setup_dict(lmcache_config.extra_config))
+    if numa_id is not None:
+        bind(numa_id)
+    setup_store(store, config)
     return store
 """
 

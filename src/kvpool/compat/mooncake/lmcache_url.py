@@ -9,8 +9,9 @@ URL's `HOST:PORT` is the master address: taken from the calling connector's LMCa
 (`remote_url`), else `$LMCACHE_REMOTE_URL`, else the `remote_url` of the YAML file named by
 `$LMCACHE_CONFIG_FILE`. Called from anything else, nothing here applies.
 
-The caller is found by walking at most `MAX_FRAMES` frames up from `setup()`, looking for a
-module whose name starts with "lmcache.".
+The caller is found by walking at most `MAX_FRAMES` frames up from `setup()`, looking for
+modules whose name starts with "lmcache." (LMCache's setup helper, then its connector, whose
+local `lmcache_config` carries the URL).
 """
 
 from __future__ import annotations
@@ -47,15 +48,17 @@ def master_of_url(url: object) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _lmcache_frame(start: FrameType | None) -> FrameType | None:
+def _lmcache_frames(start: FrameType | None) -> list[FrameType]:
+    """The frames of `lmcache.*` modules among the `MAX_FRAMES` above `start`."""
+    out: list[FrameType] = []
     frame = start
     for _ in range(MAX_FRAMES):
         if frame is None:
-            return None
+            break
         if str(frame.f_globals.get("__name__", "")).startswith("lmcache."):
-            return frame
+            out.append(frame)
         frame = frame.f_back
-    return None
+    return out
 
 
 def _url_from_frame(frame: FrameType) -> object:
@@ -81,18 +84,19 @@ def _url_from_file(path: str) -> object:
 def lmcache_master() -> str | None:
     """The master address LMCache's URL names, when `setup()` was called from LMCache (module
     docstring); None otherwise."""
-    frame = _lmcache_frame(sys._getframe(1))
-    if frame is None:
+    frames = _lmcache_frames(sys._getframe(1))
+    if not frames:
         return None
     try:
-        candidates = [
-            _url_from_frame(frame),
-            os.environ.get("LMCACHE_REMOTE_URL"),
-            _url_from_file(os.environ.get("LMCACHE_CONFIG_FILE", "")) if os.environ.get(
-                "LMCACHE_CONFIG_FILE") else None,
-        ]  # fmt: skip
+        # The setup helper's own config has no URL; the connector's, a frame above, has.
+        candidates = [_url_from_frame(f) for f in frames]
     finally:
-        del frame
+        del frames
+    config_file = os.environ.get("LMCACHE_CONFIG_FILE")
+    candidates += [
+        os.environ.get("LMCACHE_REMOTE_URL"),
+        _url_from_file(config_file) if config_file else None,
+    ]
     for url in candidates:
         master = master_of_url(url)
         if master is not None:

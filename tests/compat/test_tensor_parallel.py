@@ -10,6 +10,7 @@ mooncake-transfer-engine-non-cuda 0.3.13.post1.
 from __future__ import annotations
 
 import struct
+import types
 from typing import Any
 
 import numpy as np
@@ -145,7 +146,7 @@ def test_bad_descriptors_are_refused_with_minus_600(backend: Any) -> None:
         [_axis(m, "tp", 0, 2)],  # TP needs a split_dim
     ):
         assert s.put_tensor_with_parallelism("bad", T, _par(m, *axes)) == -600
-    assert s.put_tensor_with_parallelism("bad", T, writer_partition=(0, 2, 0)) == -600
+    assert s.put_tensor_with_parallelism("bad", T, writer_partition=(0, 2, 0)) == -600  # a tuple
     assert s.is_exist("bad") == 0
     with pytest.raises(RuntimeError):
         _target(m, "weird")
@@ -213,3 +214,37 @@ def test_shards_round_trip_bit_exactly(backend: Any, dtype: str) -> None:
         assert s.put_tensor_with_parallelism(f"dt-{dtype}", whole[4 * rank : 4 * rank + 4], p) == 0
     full = s.get_tensor_with_parallelism(f"dt-{dtype}", _target(m, "full", p))
     assert full.dtype == dt and _bytes(full) == _bytes(whole)
+
+
+def _writer(rank: int, size: int, split_dim: int) -> Any:
+    return types.SimpleNamespace(rank=rank, size=size, split_dim=split_dim)
+
+
+def test_writer_partitions_store_parts_of_the_whole_tensor(backend: Any) -> None:
+    s, m = backend.store(), backend.module
+    assert s.put_tensor_with_parallelism("w", T, writer_partition=_writer(0, 2, 0)) == 0
+    part0 = _header((4, 6), (2, 6), [(1, 0, 0, 2, 0, 0, 2)], 48) + _bytes(T[:2])
+    assert s.get("w__writer_0of2_sd0") == part0
+    assert s.get("w__writer_manifest") == _manifest((4, 6), 0, 2)
+    assert s.get_tensor_with_parallelism("w", _target(m, "full")) is None  # part 1 missing
+    assert s.put_tensor_with_parallelism("w", T, writer_partition=_writer(1, 2, 0)) == 0
+    assert torch.equal(s.get_tensor_with_parallelism("w", _target(m, "full")), T)
+    half = _target(m, "shard", _par(m, _axis(m, "tp", 1, 2, split_dim=0)))
+    assert torch.equal(s.get_tensor_with_parallelism("w", half), T[2:])
+    for rank, size, dim in ((1, 4, 0), (1, 2, 1)):  # parts are not resharded
+        other = _target(m, "shard", _par(m, _axis(m, "tp", rank, size, split_dim=dim)))
+        assert s.get_tensor_with_parallelism("w", other) is None
+    assert s.get_tensor_with_parallelism("w") is None  # no FULL object
+    for bad in (_writer(2, 2, 0), _writer(0, 3, 0), _writer(0, 2, 5)):
+        assert s.put_tensor_with_parallelism("w2", T, writer_partition=bad) == -600
+    tp = _par(m, _axis(m, "tp", 0, 2, split_dim=0))
+    assert s.put_tensor_with_parallelism("w3", T, tp, writer_partition=_writer(0, 2, 0)) == -600
+    put = s.batch_put_tensor_with_parallelism
+    assert list(put(["w4"], [T], None, writer_partitions=[_writer(0, 2, 1)])) == [0]
+    assert s.is_exist("w4__writer_0of2_sd1") == 1
+    assert list(put(["w5"], [T], [None], writer_partitions=[_writer(0, 2, 1)])) == [-600]
+    assert list(put(["w6", "w7"], [T, T], None, writer_partitions=[_writer(0, 2, 1), None])) == [
+        0,
+        0,
+    ]
+    assert s.is_exist("w7") == 1

@@ -26,7 +26,11 @@ were stored), and any other target reads the object its name names. When reshard
 possible (another split dimension, a dimension that does not divide evenly) the wheel reads
 `<key>_tp_<r>` as stored, and so does this.
 
-Not supported (answers -600): `writer_partition` (the wheel's WriterShardManifest writers).
+A `writer_partition` (an object with `rank`, `size`, `split_dim`; not with a parallelism)
+stores part `rank` of `size` of the whole tensor along `split_dim` as
+`<key>__writer_<rank>of<size>_sd<d>` (one TP axis in its header) with a manifest
+`<key>__writer_manifest`; "full" without a parallelism joins the parts when there is no FULL
+object, and "shard" with one TP axis of the same count and split dimension reads a part.
 """
 
 from __future__ import annotations
@@ -173,6 +177,28 @@ def _shard_name(key: str, axes: list[_Axis], rank: int) -> str:
     return key_name(key, named)
 
 
+def _writer(partition: object, ndim: int) -> _Axis | None:
+    """The part a `writer_partition` (rank, size, split_dim attributes) names, as a TP axis."""
+    rank, size, split = (getattr(partition, n, None) for n in ("rank", "size", "split_dim"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, size, split)):
+        log.error("put_tensor_with_parallelism: writer_partition must provide rank, size, and "
+                  "split_dim")  # fmt: skip
+        return None
+    assert isinstance(rank, int) and isinstance(size, int) and isinstance(split, int)
+    if not 0 <= rank < size or not 0 <= split < ndim:
+        log.error("put_tensor_with_parallelism: invalid writer partition")
+        return None
+    return _Axis(AXIS_TP, rank, size, split, 0, f"writer_{rank}of{size}_sd{split}")
+
+
+def _writer_name(key: str, part: _Axis) -> str:
+    return f"{key}__writer_{part.rank}of{part.size}_sd{part.split}"
+
+
+def _writer_manifest_key(key: str) -> str:
+    return f"{key}__writer_manifest"
+
+
 def _manifest_key(key: str) -> str:
     return f"{key}__parallelism_manifest"
 
@@ -307,16 +333,18 @@ class TensorParallelCalls(TensorTpCalls):
     ) -> list[int]:
         ks = check_keys(keys)
         pars = [None] * len(ks) if parallelisms is None else list(parallelisms)
-        if not ks or len(ks) != len(tensors) or len(pars) != len(ks):
+        wps = [None] * len(ks) if writer_partitions is None else list(writer_partitions)
+        if not ks or not len(ks) == len(tensors) == len(pars) == len(wps):
             log.error(
                 "batch_put_tensor_with_parallelism: values and keys must have the same length"
             )
             return [INVALID_PARAMS] * len(ks)
-        if writer_partitions is not None:
-            return [self._no_writer_partition()] * len(ks)
+        if parallelisms is not None and writer_partitions is not None:
+            log.error("writer_partitions cannot be combined with parallelisms")
+            return [INVALID_PARAMS] * len(ks)
         return [
-            self._put_par(k, t, p, config, None, upsert=upsert, whole=False)
-            for k, t, p in zip(ks, tensors, pars, strict=True)
+            self._put_par(k, t, p, config, w, upsert=upsert, whole=False)
+            for k, t, p, w in zip(ks, tensors, pars, wps, strict=True)
         ]
 
     def _batch_from_par(  # noqa: PLR0917
@@ -334,17 +362,16 @@ class TensorParallelCalls(TensorTpCalls):
         if not ks:
             return []
         pars = [None] * len(ks) if parallelisms is None else list(parallelisms)
-        if not len(ks) == len(ptrs) == len(sizes) == len(pars):
+        wps = [None] * len(ks) if writer_partitions is None else list(writer_partitions)
+        if not len(ks) == len(ptrs) == len(sizes) == len(pars) == len(wps):
+            return [INVALID_PARAMS] * len(ks)
+        if parallelisms is not None and writer_partitions is not None:
+            log.error("writer_partitions cannot be combined with parallelisms")
             return [INVALID_PARAMS] * len(ks)
         return [
-            self._from_par(k, p, n, par, config, writer_partitions, upsert=upsert)
-            for k, p, n, par in zip(ks, ptrs, sizes, pars, strict=True)
+            self._from_par(k, p, n, par, config, w, upsert=upsert)
+            for k, p, n, par, w in zip(ks, ptrs, sizes, pars, wps, strict=True)
         ]
-
-    @staticmethod
-    def _no_writer_partition() -> int:
-        log.error("writer_partition is not supported by kvpool's compat layer (docs/compat.md)")
-        return INVALID_PARAMS
 
     def _from_par(  # noqa: PLR0917
         self,
@@ -379,9 +406,10 @@ class TensorParallelCalls(TensorTpCalls):
         upsert: bool,
         whole: bool,
     ) -> int:
-        if writer_partition is not None:
-            return self._no_writer_partition()
-        if parallelism is None:
+        if writer_partition is not None and parallelism is not None:
+            log.error("put_tensor_with_parallelism: writer_partition cannot be combined")
+            return INVALID_PARAMS
+        if parallelism is None and writer_partition is None:
             return self._put_tensor(key, tensor, config, upsert=upsert)
         try:
             torch = _torch()
@@ -393,12 +421,16 @@ class TensorParallelCalls(TensorTpCalls):
             return INVALID_PARAMS
         t = tensor.detach().to("cpu")
         dtype = str(t.dtype).removeprefix("torch.")
-        axes = _axes(parallelism, t.dim())
+        if writer_partition is not None:
+            writer = _writer(writer_partition, t.dim())
+            axes = None if writer is None else [writer]
+        else:
+            axes = _axes(parallelism, t.dim())
         if axes is None or dtype not in DTYPE_CODES:
             return INVALID_PARAMS
         shape = tuple(int(d) for d in t.shape)
         tp = next((a for a in axes if a.kind == AXIS_TP), None)
-        if tp is not None and _tp_only(axes) and not whole:
+        if tp is not None and _tp_only(axes) and not whole and writer_partition is None:
             local, full = t, list(shape)
             full[tp.split] *= tp.size
             global_shape = tuple(full)
@@ -417,12 +449,15 @@ class TensorParallelCalls(TensorTpCalls):
             dtype, global_shape, local_shape,
             [(a.kind, a.rank, a.size, a.split, a.aux) for a in axes], data.nbytes,
         )  # fmt: skip
-        code = self._put(key_name(key, axes), join_parts((header, memoryview(data))), config,
-                         upsert)  # fmt: skip
+        if writer_partition is not None:
+            name, manifest_key = _writer_name(key, axes[0]), _writer_manifest_key(key)
+        else:
+            name, manifest_key = key_name(key, axes), _manifest_key(key)
+        code = self._put(name, join_parts((header, memoryview(data))), config, upsert)
         if code != OK or tp is None:
             return int(code)
         manifest = _manifest(dtype, global_shape, tp.split, tp.size)
-        return int(self._put(_manifest_key(key), memoryview(manifest), config, upsert))
+        return int(self._put(manifest_key, memoryview(manifest), config, upsert))
 
     # ------------------------------------------------------------------ reads
 
@@ -492,7 +527,10 @@ class TensorParallelCalls(TensorTpCalls):
             log.error("get_tensor_with_parallelism: unsupported ReadTarget mode %r", mode)
             return None
         if parallelism is None:
-            return self.get_tensor(key) if mode in ("as_stored", "full") else None
+            if mode == "shard":
+                return None
+            whole = self.get_tensor(key)
+            return self._join_writers(key) if whole is None and mode == "full" else whole
         if mode == "as_stored":
             log.error("get_tensor_with_parallelism: unsupported ReadTarget mode")
             return None
@@ -505,7 +543,35 @@ class TensorParallelCalls(TensorTpCalls):
             shard = self._reshard(key, axes[0])
             if shard is not None:
                 return shard
-        return self.get_tensor(key_name(key, axes))
+        stored = self.get_tensor(key_name(key, axes))
+        if stored is None and _tp_only(axes):
+            return self._writer_part(key, axes[0])
+        return stored
+
+    def _writer_layout(self, key: str) -> tuple[tuple[int, ...], int, int] | None:
+        raw = self._raw(_writer_manifest_key(key))
+        return None if raw is None else _read_manifest(raw)
+
+    def _join_writers(self, key: str) -> Any:
+        layout = self._writer_layout(key)
+        if layout is None:
+            return None
+        shape, split, count = layout
+        parts = [
+            self.get_tensor(_writer_name(key, _Axis(AXIS_TP, r, count, split, 0, "")))
+            for r in range(count)
+        ]
+        if any(p is None for p in parts):
+            return None
+        whole = _torch().cat(parts, dim=split)
+        return whole if tuple(whole.shape) == shape else None
+
+    def _writer_part(self, key: str, want: _Axis) -> Any:
+        """Part `want.rank` of the writer partitions, when they are cut as `want` asks."""
+        layout = self._writer_layout(key)
+        if layout is None or layout[1] != want.split or layout[2] != want.size:
+            return None
+        return self.get_tensor(_writer_name(key, want))
 
     def _layout(self, key: str, axes: list[_Axis]) -> tuple[tuple[int, ...], int, int] | None:
         """(whole shape, split_dim, shard count) of the TP shards stored under `key`."""

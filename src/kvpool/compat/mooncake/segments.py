@@ -9,8 +9,8 @@ segment created by `setup` is in neither.
 Ids are kvpool segment names (`<transfer endpoint>/<n>`); Mooncake's are "<high>-<low>" UUID
 pairs. Both are opaque strings to a caller.
 
-A graceful unmount (`grace_period_seconds > 0`) answers at once, as Mooncake's, and drains the
-segment from a thread of its own with kvpool's graceful drain (`Store.drain_segment`,
+A graceful unmount (`grace_period_seconds > 0`) answers once the master has taken the drain
+(one round trip), as Mooncake's, and drains the segment from a thread of its own with kvpool's graceful drain (`Store.drain_segment`,
 src/kvpool/client/drain.py): the master places nothing new there at once (Mooncake's
 GRACEFULLY_UNMOUNTING), moves out what must not be lost (pinned objects; last replicas when
 the master keeps them), waits for read leases up to the grace period and unmounts it; the
@@ -18,7 +18,7 @@ segment stays readable until then. Mooncake instead drops the segment's replicas
 period ends, so kvpool may unmount sooner (once nothing is leased) and keeps what it moved. A
 second unmount of a segment being unmounted gracefully answers -600, the wheel's answer.
 `close()` does not wait for a drain: the Store's own close unmounts whatever is left, which
-ends the drain threads (`join` waits for them, bounded).
+ends the drain threads (`wait` joins them, bounded).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ REFUSED: Final = INTERNAL_ERROR
 """Mooncake answers -1 for an id it has no record of, and for every refused mount."""
 BEING_UNMOUNTED: Final = INVALID_PARAMS
 """Mooncake's answer to a second unmount of a segment being unmounted gracefully."""
+DRAIN_START_S: Final = 10.0
+"""Seconds a graceful unmount waits for the master to take the drain (the RPC timeout)."""
 PAGE: Final = 4096
 """kvpool segments are mapped memory, one page at least: smaller sizes are rounded up to it."""
 
@@ -91,15 +93,20 @@ class MountedSegments:
             del self._kind[sid]
             if grace_s > 0:
                 self._graceful.add(sid)
+                started = threading.Event()
                 drain = threading.Thread(
                     target=self._drain,
-                    args=(store, sid, grace_s),
+                    args=(store, sid, grace_s, started),
                     name=f"kvpool-graceful-unmount-{sid}",
                     daemon=True,
                 )
                 self._drains[sid] = drain
                 drain.start()
-                return OK
+        if grace_s > 0:
+            # As Mooncake's GRACEFULLY_UNMOUNTING: nothing is placed there once this returns.
+            if not started.wait(DRAIN_START_S):
+                log.warning("%s: the drain of %s has not started yet", kind.value, sid)
+            return OK
         try:
             store.unmount_segment(sid)
         except KVPoolError as exc:
@@ -110,15 +117,16 @@ class MountedSegments:
         self._on_gone(sid)
         return OK
 
-    def _drain(self, store: Store, sid: str, grace_s: int) -> None:
+    def _drain(self, store: Store, sid: str, grace_s: int, started: threading.Event) -> None:
         try:
-            reply = store.drain_segment(sid, grace=float(grace_s))
+            reply = store.drain_segment(sid, grace=float(grace_s), on_started=started.set)
             log.info("graceful unmount of segment %s: %s", sid, reply.state or reply.code)
         except Exception as exc:
             # Closed meanwhile (close() unmounted it), or the master is unreachable: the
             # Store's close() unmounts what is left. Nothing to answer: the call returned.
             log.warning("graceful unmount of segment %s: %s", sid, exc)
         finally:
+            started.set()  # also when it could not start: the caller stops waiting
             with self._lock:
                 self._drains.pop(sid, None)
                 self._graceful.discard(sid)

@@ -56,7 +56,8 @@ clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache
 
 ## The compatibility suite against the real Mooncake wheel too (its client binds all interfaces,
-## so this is opt-in; needs Debian's libibverbs1 librdmacm1 libnuma1).
-test-mooncake:
+## so this is opt-in; needs Debian's libibverbs1 librdmacm1 libnuma1). torch and safetensors come
+## with the llm target, so the tensor tests run on both backends instead of skipping.
+test-mooncake: $(LLM_STAMP)
 	$(MAKE) EXTRAS=dev,fast,redis,s3,plot,bench venv
 	KVPOOL_TEST_REAL_MOONCAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/compat

@@ -143,3 +143,20 @@ def test_close_unmounts_every_segment_mounted_later(backend: Any, shm_file: Path
     )
     assert client.put("after", b"v" * 100) == -200
     assert allocated  # (mounted, and gone with the store)
+
+
+def test_a_graceful_unmount_places_nothing_new_on_the_segment(backend: Any, shm_file: Path) -> None:
+    """While a segment is unmounted gracefully, new puts land elsewhere (Mooncake's
+    GRACEFULLY_UNMOUNTING; kvpool's drain, client/drain.py), so none is lost with it."""
+    owner = backend.store(segment=0)
+    client = backend.store(segment=0)
+    draining = owner.mount_segment(str(shm_file), MiB)["segment_ids"]
+    assert client.put("before", b"b" * 3000) == 0  # the only segment: it lands there
+    assert owner.allocate_and_mount_segment(MiB)["ret"] == 0
+    assert owner.unmount_segment(draining, 3) == 0
+    keys = [f"during{i}" for i in range(16)]
+    # 16 x 40 KiB: fits in the other segment alone, and would spread over both if allowed.
+    assert client.put_batch(keys, [bytes([i]) * (40 << 10) for i in range(16)]) == 0
+    wait_until(lambda: client.get("before") == b"", timeout=20, what="the graceful unmount")
+    assert client.batch_is_exist(keys) == [1] * 16
+    assert [len(client.get(k)) for k in keys] == [40 << 10] * 16

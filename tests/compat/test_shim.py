@@ -90,6 +90,10 @@ def test_the_shim_installs_and_serves_mooncake_store_from_kvpool(tmp_path: Path)
         "import mooncake.cli_client as cc, kvpool.compat.mooncake_client as kc;"
         "assert cc.main is kc.main;"
         "assert s._tensor_metadata_size() == 304;"
+        "import importlib.util, mooncake.engine as e, kvpool.compat.mooncake.transfer_engine as te;"
+        "assert importlib.util.find_spec('mooncake.engine') is not None;"
+        "assert e.TransferEngine is te.TransferEngine;"
+        "assert s.bind_to_numa_node is k.bind_to_numa_node;"
         "print('ok')"
     )
     ran = subprocess.run(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from kvpool.client.node import NodeRuntime
 from kvpool.errors import KVPoolError
@@ -30,10 +31,14 @@ _RETRIES = 3
 
 
 def drain_node(
-    runtime: NodeRuntime, grace: float, names: list[SegmentName] | None = None
+    runtime: NodeRuntime,
+    grace: float,
+    names: list[SegmentName] | None = None,
+    on_started: Callable[[], None] | None = None,
 ) -> dict[SegmentName, DrainReply]:
     """Drain `names` (every segment of `runtime` by default) within about `grace` seconds;
-    the last reply for each."""
+    the last reply for each. `on_started()` runs once the master has taken every drain (it
+    places nothing new there from then on), before the wait."""
     out: dict[SegmentName, DrainReply] = {}
     if names is None:
         names = list(runtime.segments)
@@ -43,6 +48,8 @@ def drain_node(
     except KVPoolError as exc:
         log.warning("drain of %s could not start: %s", names, exc)
         return out
+    if on_started is not None:
+        on_started()
     deadline = time.monotonic() + grace + 1.0
     pending = [n for n in out if out[n].code == 0 and out[n].state not in _ENDED]
     failures = 0

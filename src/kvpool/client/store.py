@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import cast
 
@@ -391,13 +391,16 @@ class Store:
             raise InvalidParams(f"name: expected a str, got {type(name).__name__}")
         self._node.unmount(SegmentName(name), best_effort=False)
 
-    def drain_segment(self, name: str, grace: float = 30.0) -> DrainReply:
+    def drain_segment(
+        self, name: str, grace: float = 30.0, on_started: Callable[[], None] | None = None
+    ) -> DrainReply:
         """Gracefully unmount segment `name` of this Store: the master places nothing new there
         at once, moves out what must not be lost (this Store's task executor copies it), waits
         for read leases up to `grace` seconds and unmounts it; this Store polls its progress
         (`client/drain.py`), then stops serving it and frees its memory. Answers the last
         progress (`state` "done" when the master unmounted it; the memory is freed in any
-        case). Raises `SegmentError` (SEGMENT_NOT_FOUND) for a name this Store did not mount."""
+        case). Raises `SegmentError` (SEGMENT_NOT_FOUND) for a name this Store did not mount.
+        `on_started()` runs once the master has taken the drain (`drain_node`)."""
         self._open()
         if not isinstance(name, str):
             raise InvalidParams(f"name: expected a str, got {type(name).__name__}")
@@ -406,7 +409,7 @@ class Store:
         seg = SegmentName(name)
         if seg not in self._node.segments:
             raise_for_code(int(ErrorCode.SEGMENT_NOT_FOUND), f"drain_segment {name}")
-        reply = drain_node(self._node, grace, [seg]).get(seg, DrainReply(-1))
+        reply = drain_node(self._node, grace, [seg], on_started).get(seg, DrainReply(-1))
         self._node.unmount(seg, best_effort=True)
         return reply
 

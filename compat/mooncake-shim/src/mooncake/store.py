@@ -11,13 +11,17 @@ from kvpool.compat.mooncake import (
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ObjectDataType,
+    ParallelAxis,
     QueryTaskResponse,
+    ReadTarget,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
     TaskStatus,
     TaskType,
+    TensorParallelism,
+    bind_to_numa_node,
 )
 from kvpool.compat.mooncake import tensor as _tensor
 
@@ -72,11 +76,15 @@ __all__ = [
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
     "QueryTaskResponse",
+    "ReadTarget",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
     "TaskStatus",
     "TaskType",
+    "TensorParallelism",
+    "bind_to_numa_node",
 ]

@@ -13,6 +13,8 @@ Modules (each imports only those above it):
                     BufferHandle, MooncakeHostMemAllocator
     descriptors.py  ReplicaDescriptor, Descriptor, QueryTaskResponse, 128-bit task ids
     setup.py        setup()'s two argument forms, validated
+    lmcache_url.py  the master of LMCache's mooncakestore:// URL, for setup(dict) from LMCache
+    numa.py         bind_to_numa_node
     names.py        segment names, Mooncake's ("host:port") ↔ kvpool's ("<endpoint>/<n>")
     calls.py        argument checks as pybind11 makes them; `answers`, the one decorator that
                     turns a closed store and faults into each call's Mooncake answer
@@ -23,6 +25,8 @@ Modules (each imports only those above it):
     segments.py     segments mounted after setup
     tensor.py       Mooncake's tensor object format (304-byte header + data), the tensor calls
     tensor_tp.py    the tensor-parallel (`*_with_tp*`), safetensors and CUDA tensor calls
+    tensor_parallel.py  ParallelAxis, TensorParallelism, ReadTarget, `*_with_parallelism*`
+    transfer_engine.py  the shim's `mooncake.engine.TransferEngine` (host memory over TCP)
     dummy.py        the link of a `setup_dummy` store to its standalone client
     store.py        MooncakeDistributedStore: the families above, plus setup, close, removal
     async_store.py  MooncakeDistributedStoreAsync (async_<method> coroutines)
@@ -42,6 +46,7 @@ from kvpool.compat.mooncake.descriptors import (
     ReplicaDescriptor,
 )
 from kvpool.compat.mooncake.memory import BufferHandle, MooncakeHostMemAllocator
+from kvpool.compat.mooncake.numa import bind_to_numa_node
 from kvpool.compat.mooncake.replicate import (
     ObjectDataType,
     ReplicaStatus,
@@ -51,6 +56,7 @@ from kvpool.compat.mooncake.replicate import (
     TaskType,
 )
 from kvpool.compat.mooncake.store import MooncakeDistributedStore
+from kvpool.compat.mooncake.tensor_parallel import ParallelAxis, ReadTarget, TensorParallelism
 
 __all__ = [
     "BufferHandle",
@@ -62,11 +68,15 @@ __all__ = [
     "MooncakeDistributedStoreAsync",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
     "QueryTaskResponse",
+    "ReadTarget",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
     "TaskStatus",
     "TaskType",
+    "TensorParallelism",
+    "bind_to_numa_node",
 ]

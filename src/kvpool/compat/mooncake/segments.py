@@ -9,13 +9,16 @@ segment created by `setup` is in neither.
 Ids are kvpool segment names (`<transfer endpoint>/<n>`); Mooncake's are "<high>-<low>" UUID
 pairs. Both are opaque strings to a caller.
 
-A graceful unmount (`grace_period_seconds > 0`) answers at once, as Mooncake's, and unmounts
-when the grace period ends, from a timer thread; meanwhile the segment stays readable. Mooncake's
-master also stops allocating on it at once (GRACEFULLY_UNMOUNTING); kvpool's master has no such
-state, so puts may still land there and are dropped with the segment at the deadline (a cache
-loses entries, nothing reads a freed range). A second unmount of a segment being unmounted
-gracefully answers -600, the wheel's answer. `close()` cancels pending timers; the Store's own
-close unmounts whatever is left.
+A graceful unmount (`grace_period_seconds > 0`) answers once the master has taken the drain
+(one round trip), as Mooncake's, and drains the segment from a thread of its own with kvpool's graceful drain (`Store.drain_segment`,
+src/kvpool/client/drain.py): the master places nothing new there at once (Mooncake's
+GRACEFULLY_UNMOUNTING), moves out what must not be lost (pinned objects; last replicas when
+the master keeps them), waits for read leases up to the grace period and unmounts it; the
+segment stays readable until then. Mooncake instead drops the segment's replicas when the grace
+period ends, so kvpool may unmount sooner (once nothing is leased) and keeps what it moved. A
+second unmount of a segment being unmounted gracefully answers -600, the wheel's answer.
+`close()` does not wait for a drain: the Store's own close unmounts whatever is left, which
+ends the drain threads (`wait` joins them, bounded).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ REFUSED: Final = INTERNAL_ERROR
 """Mooncake answers -1 for an id it has no record of, and for every refused mount."""
 BEING_UNMOUNTED: Final = INVALID_PARAMS
 """Mooncake's answer to a second unmount of a segment being unmounted gracefully."""
+DRAIN_START_S: Final = 10.0
+"""Seconds a graceful unmount waits for the master to take the drain (the RPC timeout)."""
 PAGE: Final = 4096
 """kvpool segments are mapped memory, one page at least: smaller sizes are rounded up to it."""
 
@@ -62,7 +67,7 @@ class MountedSegments:
         self._lock = threading.Lock()
         self._kind: dict[str, Kind] = {}
         self._graceful: set[str] = set()
-        self._timers: dict[str, threading.Timer] = {}
+        self._drains: dict[str, threading.Thread] = {}
 
     def add(self, name: str, kind: Kind) -> None:
         with self._lock:
@@ -88,12 +93,20 @@ class MountedSegments:
             del self._kind[sid]
             if grace_s > 0:
                 self._graceful.add(sid)
-                timer = threading.Timer(grace_s, self._unmount_late, (store, sid))
-                timer.name = f"kvpool-graceful-unmount-{sid}"
-                timer.daemon = True
-                self._timers[sid] = timer
-                timer.start()
-                return OK
+                started = threading.Event()
+                drain = threading.Thread(
+                    target=self._drain,
+                    args=(store, sid, grace_s, started),
+                    name=f"kvpool-graceful-unmount-{sid}",
+                    daemon=True,
+                )
+                self._drains[sid] = drain
+                drain.start()
+        if grace_s > 0:
+            # As Mooncake's GRACEFULLY_UNMOUNTING: nothing is placed there once this returns.
+            if not started.wait(DRAIN_START_S):
+                log.warning("%s: the drain of %s has not started yet", kind.value, sid)
+            return OK
         try:
             store.unmount_segment(sid)
         except KVPoolError as exc:
@@ -104,36 +117,35 @@ class MountedSegments:
         self._on_gone(sid)
         return OK
 
-    def _unmount_late(self, store: Store, sid: str) -> None:
+    def _drain(self, store: Store, sid: str, grace_s: int, started: threading.Event) -> None:
         try:
-            store.unmount_segment(sid)
-        except KVPoolError as exc:
+            reply = store.drain_segment(sid, grace=float(grace_s), on_started=started.set)
+            log.info("graceful unmount of segment %s: %s", sid, reply.state or reply.code)
+        except Exception as exc:
             # Closed meanwhile (close() unmounted it), or the master is unreachable: the
-            # Store's close() unmounts what is left.
+            # Store's close() unmounts what is left. Nothing to answer: the call returned.
             log.warning("graceful unmount of segment %s: %s", sid, exc)
         finally:
+            started.set()  # also when it could not start: the caller stops waiting
             with self._lock:
-                self._timers.pop(sid, None)
+                self._drains.pop(sid, None)
+                self._graceful.discard(sid)
             self._on_gone(sid)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait for the pending graceful unmounts (tests)."""
+        """Wait for the pending graceful unmounts (tests; `join` after a close)."""
         with self._lock:
-            timers = list(self._timers.values())
-        for t in timers:
-            t.join(timeout)
+            drains = list(self._drains.values())
+        for t in drains:
+            if t is not threading.current_thread():
+                t.join(timeout)
 
     def close(self) -> None:
-        """Cancel the pending graceful unmounts (the Store's close() unmounts everything)."""
+        """Forget every record; drains in progress end when the Store closes (module
+        docstring)."""
         with self._lock:
-            timers = list(self._timers.values())
-            self._timers.clear()
             self._kind.clear()
             self._graceful.clear()
-        for t in timers:
-            t.cancel()
-            if t is not threading.current_thread():
-                t.join()
 
 
 class SegmentCalls(StoreBase):

@@ -8,9 +8,14 @@
             enable_client_http_server=False, client_http_port=9300)
 
   Too few arguments raise TypeError, as pybind11 does.
-* A dict (the wheel's dict form): `local_hostname` and `metadata_server` required; sizes
-  may be human-readable ("16MB", Mooncake's binary units); defaults 16 MiB, "tcp",
-  "127.0.0.1:50051".
+* A dict (the wheel's dict form): sizes may be human-readable ("16MB", Mooncake's binary
+  units); defaults 16 MiB, "tcp", "127.0.0.1:50051" as the wheel's, and, unlike the wheel
+  (which answers -600 without them), `local_hostname` "localhost" and `metadata_server`
+  "P2PHANDSHAKE", `MooncakeConfig`'s defaults: LMCache forwards only the keys its config names
+  and ignores setup's answer, so a refused minimal config lost every put silently.
+  `master_server_address` (MooncakeConfig's and LMCache's name) is read as
+  `master_server_addr`, `device_name` as `rdma_devices`; called from LMCache, the master of
+  its `mooncakestore://HOST:PORT` URL wins (`lmcache_url.py`).
 
 Either way the result is one frozen `SetupParams`; a bad value raises `InvalidParams` (setup
 returns -600), as Mooncake's setup does.
@@ -29,6 +34,7 @@ from kvpool.compat.mooncake.config import (
     parse_mooncake_size,
     store_cluster_id,
 )
+from kvpool.compat.mooncake.lmcache_url import lmcache_master
 from kvpool.errors import InvalidParams
 
 __all__ = ["SetupParams", "from_dict", "from_positional", "pool_master_address", "split_hostname"]
@@ -37,6 +43,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE = 16 << 20
 DEFAULT_MASTER = "127.0.0.1:50051"
+DEFAULT_HOSTNAME = "localhost"
+P2P = "P2PHANDSHAKE"
 MIN_SEGMENT = 1024
 """Mooncake: a non-zero global segment must be at least 1 KiB."""
 MAX_LOCAL_BUFFER = 1 << 40
@@ -128,25 +136,29 @@ def from_dict(config: Mapping[str, object]) -> SetupParams:
         value = config.get(name, default)
         return default if value is None else value
 
-    for required in ("local_hostname", "metadata_server"):
-        if get(required) in (None, ""):
-            raise InvalidParams(f"setup: missing required config {required!r}")
     try:
         port = int(str(get("client_http_port", 9300)))
         ssd = parse_bool(get("enable_ssd_offload", False))
         http = parse_bool(get("enable_client_http_server", False))
     except ValueError as exc:
         raise InvalidParams(f"setup: {exc}") from exc
-    # "master_server_address" is MooncakeConfig's name for the same thing; take either.
-    master = get("master_server_addr", get("master_server_address", DEFAULT_MASTER))
+    # "master_server_address" is MooncakeConfig's (and LMCache's) name for the same thing.
+    master = str(get("master_server_addr", get("master_server_address", DEFAULT_MASTER)))
+    url_master = lmcache_master()
+    if url_master is not None and url_master != master:
+        log.info("setup: the master of LMCache's mooncakestore:// URL, %s", url_master)
+        master = url_master
+    for name, default in (("local_hostname", DEFAULT_HOSTNAME), ("metadata_server", P2P)):
+        if get(name) in (None, ""):
+            log.info("setup: no %r in the config; %r, as MooncakeConfig defaults it", name, default)
     return SetupParams(
-        local_hostname=str(get("local_hostname")),
-        metadata_server=str(get("metadata_server")),
+        local_hostname=str(get("local_hostname") or DEFAULT_HOSTNAME),
+        metadata_server=str(get("metadata_server") or P2P),
         global_segment_size=_size(get("global_segment_size", DEFAULT_SIZE), "global_segment_size"),
         local_buffer_size=_size(get("local_buffer_size", DEFAULT_SIZE), "local_buffer_size"),
         protocol=str(get("protocol", "tcp")).strip().lower(),
-        rdma_devices=str(get("rdma_devices", "")),
-        master_server_addr=str(master),
+        rdma_devices=str(get("rdma_devices", get("device_name", ""))),
+        master_server_addr=master,
         enable_ssd_offload=ssd,
         ssd_offload_path=str(get("ssd_offload_path", "")),
         tenant_id=str(get("tenant_id", "default")),

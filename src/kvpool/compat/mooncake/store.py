@@ -60,7 +60,7 @@ from kvpool.compat.mooncake.setup import (
     pool_master_address,
     split_hostname,
 )
-from kvpool.compat.mooncake.tensor_tp import TensorTpCalls
+from kvpool.compat.mooncake.tensor_parallel import TensorParallelCalls
 from kvpool.compat.mooncake.writes import Writes
 from kvpool.errors import InvalidParams, KVPoolError
 
@@ -72,7 +72,9 @@ INIT_ALL_BUFFER: Final = 1 << 30
 """init_all's local buffer size in Mooncake (1 GiB, fixed by the wheel)."""
 
 
-class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorTpCalls):
+class MooncakeDistributedStore(
+    Writes, Reads, Replicas, SessionCalls, SegmentCalls, TensorParallelCalls
+):
     """Mooncake's store API on a kvpool pool (see the module docstring).
 
     ::
@@ -277,6 +279,8 @@ class MooncakeDistributedStore(Writes, Reads, Replicas, SessionCalls, SegmentCal
             store.close()
         except KVPoolError as exc:
             log.warning("close: %s", exc)
+        # Graceful unmounts still draining end now that their Store is closed.
+        self._mounted.wait(DRAIN_JOIN_S)
         with self._lock:
             blocks, self._pool_blocks = self._pool_blocks, []
             reserved, self._name_port = self._name_port, None
@@ -419,6 +423,9 @@ def _endpoint_port(segments: list[str]) -> int | None:
             return int(port)
     return None
 
+
+DRAIN_JOIN_S: Final = 5.0
+"""Seconds `close()` waits for the threads of graceful unmounts to notice the closed Store."""
 
 NAME_PORTS: Final = range(12300, 14301)
 """Mooncake's client port range (MC_STORE_CLIENT_MIN_PORT 12300 .. MAX_PORT 14300): the port

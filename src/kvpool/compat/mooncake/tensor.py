@@ -54,9 +54,11 @@ __all__ = [
     "bytes_to_tensor",
     "deserialize_tensor",
     "encode_header",
+    "encode_shard_header",
     "encode_tp_shard_header",
     "parse_header",
     "serialize_tensor",
+    "shard_axes",
     "tensor_metadata_size",
     "tensor_to_parts",
 ]
@@ -163,6 +165,57 @@ def encode_tp_shard_header(  # noqa: PLR0917  (Mooncake's positional signature)
         + axis
         + bytes((MAX_AXES - 1) * _AXIS.size)
     )
+
+
+def encode_shard_header(
+    dtype: str,
+    global_shape: tuple[int, ...],
+    local_shape: tuple[int, ...],
+    axes: list[tuple[int, int, int, int, int]],
+    data_bytes: int,
+) -> bytes:
+    """The 304-byte header of a shard described by several parallel axes (SHARD layout), as
+    Mooncake's `put_tensor_with_parallelism` writes it: per axis (kind, rank, count,
+    split_dim or -1, expert/stage id or 0), in the order given; each axis records its index
+    and, for a TP axis, the shard's extent along its split dimension."""
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"dtype {dtype!r} has no Mooncake code")
+    ndim = len(global_shape)
+    if ndim > MAX_DIMS or len(local_shape) != ndim or not 0 < len(axes) <= MAX_AXES:
+        raise ValueError(f"shapes {global_shape} / {local_shape} with {len(axes)} axes")
+    pad = [-1] * (MAX_DIMS - ndim)
+    head = _HEAD.pack(
+        MAGIC, VERSION, HEADER_SIZE, DTYPE_CODES[dtype], ndim, LAYOUT_SHARD, 0,
+        HEADER_SIZE, data_bytes,
+    )  # fmt: skip
+    packed = b"".join(
+        _AXIS.pack(kind, i, rank, count, split, aux, local_shape[split] if kind == AXIS_TP else 0)
+        for i, (kind, rank, count, split, aux) in enumerate(axes)
+    )
+    return (
+        head
+        + _SHAPE.pack(*global_shape, *pad)
+        + _SHAPE.pack(*local_shape, *pad)
+        + _AXES.pack(len(axes), 0)
+        + packed
+        + bytes((MAX_AXES - len(axes)) * _AXIS.size)
+    )
+
+
+def shard_axes(
+    obj: bytes | bytearray | memoryview,
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """(global shape, [(kind, index, rank, count, split_dim, aux, extent), ...]) of a tensor
+    object's header (call `parse_header` first)."""
+    mv = memoryview(obj).cast("B")[:HEADER_SIZE]
+    ndim = _HEAD.unpack_from(mv, 0)[4]
+    gshape = _SHAPE.unpack_from(mv, _HEAD.size)[:ndim]
+    (count, _r) = _AXES.unpack_from(mv, _HEAD.size + 2 * _SHAPE.size)
+    base = _HEAD.size + 2 * _SHAPE.size + _AXES.size
+    axes = [
+        tuple(_AXIS.unpack_from(mv, base + a * _AXIS.size)) for a in range(min(count, MAX_AXES))
+    ]
+    return tuple(gshape), axes
 
 
 def parse_header(obj: bytes | bytearray | memoryview) -> TensorHeader | None:

@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
+from kvpool.client.locations import (
+    DEFAULT_LOCATION_CAPACITY,
+    DEFAULT_LOCATION_TTL_S,
+    READ_MODES,
+    ReadMode,
+)
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
 from kvpool.client.validation import check_segment_size
@@ -36,6 +42,7 @@ _DURATIONS: Final = {
     "heartbeat_interval": 3600.0,
     "task_poll_interval": 3600.0,
     "failover_timeout": MAX_DURATION_S,
+    "location_ttl": 3600.0,
 }
 """The duration fields and their maxima (seconds; a heartbeat slower than an hour would let
 every master expire the Store)."""
@@ -92,6 +99,14 @@ class StoreConfig:
     "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
     token_file: str = ""
     """A file whose first line is the token (used when `token` is "")."""
+    read_mode: ReadMode = "strict"
+    """ "strict" (every get asks the master for a leased replica) or "cached" (for keys whose
+    bytes never change, such as content hashes: a get reads a place remembered less than
+    `location_ttl` ago straight away, checked by its checksum; `kvpool.client.locations`)."""
+    location_ttl: float = DEFAULT_LOCATION_TTL_S
+    """Cached mode: seconds a remembered place may be used (the staleness bound)."""
+    location_capacity: int = DEFAULT_LOCATION_CAPACITY
+    """Cached mode: most places remembered (LRU)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -122,6 +137,18 @@ class StoreConfig:
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        if not isinstance(self.read_mode, str) or self.read_mode not in READ_MODES:
+            raise InvalidParams(
+                f"read_mode: {self.read_mode!r} is not one of {', '.join(READ_MODES)}"
+            )
+        if (
+            isinstance(self.location_capacity, bool)
+            or not isinstance(self.location_capacity, int)
+            or not 1 <= self.location_capacity <= 1 << 30
+        ):
+            raise InvalidParams(
+                f"location_capacity: {self.location_capacity!r} must be an int in [1, 2**30]"
+            )
         for name, most in _DURATIONS.items():
             value = getattr(self, name)
             if (

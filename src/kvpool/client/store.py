@@ -44,6 +44,12 @@ from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
+from kvpool.client.locations import (
+    DEFAULT_LOCATION_CAPACITY,
+    DEFAULT_LOCATION_TTL_S,
+    Locations,
+    ReadMode,
+)
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
@@ -143,6 +149,9 @@ class Store:
         offload_size: int | str = 0,
         token: str = "",
         token_file: str = "",
+        read_mode: str = "strict",
+        location_ttl: float = DEFAULT_LOCATION_TTL_S,
+        location_capacity: int = DEFAULT_LOCATION_CAPACITY,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -164,6 +173,9 @@ class Store:
             offload_size=parse_size(offload_size, name="offload_size"),
             token=token,
             token_file=token_file,
+            read_mode=cast(ReadMode, read_mode),
+            location_ttl=location_ttl,
+            location_capacity=location_capacity,
         )
         self._setup(config)
 
@@ -183,6 +195,7 @@ class Store:
         self._tasks: TaskExecutor | None = None
         self._disk: DiskTier | None = None
         self._mount_lock = threading.Lock()
+        self._locations: Locations | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -205,7 +218,10 @@ class Store:
                 tenant = TenantId(node.rpc.auth_tenant)
             opened = self._gate.open
             self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
-            self._reader = Reader(node, opened, tenant, config.verify_checksum)
+            if config.read_mode == "cached":
+                self._locations = Locations(config.location_ttl, config.location_capacity)
+            self._reader = Reader(node, opened, tenant, config.verify_checksum, self._locations)
+            self._writer.locations = self._locations
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
                 self._mount(self._data, config.segment_size)
@@ -470,7 +486,9 @@ class Store:
 
     def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> None:
         """Store `value` under `key`, replacing any value it had."""
-        self._writer.put_one(check_key(key), value_view(value), config, upsert=True)
+        key = check_key(key)
+        self._forget([key])
+        self._writer.put_one(key, value_view(value), config, upsert=True)
 
     def put_from(self, key: str, buffer: Buffer, config: ReplicateConfig | None = None) -> bool:
         """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
@@ -492,6 +510,7 @@ class Store:
         """Upsert every (key, value); per key OK or why it failed."""
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
+        self._forget(ks)
         return self._writer.put_batch(ks, views, config, upsert=True)
 
     def batch_put_from(
@@ -546,12 +565,30 @@ class Store:
     # ------------------------------------------------------------------ queries (control.py)
 
     def exists(self, key: str) -> bool:
-        """Whether `key` has a readable value (grants a read lease, as Mooncake's)."""
-        return self._control.exists(check_key(key))
+        """Whether `key` has a readable value (grants a read lease, as Mooncake's). In cached
+        read mode a place remembered less than `location_ttl` ago answers True at once."""
+        key = check_key(key)
+        locations = self._locations
+        if locations is not None and locations.lookup(key) is not None:
+            self._open()
+            return True
+        return self._control.exists(key)
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        """`exists` of every key, in one round trip."""
-        return self._control.batch_exists(check_keys(keys, unique=False))
+        """`exists` of every key, in one round trip (cached read mode: only for the keys
+        without a place remembered less than `location_ttl` ago)."""
+        ks = check_keys(keys, unique=False)
+        locations = self._locations
+        if locations is None:
+            return self._control.batch_exists(ks)
+        self._open()
+        known = [e is not None for e in locations.lookup_many(ks)]
+        rest = [i for i, k in enumerate(known) if not k]
+        if rest:
+            got = self._control.batch_exists([ks[i] for i in rest])
+            for i, present in zip(rest, got, strict=True):
+                known[i] = present
+        return known
 
     def get_size(self, key: str) -> int:
         """The size in bytes of `key`'s value; raises `ObjectNotFound`."""
@@ -560,20 +597,33 @@ class Store:
     def remove(self, key: str, force: bool = False) -> None:
         """Remove `key`. Raises `ObjectNotFound`, or `ObjectHasLease` while a reader holds a
         lease on it (unless `force`)."""
-        self._control.remove(check_key(key), force)
+        key = check_key(key)
+        self._forget([key])
+        self._control.remove(key, force)
 
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[ErrorCode]:
         """Remove every key; per key OK or why not (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...)."""
-        return self._control.batch_remove(check_keys(keys, unique=False), force)
+        ks = check_keys(keys, unique=False)
+        self._forget(ks)
+        return self._control.batch_remove(ks, force)
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this tenant (leased ones only with `force`); returns how
         many were removed."""
+        if self._locations is not None:
+            self._locations.clear()
         return self._control.remove_all(force)
+
+    def _forget(self, keys: list[str]) -> None:
+        """Cached read mode: this Store's own removals and overwrites are seen at once."""
+        if self._locations is not None:
+            self._locations.forget_many(keys)
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
         """Remove the keys in which `pattern` is found (the syntax of the `regex` package, which
         the master matches with: Python's `re` and more, such as `\\p{L}`); returns the count."""
+        if self._locations is not None:
+            self._locations.clear()
         return self._control.remove_by_regex(check_pattern(pattern), force)
 
     # ------------------------------------------------------------------ replica tasks (control.py)

@@ -64,6 +64,7 @@ import msgspec
 
 from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.locations import Locations
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
@@ -207,7 +208,7 @@ class Writer:
     """The put paths of one Store (module docstring). Thread-safe: it keeps no state of its
     own between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`."""
 
-    __slots__ = ("_arenas", "_node", "_opened", "_retry_window", "stats", "tenant")
+    __slots__ = ("_arenas", "_node", "_opened", "_retry_window", "locations", "stats", "tenant")
 
     def __init__(
         self,
@@ -223,6 +224,8 @@ class Writer:
         self.tenant = tenant
         self._retry_window = retry_window
         self.stats = PutStatsRecorder()
+        self.locations: Locations | None = None
+        """Cached read mode: where arena puts wrote their values (`kvpool.client.locations`)."""
 
     # ------------------------------------------------------------------ one value
 
@@ -441,6 +444,8 @@ class Writer:
         finally:
             arenas.done(arena)
         if answer == OK:
+            if self.locations is not None and csum is not None:
+                self.locations.remember(key, arena.segment, off, mv.nbytes, csum)
             return 1
         if answer == OBJECT_ALREADY_EXISTS:
             return 0
@@ -690,6 +695,12 @@ class Writer:
                 check_count("BatchPutCommit", len(got_codes), len(good))
                 for i, c in zip(good, got_codes, strict=True):
                     out[i] = ErrorCode.of(c) if c else ok
+                if self.locations is not None:
+                    stored = [j for j, c in enumerate(got_codes) if c == OK]
+                    self.locations.remember_many(
+                        [keys[good[j]] for j in stored],
+                        [(arena.segment, offs[good[j]], sizes[good[j]], sums[j]) for j in stored],
+                    )
         finally:
             arenas.done(arena)
         # Again through PutStart: what was never written, and what the master refused only

@@ -28,11 +28,13 @@ from kvpool.client.validation import check_segment_size
 from kvpool.config import MAX_DURATION_S, parse_size
 from kvpool.errors import InvalidParams
 
-__all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "Protocol", "StoreConfig"]
+__all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "WRITE_MODES", "Protocol", "StoreConfig"]
 
 DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
 """Seconds before one transfer (a batch's copies, a TCP read or write) gives up."""
 Protocol = Literal["auto", "shm", "tcp"]
+WriteMode = Literal["wait", "nowait"]
+WRITE_MODES: Final = ("wait", "nowait")
 PROTOCOLS: Final = ("auto", "shm", "tcp")
 MAX_NAME_CHARS: Final = 255
 """Longest tenant, cluster id or host a Store takes."""
@@ -107,6 +109,10 @@ class StoreConfig:
     """Cached mode: seconds a remembered place may be used (the staleness bound)."""
     location_capacity: int = DEFAULT_LOCATION_CAPACITY
     """Cached mode: most places remembered (LRU)."""
+    write_mode: WriteMode = "wait"
+    """ "wait" (a put returns once the master committed it) or "nowait" (an arena put returns
+    once its bytes are written and its commit is sent; the answer is checked at the next call,
+    `flush()` or `close()`: `kvpool.client.pending`)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -137,6 +143,10 @@ class StoreConfig:
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        if not isinstance(self.write_mode, str) or self.write_mode not in WRITE_MODES:
+            raise InvalidParams(
+                f"write_mode: {self.write_mode!r} is not one of {', '.join(WRITE_MODES)}"
+            )
         if not isinstance(self.read_mode, str) or self.read_mode not in READ_MODES:
             raise InvalidParams(
                 f"read_mode: {self.read_mode!r} is not one of {', '.join(READ_MODES)}"

@@ -66,6 +66,7 @@ from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
 from kvpool.client.locations import Locations
 from kvpool.client.node import NodeRuntime
+from kvpool.client.pending import Pending, PendingCommits, commit_check
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
 from kvpool.client.result import PutStatsRecorder
@@ -208,7 +209,16 @@ class Writer:
     """The put paths of one Store (module docstring). Thread-safe: it keeps no state of its
     own between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`."""
 
-    __slots__ = ("_arenas", "_node", "_opened", "_retry_window", "locations", "stats", "tenant")
+    __slots__ = (
+        "_arenas",
+        "_node",
+        "_opened",
+        "_retry_window",
+        "locations",
+        "pending",
+        "stats",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -226,6 +236,8 @@ class Writer:
         self.stats = PutStatsRecorder()
         self.locations: Locations | None = None
         """Cached read mode: where arena puts wrote their values (`kvpool.client.locations`)."""
+        self.pending: PendingCommits | None = None
+        """`write_mode="nowait"`: arena puts send their commit and return (`client/pending.py`)."""
 
     # ------------------------------------------------------------------ one value
 
@@ -437,6 +449,9 @@ class Writer:
             commit = PutCommit(
                 self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
             )
+            if self.pending is not None:
+                self._send_commit(commit, arenas, arena, [key], [(off, mv.nbytes, csum)])
+                return 1
             sent = time.monotonic()
             answer = self._node.rpc.call_as(commit, Reply).code
             if answer in (OK, OBJECT_ALREADY_EXISTS):  # the master renewed the lease
@@ -453,6 +468,29 @@ class Writer:
             arenas.drop(arena)
             return None
         raise _refused(answer, key, cfg)
+
+    def _send_commit(
+        self,
+        commit: PutCommit | BatchPutCommit,
+        arenas: Arenas,
+        arena: Arena,
+        keys: list[str],
+        where: Sequence[tuple[int, int, int | None]],
+    ) -> None:
+        """Send `commit` without waiting (`write_mode="nowait"`): its answer is checked later
+        (`kvpool.client.pending`). The places written are remembered at once (cached mode),
+        and forgotten if the commit fails."""
+        pending = self.pending
+        assert pending is not None
+        sent = self._node.rpc.send(commit)
+        locations = self.locations
+        if locations is not None:
+            locations.remember_many(
+                [k for k, w in zip(keys, where, strict=True) if w[2] is not None],
+                [(arena.segment, o, n, c) for o, n, c in where if c is not None],
+            )
+        check = commit_check(arenas, arena, keys, locations, sent.at)
+        pending.add(Pending(sent, keys, check))
 
     def _write_replicas(
         self, replicas: Sequence[ReplicaDesc], mv: memoryview
@@ -688,19 +726,27 @@ class Writer:
                     cfg,
                     self.tenant,
                 )
-                sent = time.monotonic()
-                got_codes = self._node.rpc.call_as(commit, BatchReply).codes
-                if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
-                    arenas.confirm(arena, sent)
-                check_count("BatchPutCommit", len(got_codes), len(good))
-                for i, c in zip(good, got_codes, strict=True):
-                    out[i] = ErrorCode.of(c) if c else ok
-                if self.locations is not None:
-                    stored = [j for j, c in enumerate(got_codes) if c == OK]
-                    self.locations.remember_many(
-                        [keys[good[j]] for j in stored],
-                        [(arena.segment, offs[good[j]], sizes[good[j]], sums[j]) for j in stored],
-                    )
+                if self.pending is not None:
+                    wrote = [keys[i] for i in good]
+                    where = [(offs[i], sizes[i], sums[j]) for j, i in enumerate(good)]
+                    self._send_commit(commit, arenas, arena, wrote, where)  # answered later
+                else:
+                    sent = time.monotonic()
+                    got_codes = self._node.rpc.call_as(commit, BatchReply).codes
+                    if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
+                        arenas.confirm(arena, sent)
+                    check_count("BatchPutCommit", len(got_codes), len(good))
+                    for i, c in zip(good, got_codes, strict=True):
+                        out[i] = ErrorCode.of(c) if c else ok
+                    if self.locations is not None:
+                        stored = [j for j, c in enumerate(got_codes) if c == OK]
+                        self.locations.remember_many(
+                            [keys[good[j]] for j in stored],
+                            [
+                                (arena.segment, offs[good[j]], sizes[good[j]], sums[j])
+                                for j in stored
+                            ],
+                        )
         finally:
             arenas.done(arena)
         # Again through PutStart: what was never written, and what the master refused only

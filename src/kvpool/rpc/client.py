@@ -193,6 +193,22 @@ class _Conn:
         self.broken: BaseException | None = None
 
 
+class Sent:
+    """A request `RpcClient.send` sent, whose reply `RpcClient.receive` takes; `done` says
+    whether the reply (or the failure) is already here."""
+
+    __slots__ = ("at", "call", "conn")
+
+    def __init__(self, conn: _Conn, call: _Call, at: float) -> None:
+        self.conn = conn
+        self.call = call
+        self.at = at
+
+    @property
+    def done(self) -> bool:
+        return self.call.done
+
+
 class RpcClient:
     """A thread-safe client of one `RpcServer`.
 
@@ -394,6 +410,35 @@ class RpcClient:
         if first_error is not None and not return_exceptions:
             raise first_error
         return results
+
+    # -- unwaited calls: send now, take the reply later (kvpool.client.pending) -------------
+
+    def send(self, request: Any) -> Sent:
+        """Send `request` and return at once; `receive` takes its reply later. Until then the
+        reply is filed by whichever call reads the socket, or waits in the socket. Raises only
+        what sending raises (a broken connection: `RpcError`)."""
+        now = time.monotonic()
+        payload = self._payload(request)
+        conn = self._usable_conn(now) or self._connect(now + self.timeout)
+        with self._lock:
+            if conn.broken is not None:
+                raise _as_rpc_error(conn.broken, fresh=True)
+            request_id = next(self._ids)
+            call = _Call(request_id)
+            conn.pending[request_id] = call
+        self._send(conn, HEADER.pack(len(payload) + MIN_FRAME_LENGTH, request_id) + payload)
+        return Sent(conn, call, now)
+
+    def receive(self, sent: Sent, timeout: float | None = None) -> Any:
+        """The reply to the request of `sent` (`send`), waiting at most `timeout` (default:
+        the client's) counted from when it was sent; raises as `call` does."""
+        deadline = sent.at + (self.timeout if timeout is None else _check_timeout(timeout))
+        call = sent.call
+        if not call.done:
+            self._wait(sent.conn, call, deadline)
+        if call.error is not None:
+            raise call.take_error()
+        return call.value
 
     def connect(self) -> None:
         """Connect and handshake now rather than on the first call (raises like a call)."""

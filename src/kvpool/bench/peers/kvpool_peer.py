@@ -17,7 +17,10 @@ the faster, as it does for Mooncake, and the results say which one ran.
 
 With `fast=True` the Store runs in its faster modes for content-addressed keys (path
 "shm+fast" / "tcp+fast"): `read_mode="cached"` (gets read remembered places, each checked by
-its checksum, without asking the master; `kvpool.client.locations`). Every row says which
+its checksum, without asking the master; `kvpool.client.locations`) and `write_mode="nowait"`
+(arena puts return once written and committed on the wire; `kvpool.client.pending`). The
+driver flushes at every `reset` (untimed), so every put's answer is checked; a timed put phase
+therefore leaves at most the queue's bound (64) of answers to after it. Every row says which
 mode it ran in (`Driver.mode`): "strict" for today's semantics, else the mode's name.
 
 Checksums stay on (the default): every get is verified by the Store against the xxh3 recorded
@@ -96,7 +99,7 @@ class KvpoolDriver(Driver):
         )
         node.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
         protocol = "auto" if self.transport == "shm" else "tcp"
-        modes = {"read_mode": "cached"} if self.fast else {}
+        modes = {"read_mode": "cached", "write_mode": "nowait"} if self.fast else {}
         with _faults("setup"):
             self._store = store_cls(master=address, segment_size=0, protocol=protocol, **modes)
             # Map the node's segment now, as a long-running client would have it mapped.
@@ -116,7 +119,7 @@ class KvpoolDriver(Driver):
     def mode(self, op: str) -> str:
         if not self.fast:
             return "strict"
-        return "cached" if op == "get" else "strict"
+        return "cached" if op == "get" else "nowait"
 
     @override
     def register(self, buffer: memoryview) -> None:
@@ -181,6 +184,8 @@ class KvpoolDriver(Driver):
 
     @override
     def reset(self) -> None:
+        with _faults("flush"):
+            self._client().flush()
         with _faults("remove_all"):
             self._client().remove_all(force=True)
 

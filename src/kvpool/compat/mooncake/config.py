@@ -32,6 +32,7 @@ __all__ = [
     "parse_bool",
     "parse_mooncake_size",
     "store_cluster_id",
+    "store_read_mode",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,22 @@ def store_cluster_id() -> str:
     """The cluster id a Mooncake client uses to find an HA master in etcd:
     `MC_STORE_CLUSTER_ID`, else "mooncake_cluster" (as Mooncake's etcd leader coordinator)."""
     return os.environ.get("MC_STORE_CLUSTER_ID", "").strip() or DEFAULT_CLUSTER_ID
+
+
+READ_MODE_ENV = "MC_STORE_READ_MODE"
+"""kvpool's addition: "cached" opts a compat store into `Store(read_mode="cached")` (reads of
+remembered places checked by checksum, for content-hashed keys; docs/parts/client.md); unset or
+"strict" keeps Mooncake's semantics."""
+
+
+def store_read_mode() -> str:
+    """The read mode of a compat store: `MC_STORE_READ_MODE` ("strict" or "cached"), else
+    "strict"; another value is logged and ignored."""
+    mode = os.environ.get(READ_MODE_ENV, "").strip().lower() or "strict"
+    if mode not in ("strict", "cached"):
+        log.warning("%s=%r is not strict or cached; using strict", READ_MODE_ENV, mode)
+        return "strict"
+    return mode
 
 
 KNOWN_PROTOCOLS = frozenset(

@@ -120,14 +120,19 @@ def test_a_reused_range_fails_the_checksum_and_the_read_asks_the_master(
         other.remove_all(force=True)
 
 
-def test_a_removed_value_may_be_read_until_the_ttl_then_not(one_node: Pool) -> None:
-    """The documented staleness: removed by another client, the old bytes (still in place,
-    checksum intact) may be returned for at most `location_ttl`; after it, the master is
-    asked and says the key is gone."""
+def test_without_the_stream_a_removed_value_may_be_read_until_the_ttl_then_not(
+    one_node: Pool,
+) -> None:
+    """The documented bound when no invalidation arrives (a master that does not push, a
+    lost stream): removed by another client, the old bytes (still in place, checksum intact)
+    may be returned for at most `location_ttl`; after it, the master says the key is gone."""
     with (
         Store(one_node.address, read_mode="cached", location_ttl=0.5) as s,
         Store(one_node.address) as other,
     ):
+        s._node.rpc.on_push = None  # the pushes are not heard
+        assert s._locations is not None
+        s._locations.refresh = None
         value = _value(3, 4096)
         assert s.put("stale", value) is True
         other.remove("stale", force=True)
@@ -187,3 +192,46 @@ def test_locations_are_a_bounded_lru_with_a_ttl() -> None:
     assert [e is not None for e in locs.lookup_many(["a", "c"])] == [True, True]
     now[0] = 1.5
     assert locs.lookup("a") is None and len(locs) == 1
+
+
+def _gone(store: Store, key: str) -> bool:
+    try:
+        store.get(key)
+    except ObjectNotFound:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["remove", "upsert same size", "upsert other size"])
+def test_the_stream_makes_another_clients_change_visible_long_before_the_ttl(
+    one_node: Pool, how: str
+) -> None:
+    with (
+        Store(one_node.address, read_mode="cached", location_ttl=60.0) as s,
+        Store(one_node.address) as other,
+    ):
+        old = _value(4, 4096)
+        assert other.put("changing", old) is True
+        assert s.get("changing") == old  # remembered
+        if how == "remove":
+            other.remove("changing", force=True)
+            wait_until(lambda: _gone(s, "changing"), timeout=5, what="the removal to be seen")
+        else:
+            new = _value(5, 4096 if how == "upsert same size" else 8192)
+            other.upsert("changing", new)
+            wait_until(lambda: s.get("changing") == new, timeout=5, what="the new value")
+        assert s._invalidations is not None and s._invalidations.pushes >= 1
+        other.remove_all(force=True)
+
+
+def test_a_new_connection_forgets_everything_and_subscribes_again(one_node: Pool) -> None:
+    with Store(one_node.address, read_mode="cached", location_ttl=60.0) as s:
+        assert s.put("kept", b"k" * 100) is True
+        assert s._locations is not None and len(s._locations) == 1
+        s._node.rpc.reconnect()  # the stream of the old connection is gone
+        s.exists("other")  # any call connects again
+        assert len(s._locations) == 0
+        assert s.get("kept") == b"k" * 100  # from the master again
+        assert s._invalidations is not None
+        assert s._invalidations._conn is s._node.rpc.current_connection()
+        s.remove_all(force=True)

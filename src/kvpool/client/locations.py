@@ -13,7 +13,9 @@ bytes: it fails the checksum.
 What this may return that strict mode would not: a value that was removed, evicted or replaced
 less than `ttl` seconds after the entry was remembered, as long as its bytes are still where
 they were. Entries older than `ttl` are never used, so that is the bound on staleness; the
-Store's own `remove` / `upsert` forget their keys at once. The table is an LRU of at most
+Store's own `remove` / `upsert` forget their keys at once, and the master's invalidation stream
+(`kvpool.client.invalidation`, applied by `refresh` before each lookup) makes other clients'
+removals usually felt within a round trip. The table is an LRU of at most
 `capacity` entries; every method takes one lock for a few dictionary operations.
 """
 
@@ -59,7 +61,7 @@ class Locations:
     """A bounded, TTL-limited LRU of `Remembered` places by key (module docstring).
     Thread-safe. `clock` is injectable for tests (monotonic seconds)."""
 
-    __slots__ = ("_clock", "_entries", "_lock", "capacity", "hits", "misses", "ttl")
+    __slots__ = ("_clock", "_entries", "_lock", "capacity", "hits", "misses", "refresh", "ttl")
 
     def __init__(
         self,
@@ -74,6 +76,9 @@ class Locations:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        #: Called before every lookup: applies the invalidations pushed since the last one
+        #: (`kvpool.client.invalidation`); None without a stream.
+        self.refresh: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,6 +110,8 @@ class Locations:
     def lookup(self, key: str) -> Remembered | None:
         """The place of `key` when remembered less than `ttl` ago, else None (an expired entry
         is dropped)."""
+        if self.refresh is not None:
+            self.refresh()
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -120,6 +127,8 @@ class Locations:
 
     def lookup_many(self, keys: list[str]) -> list[Remembered | None]:
         """`lookup` of every key, under one lock and one clock read."""
+        if self.refresh is not None:
+            self.refresh()
         now = self._clock()
         out: list[Remembered | None] = []
         with self._lock:

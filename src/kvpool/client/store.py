@@ -43,6 +43,7 @@ from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
+from kvpool.client.invalidation import Invalidations
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
 from kvpool.client.locations import (
     DEFAULT_LOCATION_CAPACITY,
@@ -201,6 +202,7 @@ class Store:
         self._mount_lock = threading.Lock()
         self._locations: Locations | None = None
         self._pending: PendingCommits | None = None
+        self._invalidations: Invalidations | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -224,7 +226,14 @@ class Store:
             opened = self._gate.open
             self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
             if config.read_mode == "cached":
-                self._locations = Locations(config.location_ttl, config.location_capacity)
+                locations = Locations(config.location_ttl, config.location_capacity)
+                self._locations = locations
+                stream = Invalidations(
+                    lambda: node.rpc, tenant, locations.forget_many, locations.clear
+                )
+                locations.refresh = stream.refresh
+                stream.start()
+                self._invalidations = stream
             self._reader = Reader(node, opened, tenant, config.verify_checksum, self._locations)
             self._writer.locations = self._locations
             # Unwaited commits need one connection that keeps its order: not a failover client

@@ -1,0 +1,68 @@
+"""The master's invalidation stream, seen from a raw connection: a subscriber hears the keys
+of its tenant that are removed, nothing of other tenants, and `everything` when a segment
+goes away."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvpool.client import Store
+from kvpool.protocol.invalidation import Invalidate, Subscribe, decode_push
+from kvpool.protocol.messages import Reply, Response, TenantId
+from kvpool.rpc.client import RpcClient
+from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
+from kvtest.procs import wait_until
+
+
+@pytest.fixture
+def two_nodes(pool: PoolFactory) -> Pool:  # noqa: F811
+    return pool(nodes=2, segment_size="16MiB")
+
+
+@pytest.fixture
+def listener(two_nodes: Pool) -> Iterator[tuple[RpcClient, list[Invalidate | None]]]:
+    heard: list[Invalidate | None] = []
+    with RpcClient(two_nodes.address, response_type=Response) as rpc:
+        rpc.on_push = lambda payload: heard.append(decode_push(payload))
+        assert rpc.call_as(Subscribe(TenantId("t1")), Reply).code == 0
+        assert rpc.call_as(Subscribe(TenantId("t1")), Reply).code == 0  # idempotent
+        yield rpc, heard
+
+
+def _keys(heard: list[Invalidate | None]) -> set[str]:
+    return {k for m in heard if m is not None for k in m.keys}
+
+
+def test_a_subscriber_hears_its_tenants_removals_only(
+    two_nodes: Pool, listener: tuple[RpcClient, list[Invalidate | None]]
+) -> None:
+    rpc, heard = listener
+    with Store(two_nodes.address, tenant="t1") as t1, Store(two_nodes.address, tenant="t2") as t2:
+        t1.batch_put(["a", "b", "c"], [b"1", b"2", b"3"])
+        t2.put("a2", b"x")
+        t2.remove("a2")
+        t1.batch_remove(["a", "b"])
+
+        def heard_both() -> bool:
+            rpc.poll()
+            return {"a", "b"} <= _keys(heard)
+
+        wait_until(heard_both, timeout=5, what="the removals to be pushed")
+        assert "c" not in _keys(heard) and "a2" not in _keys(heard)
+        assert all(m is not None and m.tenant == "t1" for m in heard)
+        t1.remove_all(force=True)
+
+
+def test_a_segment_that_goes_away_invalidates_everything(
+    two_nodes: Pool, listener: tuple[RpcClient, list[Invalidate | None]]
+) -> None:
+    rpc, heard = listener
+    assert two_nodes.stop_node(1) == 0  # a clean stop unmounts its segment
+
+    def heard_everything() -> bool:
+        rpc.poll()
+        return any(m is not None and m.everything for m in heard)
+
+    wait_until(heard_everything, timeout=10, what="an everything push")

@@ -109,6 +109,10 @@ class StoreConfig:
     """Cached mode: seconds a remembered place may be used (the staleness bound)."""
     location_capacity: int = DEFAULT_LOCATION_CAPACITY
     """Cached mode: most places remembered (LRU)."""
+    hot_cache_size: int = 0
+    """Bytes of values of remote replicas kept in this process (Mooncake's
+    `MC_STORE_LOCAL_HOT_CACHE_SIZE`; `kvpool.client.hotcache`); needs `read_mode="cached"`,
+    whose promise it keeps. 0: none."""
     write_mode: WriteMode = "wait"
     """ "wait" (a put returns once the master committed it) or "nowait" (an arena put returns
     once its bytes are written and its commit is sent; the answer is checked at the next call,
@@ -116,7 +120,13 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
-        for name in ("segment_size", "arena_size", "local_buffer_size", "offload_size"):
+        for name in (
+            "segment_size",
+            "arena_size",
+            "local_buffer_size",
+            "offload_size",
+            "hot_cache_size",
+        ):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
         if self.segment_size:
             parse_size(self.segment_size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
@@ -143,6 +153,11 @@ class StoreConfig:
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        if self.hot_cache_size and self.read_mode != "cached":
+            raise InvalidParams(
+                f"hot_cache_size: {self.hot_cache_size} needs read_mode='cached', "
+                f"not {self.read_mode!r}"
+            )
         if not isinstance(self.write_mode, str) or self.write_mode not in WRITE_MODES:
             raise InvalidParams(
                 f"write_mode: {self.write_mode!r} is not one of {', '.join(WRITE_MODES)}"

@@ -61,7 +61,17 @@ class Locations:
     """A bounded, TTL-limited LRU of `Remembered` places by key (module docstring).
     Thread-safe. `clock` is injectable for tests (monotonic seconds)."""
 
-    __slots__ = ("_clock", "_entries", "_lock", "capacity", "hits", "misses", "refresh", "ttl")
+    __slots__ = (
+        "_clock",
+        "_entries",
+        "_lock",
+        "capacity",
+        "epoch",
+        "hits",
+        "misses",
+        "refresh",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -79,15 +89,30 @@ class Locations:
         #: Called before every lookup: applies the invalidations pushed since the last one
         #: (`kvpool.client.invalidation`); None without a stream.
         self.refresh: Callable[[], None] | None = None
+        #: Counts forgets and clears: a place learnt by a read that began before one of them
+        #: is not remembered (its invalidation may have come while the read ran).
+        self.epoch = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def remember(self, key: str, segment: str, offset: int, size: int, checksum: int) -> None:
+    def remember(
+        self,
+        key: str,
+        segment: str,
+        offset: int,
+        size: int,
+        checksum: int,
+        *,
+        epoch: int | None = None,
+    ) -> None:
         """Remember that `key`'s value (of `size` bytes and `checksum`) is at `offset` of
-        `segment`, for the next `ttl` seconds."""
+        `segment`, for the next `ttl` seconds; not when `epoch` (read before the place was
+        learnt) is no longer current."""
         entry = Remembered(segment, offset, size, checksum, self._clock() + self.ttl)
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                return
             entries = self._entries
             entries[key] = entry
             entries.move_to_end(key)
@@ -95,11 +120,16 @@ class Locations:
                 entries.popitem(last=False)
 
     def remember_many(
-        self, keys: Iterable[str], places: Iterable[tuple[str, int, int, int]]
+        self,
+        keys: Iterable[str],
+        places: Iterable[tuple[str, int, int, int]],
+        epoch: int | None = None,
     ) -> None:
         """`remember` of every (key, (segment, offset, size, checksum)), under one lock."""
         expires = self._clock() + self.ttl
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                return
             entries = self._entries
             for key, (seg, off, size, csum) in zip(keys, places, strict=True):
                 entries[key] = Remembered(seg, off, size, csum, expires)
@@ -149,14 +179,17 @@ class Locations:
     def forget(self, key: str) -> None:
         """Forget `key` (its value was removed, replaced or failed its check)."""
         with self._lock:
+            self.epoch += 1
             self._entries.pop(key, None)
 
     def forget_many(self, keys: Iterable[str]) -> None:
         with self._lock:
+            self.epoch += 1
             for key in keys:
                 self._entries.pop(key, None)
 
     def clear(self) -> None:
         """Forget everything (e.g. a lost master connection, or `remove_all`)."""
         with self._lock:
+            self.epoch += 1
             self._entries.clear()

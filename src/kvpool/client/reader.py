@@ -44,6 +44,7 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
@@ -92,7 +93,7 @@ class Reader:
     between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`; `verify`
     checks every read against the checksum recorded at PutEnd (`Store.verify_checksum`)."""
 
-    __slots__ = ("_node", "_opened", "locations", "tenant", "verify")
+    __slots__ = ("_node", "_opened", "hot", "locations", "tenant", "verify")
 
     def __init__(
         self,
@@ -107,6 +108,8 @@ class Reader:
         self.tenant = tenant
         self.verify = verify
         self.locations = locations
+        #: The hot cache of remote values (cached mode with `hot_cache_size`), or None.
+        self.hot: HotCache | None = None
 
     # ------------------------------------------------------------------ one value
 
@@ -114,40 +117,86 @@ class Reader:
         """The value of `key` in a bytearray allocated once for it; raises `ObjectNotFound`."""
         data = self._opened()
         locations = self.locations
+        epoch = 0
         if locations is not None:
+            hot = self.hot
+            if hot is not None:
+                cached = self._hot_get(locations, hot, key)
+                if cached is not None:
+                    return bytearray(cached)
+                epoch = hot.epoch
             entry = locations.lookup(key)
             if entry is not None:
                 got = self._get_remembered(data, key, entry)
                 if got is not None:
+                    if hot is not None:
+                        self._offer(data, hot, key, entry.segment, got, epoch=epoch)
                     return got
+            epoch = locations.epoch
+        hot_epoch = self.hot.epoch if self.hot is not None else 0
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         out = bytearray(rl.size)
         done = self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
-        self._remember(key, rl, done)
+        self._remember(key, rl, done, epoch)
+        if self.hot is not None:
+            self._offer(data, self.hot, key, done.segment, out, epoch=hot_epoch)
         return out
 
     def get_into(self, key: str, mv: memoryview) -> int:
         """Read `key` into `mv`; returns the value's size. A buffer smaller than the value is
         INVALID_PARAMS and nothing is read."""
         locations = self.locations
+        epoch = 0
         if locations is not None:
+            hot = self.hot
+            if hot is not None:
+                cached = self._hot_get(locations, hot, key)
+                if cached is not None and len(cached) <= mv.nbytes:
+                    mv[: len(cached)] = cached
+                    return len(cached)
+                epoch = hot.epoch
             entry = locations.lookup(key)
-            if (
-                entry is not None
-                and entry.size <= mv.nbytes
-                and self._read_remembered(self._opened(), key, entry, mv[: entry.size])
-            ):
-                return entry.size
+            if entry is not None and entry.size <= mv.nbytes:
+                data = self._opened()
+                dest = mv[: entry.size]
+                if self._read_remembered(data, key, entry, dest):
+                    if hot is not None:
+                        self._offer(data, hot, key, entry.segment, dest, epoch=epoch)
+                    return entry.size
+            epoch = locations.epoch
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         if rl.size > mv.nbytes:
             raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
         done = self.read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
-        self._remember(key, rl, done)
+        self._remember(key, rl, done, epoch)
         return rl.size
+
+    # ------------------------------------------------------------------ the hot cache
+
+    @staticmethod
+    def _hot_get(locations: Locations, hot: HotCache, key: str) -> bytes | None:
+        if locations.refresh is not None:
+            locations.refresh()  # the pushes that arrived first
+        return hot.get(key)
+
+    @staticmethod
+    def _offer(
+        data: DataPath,
+        hot: HotCache,
+        key: str,
+        segment: str,
+        value: bytearray | memoryview,
+        *,
+        epoch: int,
+    ) -> None:
+        """Offer a value just read to the hot cache, when it came over TCP (a replica on
+        another host, or TCP forced; `kvpool.client.hotcache`)."""
+        if data.over_tcp(segment):
+            hot.offer(key, value, epoch)
 
     # ------------------------------------------------------------------ remembered places
 
@@ -200,8 +249,11 @@ class Reader:
         if self.locations is not None:
             self.locations.forget(key)
 
-    def _remember(self, key: str, rl: ReplicaListReply, done: ReplicaDesc | None) -> None:
-        """Remember the memory replica a strict read of `key` succeeded on (cached mode)."""
+    def _remember(
+        self, key: str, rl: ReplicaListReply, done: ReplicaDesc | None, epoch: int
+    ) -> None:
+        """Remember the memory replica a strict read of `key` succeeded on (cached mode),
+        unless something was forgotten since `epoch` (read before the request left)."""
         locations = self.locations
         if (
             locations is not None
@@ -209,7 +261,7 @@ class Reader:
             and rl.checksum is not None
             and done.kind == ReplicaKind.MEMORY
         ):
-            locations.remember(key, done.segment, done.offset, rl.size, rl.checksum)
+            locations.remember(key, done.segment, done.offset, rl.size, rl.checksum, epoch=epoch)
 
     def read(
         self,
@@ -364,13 +416,14 @@ class Reader:
         self, ks: list[str], codes: list[ErrorCode] | None
     ) -> list[bytearray | None]:
         """`batch_get` through the master (strict mode; cached mode's misses)."""
+        epoch = self.locations.epoch if self.locations is not None else 0
         started = time.monotonic()
         loc = self._locations(ks)
         fast = self._batch_get_mapped(loc, started)
         if fast is not None:
             if codes is not None:
                 codes.extend(ErrorCode.of(c) if c else ErrorCode.OK for c in loc.codes)
-            self._remember_batch(ks, loc, [v is not None for v in fast], None)
+            self._remember_batch(ks, loc, [v is not None for v in fast], None, epoch)
             return fast
         out: list[bytearray | None] = []
         dests: list[memoryview | None] = []
@@ -391,7 +444,8 @@ class Reader:
                 if code not in _ABSENT and first is None:
                     first = error_for_code(code, f"{ks[i]!r}")
         if firsts is not None:
-            self._remember_batch(ks, loc, firsts, self._first_places(loc, self._opened().is_local))
+            first_of = self._first_places(loc, self._opened().is_local)
+            self._remember_batch(ks, loc, firsts, first_of, epoch)
         if codes is not None:
             codes.extend(got)
         elif first is not None:
@@ -444,6 +498,7 @@ class Reader:
         return out
 
     def _batch_get_into_strict(self, ks: list[str], views: list[memoryview]) -> list[int]:
+        epoch = self.locations.epoch if self.locations is not None else 0
         started = time.monotonic()
         loc = self._locations(ks)
         sizes = loc.sizes
@@ -459,7 +514,8 @@ class Reader:
         firsts: list[bool] | None = None if self.locations is None else [False] * len(ks)
         codes = self._read_batch(ks, loc, dests, started, firsts)
         if firsts is not None:
-            self._remember_batch(ks, loc, firsts, self._first_places(loc, self._opened().is_local))
+            first_of = self._first_places(loc, self._opened().is_local)
+            self._remember_batch(ks, loc, firsts, first_of, epoch)
         out: list[int] = []
         for i, code in enumerate(codes):
             final = early.get(i, code)
@@ -610,8 +666,10 @@ class Reader:
         loc: LocationsReply,
         firsts: list[bool],
         first_of: list[int] | None,
+        epoch: int,
     ) -> None:
-        """Remember, in cached mode, the first-choice place of every key read from it."""
+        """Remember, in cached mode, the first-choice place of every key read from it (not
+        when something was forgotten since `epoch`, read before the request left)."""
         locations = self.locations
         if locations is None:
             return
@@ -630,7 +688,7 @@ class Reader:
             keys.append(ks[i])
             where.append((segments[p[j]], p[j + 1], sizes[i], csum))
         if keys:
-            locations.remember_many(keys, where)
+            locations.remember_many(keys, where, epoch)
 
     @staticmethod
     def _first_places(

@@ -43,6 +43,7 @@ from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
+from kvpool.client.hotcache import HotCache
 from kvpool.client.invalidation import Invalidations
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
 from kvpool.client.locations import (
@@ -155,6 +156,7 @@ class Store:
         read_mode: str = "strict",
         location_ttl: float = DEFAULT_LOCATION_TTL_S,
         location_capacity: int = DEFAULT_LOCATION_CAPACITY,
+        hot_cache_size: int | str = 0,
         write_mode: str = "wait",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
@@ -181,6 +183,7 @@ class Store:
             location_ttl=location_ttl,
             location_capacity=location_capacity,
             write_mode=cast(WriteMode, write_mode),
+            hot_cache_size=parse_size(hot_cache_size, name="hot_cache_size"),
         )
         self._setup(config)
 
@@ -203,6 +206,7 @@ class Store:
         self._locations: Locations | None = None
         self._pending: PendingCommits | None = None
         self._invalidations: Invalidations | None = None
+        self._hot: HotCache | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -228,13 +232,14 @@ class Store:
             if config.read_mode == "cached":
                 locations = Locations(config.location_ttl, config.location_capacity)
                 self._locations = locations
-                stream = Invalidations(
-                    lambda: node.rpc, tenant, locations.forget_many, locations.clear
-                )
+                if config.hot_cache_size:
+                    self._hot = HotCache(config.hot_cache_size, config.location_ttl)
+                stream = Invalidations(lambda: node.rpc, tenant, self._forget, self._clear)
                 locations.refresh = stream.refresh
                 stream.start()
                 self._invalidations = stream
             self._reader = Reader(node, opened, tenant, config.verify_checksum, self._locations)
+            self._reader.hot = self._hot
             self._writer.locations = self._locations
             # Unwaited commits need one connection that keeps its order: not a failover client
             # (a leader switch settles commits by asking again), there puts wait as before.
@@ -672,21 +677,34 @@ class Store:
         """Remove every object of this tenant (leased ones only with `force`); returns how
         many were removed."""
         self._settle()
-        if self._locations is not None:
-            self._locations.clear()
+        self._clear()
         return self._control.remove_all(force)
 
     def _forget(self, keys: list[str]) -> None:
-        """Cached read mode: this Store's own removals and overwrites are seen at once."""
+        """Cached read mode: this Store's own removals and overwrites are seen at once (and
+        the invalidation stream's keys)."""
         if self._locations is not None:
             self._locations.forget_many(keys)
+        if self._hot is not None:
+            self._hot.forget_many(keys)
+
+    def _clear(self) -> None:
+        """Cached read mode: forget every remembered place and hot value."""
+        if self._locations is not None:
+            self._locations.clear()
+        if self._hot is not None:
+            self._hot.clear()
+
+    @property
+    def hot_cache(self) -> HotCache | None:
+        """The hot cache (`hot_cache_size`; its `hits`, `misses`, `hit_ratio`), or None."""
+        return self._hot
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
         """Remove the keys in which `pattern` is found (the syntax of the `regex` package, which
         the master matches with: Python's `re` and more, such as `\\p{L}`); returns the count."""
         self._settle()
-        if self._locations is not None:
-            self._locations.clear()
+        self._clear()
         return self._control.remove_by_regex(check_pattern(pattern), force)
 
     # ------------------------------------------------------------------ replica tasks (control.py)

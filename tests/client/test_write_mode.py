@@ -111,3 +111,25 @@ def test_the_queue_of_unanswered_commits_is_bounded(one_node: Pool) -> None:
             3 * pending.limit
         )
         s.remove_all(force=True)
+
+
+def test_a_large_batch_is_committed_in_parts_that_overlap_the_copy(one_node: Pool) -> None:
+    from kvpool.client.writer import _parts
+
+    assert _parts([1 << 20] * 3) == [[0, 1, 2]]  # under two parts' worth: one
+    parts = _parts([1 << 20] * 10)
+    assert [i for p in parts for i in p] == list(range(10)) and 2 <= len(parts) <= 8
+    keys = [f"big{i}" for i in range(10)]
+    values = [os.urandom(1 << 20) for _ in keys]
+    for mode in ("wait", "nowait"):
+        with Store(one_node.address, write_mode=mode) as s, Store(one_node.address) as other:
+            assert s.batch_put(keys, values) == [ErrorCode.OK] * 10
+            s.flush()
+            assert other.batch_get(keys) == values
+            # wait: the master's answer; nowait: the same when the batch took PutStart (no
+            # arena room left), else OK (sent), and "exists" is no failure later
+            again = s.batch_put(keys[:2], values[:2])
+            exists = [ErrorCode.OBJECT_ALREADY_EXISTS] * 2
+            assert again == exists if mode == "wait" else again in (exists, [ErrorCode.OK] * 2)
+            s.flush()
+            other.remove_all(force=True)

@@ -111,7 +111,7 @@ from kvpool.protocol.messages import (
     TenantId,
     UpsertStart,
 )
-from kvpool.rpc.client import RpcClient
+from kvpool.rpc.client import RpcClient, Sent
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Writer"]
@@ -705,17 +705,35 @@ class Writer:
         offs = got[1]
         ok = ErrorCode.OK
         n = len(keys)
+        rpc = self._node.rpc
+        # Large batches overlap the copy of one part with the commit of the one before: each
+        # part's BatchPutCommit is sent (`RpcClient.send`) before the next part is copied, and
+        # the answers are taken at the end (nowait mode: later, `kvpool.client.pending`).
+        parts = _parts(sizes) if type(rpc) is RpcClient else [list(range(n))]
+        codes: list[ErrorCode] = [ok] * n
+        out: list[ErrorCode] = [ok] * n
+        answers: list[tuple[list[int], list[int], Sent]] = []
         try:
-            codes, digests = self._opened().move_many(
-                TransferOp.WRITE, views, [arena.segment] * n, offs, True
-            )
-            out = list(codes)
-            good = [i for i in range(n) if codes[i] == ok]
-            if len(good) != n:
-                arenas.abandon(arena)
-            if good:
+            data = self._opened()
+            for part in parts:
+                whole = len(part) == n
+                pviews = views if whole else [views[i] for i in part]
+                poffs = offs if whole else [offs[i] for i in part]
+                got_p, digests = data.move_many(
+                    TransferOp.WRITE, pviews, [arena.segment] * len(part), poffs, True
+                )
+                good: list[int] = []
+                sums: list[int] = []
+                for j, (i, c) in enumerate(zip(part, got_p, strict=True)):
+                    codes[i] = out[i] = c
+                    if c == ok:
+                        good.append(i)
+                        sums.append(digest_or_checksum(digests[j], pviews[j]))
+                if len(good) != len(part):
+                    arenas.abandon(arena)
+                if not good:
+                    continue
                 every = len(good) == n
-                sums = [digest_or_checksum(digests[i], views[i]) for i in good]
                 commit = BatchPutCommit(
                     self._node.client_id,
                     arena.arena_id,
@@ -730,23 +748,22 @@ class Writer:
                     wrote = [keys[i] for i in good]
                     where = [(offs[i], sizes[i], sums[j]) for j, i in enumerate(good)]
                     self._send_commit(commit, arenas, arena, wrote, where)  # answered later
+                elif len(parts) > 1:
+                    answers.append((good, sums, rpc.send(commit)))
                 else:
                     sent = time.monotonic()
-                    got_codes = self._node.rpc.call_as(commit, BatchReply).codes
-                    if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
-                        arenas.confirm(arena, sent)
-                    check_count("BatchPutCommit", len(got_codes), len(good))
-                    for i, c in zip(good, got_codes, strict=True):
-                        out[i] = ErrorCode.of(c) if c else ok
-                    if self.locations is not None:
-                        stored = [j for j, c in enumerate(got_codes) if c == OK]
-                        self.locations.remember_many(
-                            [keys[good[j]] for j in stored],
-                            [
-                                (arena.segment, offs[good[j]], sizes[good[j]], sums[j])
-                                for j in stored
-                            ],
-                        )
+                    reply = rpc.call_as(commit, BatchReply)
+                    self._committed(arenas, arena, keys, sizes, offs, good, sums, reply, sent, out)
+            for good, sums, pending in answers:
+                reply = rpc.receive(pending)
+                if not isinstance(reply, BatchReply):
+                    raise KVPoolError(
+                        f"BatchPutCommit answered with {type(reply).__name__}",
+                        ErrorCode.DESERIALIZE_FAIL,
+                    )
+                self._committed(
+                    arenas, arena, keys, sizes, offs, good, sums, reply, pending.at, out
+                )
         finally:
             arenas.done(arena)
         # Again through PutStart: what was never written, and what the master refused only
@@ -762,6 +779,33 @@ class Writer:
             for i, c in zip(again, redo, strict=True):
                 out[i] = c
         return out
+
+    def _committed(  # noqa: PLR0917
+        self,
+        arenas: Arenas,
+        arena: Arena,
+        keys: list[str],
+        sizes: list[int],
+        offs: list[int],
+        good: list[int],
+        sums: list[int],
+        reply: BatchReply,
+        sent: float,
+        out: list[ErrorCode],
+    ) -> None:
+        """Apply a BatchPutCommit's answer for the keys `good` (sent at `sent`) to `out`."""
+        got_codes = reply.codes
+        if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
+            arenas.confirm(arena, sent)
+        check_count("BatchPutCommit", len(got_codes), len(good))
+        for i, c in zip(good, got_codes, strict=True):
+            out[i] = ErrorCode.of(c) if c else ErrorCode.OK
+        if self.locations is not None:
+            stored = [j for j, c in enumerate(got_codes) if c == OK]
+            self.locations.remember_many(
+                [keys[good[j]] for j in stored],
+                [(arena.segment, offs[good[j]], sizes[good[j]], sums[j]) for j in stored],
+            )
 
     def _put_batch_started(
         self,
@@ -888,6 +932,30 @@ class Writer:
                 failed_ids.append(put_id)
         if failed:
             self._revoke(failed, failed_ids)
+
+
+_PART_BYTES: Final = 2 << 20
+"""A batch of more value bytes than this is copied and committed in parts of about this size
+(at most `_MAX_PARTS`), each commit sent before the next part is copied."""
+_MAX_PARTS: Final = 8
+
+
+def _parts(sizes: list[int]) -> list[list[int]]:
+    """The indexes of a batch in consecutive parts of about `_PART_BYTES` (one part when the
+    batch is smaller than two)."""
+    total = sum(sizes)
+    if total < 2 * _PART_BYTES or len(sizes) < 2:
+        return [list(range(len(sizes)))]
+    target = max(_PART_BYTES, -(-total // _MAX_PARTS))
+    parts: list[list[int]] = [[]]
+    filled = 0
+    for i, n in enumerate(sizes):
+        if filled >= target:
+            parts.append([])
+            filled = 0
+        parts[-1].append(i)
+        filled += n
+    return parts
 
 
 def _put_ids(rep: BatchPutStartReply, which: list[int]) -> list[int]:

@@ -423,7 +423,8 @@ class Reader:
         if fast is not None:
             if codes is not None:
                 codes.extend(ErrorCode.of(c) if c else ErrorCode.OK for c in loc.codes)
-            self._remember_batch(ks, loc, [v is not None for v in fast], None, epoch)
+            if self.locations is not None:
+                self._remember_batch(ks, loc, [v is not None for v in fast], None, epoch)
             return fast
         out: list[bytearray | None] = []
         dests: list[memoryview | None] = []

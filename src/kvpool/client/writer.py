@@ -722,13 +722,16 @@ class Writer:
                 got_p, digests = data.move_many(
                     TransferOp.WRITE, pviews, [arena.segment] * len(part), poffs, True
                 )
-                good: list[int] = []
-                sums: list[int] = []
-                for j, (i, c) in enumerate(zip(part, got_p, strict=True)):
-                    codes[i] = out[i] = c
-                    if c == ok:
-                        good.append(i)
-                        sums.append(digest_or_checksum(digests[j], pviews[j]))
+                if whole:  # the common case, as plain as it was before parts
+                    codes, out = list(got_p), list(got_p)
+                    good = [i for i in range(n) if got_p[i] == ok]
+                    sums = [digest_or_checksum(digests[i], views[i]) for i in good]
+                else:
+                    for i, c in zip(part, got_p, strict=True):
+                        codes[i] = out[i] = c
+                    mine = [j for j in range(len(part)) if got_p[j] == ok]
+                    good = [part[j] for j in mine]
+                    sums = [digest_or_checksum(digests[j], pviews[j]) for j in mine]
                 if len(good) != len(part):
                     arenas.abandon(arena)
                 if not good:

@@ -5,15 +5,17 @@ goes away."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store
+from kvpool.errors import PermissionDenied
 from kvpool.protocol.invalidation import Invalidate, Subscribe, decode_push
 from kvpool.protocol.messages import Reply, Response, TenantId
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
-from kvtest.procs import wait_until
+from kvtest.procs import kvpool_proc, wait_until
 
 
 @pytest.fixture
@@ -66,3 +68,27 @@ def test_a_segment_that_goes_away_invalidates_everything(
         return any(m is not None and m.everything for m in heard)
 
     wait_until(heard_everything, timeout=10, what="an everything push")
+
+
+def test_a_client_token_subscribes_to_its_own_tenant_only(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "tokens:\n"
+        "  - {token: speed-client-token-a-000000000001, tenant: a, role: client}\n"
+        "  - {token: speed-node-token-a-00000000000002, tenant: a, role: node}\n"
+    )
+    master = kvpool_proc("master", "--port", "0", "--auth-file", str(auth))
+    try:
+        address = master.wait_ready()
+        with RpcClient(
+            address, response_type=Response, token=b"speed-client-token-a-000000000001"
+        ) as rpc:
+            assert rpc.call_as(Subscribe(TenantId("a")), Reply).code == 0
+            with pytest.raises(PermissionDenied):
+                rpc.call(Subscribe(TenantId("b")))
+        with Store(address, read_mode="cached", token="speed-client-token-a-000000000001") as store:
+            assert store._invalidations is not None
+            assert store._invalidations.unsupported is False
+            assert store._invalidations._conn is not None
+    finally:
+        master.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.client import Store
-from kvpool.errors import PermissionDenied
+from kvpool.errors import KVPoolError, PermissionDenied
 from kvpool.protocol.invalidation import Invalidate, Subscribe, decode_push
 from kvpool.protocol.messages import Reply, Response, TenantId
 from kvpool.rpc.client import RpcClient
@@ -92,3 +92,21 @@ def test_a_client_token_subscribes_to_its_own_tenant_only(tmp_path: Path) -> Non
             assert store._invalidations._conn is not None
     finally:
         master.stop()
+
+
+def test_a_lost_master_connection_clears_what_was_remembered(pool: PoolFactory) -> None:  # noqa: F811
+    p = pool(nodes=1, segment_size="16MiB")
+    with Store(p.address, read_mode="cached", rpc_timeout=2.0, location_ttl=60.0) as s:
+        assert s.put("k", b"v" * 64) is True
+        assert s._locations is not None and len(s._locations) == 1
+        p.master.stop()  # the stream is gone with its connection
+
+        def forgotten() -> bool:
+            try:
+                s.get("k")
+            except KVPoolError:
+                return True  # not served from the remembered place: the master is asked
+            return False
+
+        wait_until(forgotten, timeout=10, what="the remembered place to be dropped")
+        assert len(s._locations) == 0

@@ -9,8 +9,10 @@ Pushes are read by whichever call reads the connection (any RPC of the Store, it
 and, since cached reads send nothing, by `refresh`, which the remembered-place lookups call:
 at most every `poll_interval` it reads what arrived without waiting (`RpcClient.poll`). It also
 notices a new connection (a reconnect, a new leader): the old subscription is gone and pushes
-may have been lost, so everything remembered is forgotten and the Store subscribes again. A
-master that refuses the subscription (an older one) leaves the Store with its TTL alone.
+may have been lost, so everything remembered is forgotten and the Store subscribes again (at
+most once a second while the master cannot be reached; until it is subscribed again, what a
+read remembers is forgotten by the next lookup a millisecond later). A master that refuses the subscription (an older one) leaves the Store with its
+TTL alone.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ __all__ = ["DEFAULT_POLL_INTERVAL_S", "Invalidations"]
 
 log = logging.getLogger(__name__)
 
+_RETRY_S: Final = 1.0
+"""After a failed Subscribe (no master), lookups do not try again for this long; meanwhile
+they keep forgetting everything (reads ask the master, as in strict mode)."""
+
 DEFAULT_POLL_INTERVAL_S: Final = 0.001
 """Seconds between two reads of the connection by cached lookups (one syscall each)."""
 
@@ -41,6 +47,7 @@ class Invalidations:
         "_conn",
         "_forget",
         "_last",
+        "_retry_at",
         "_rpc",
         "_tenant",
         "poll_interval",
@@ -63,6 +70,7 @@ class Invalidations:
         self.poll_interval = poll_interval
         self._conn: object | None = None
         self._last = 0.0
+        self._retry_at = 0.0
         #: Pushes applied (tests and status read it).
         self.pushes = 0
         #: The master refused to subscribe: the TTL alone bounds staleness.
@@ -83,7 +91,10 @@ class Invalidations:
         rpc = self._rpc()
         if rpc.current_connection() is not self._conn or self._conn is None:
             self._clear()
-            self._subscribe()
+            if now >= self._retry_at:
+                self._subscribe()
+                if self._conn is None:  # the master is unreachable: not again for a while
+                    self._retry_at = now + _RETRY_S
             return
         try:
             rpc.poll()

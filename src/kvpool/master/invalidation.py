@@ -79,13 +79,22 @@ class InvalidationHub:
             self._cores.add(id(core))
             core.observe(self)
 
-    def wrap(self, inner: Handler, core: Callable[[], MetadataCore]) -> Handler:
+    def wrap(
+        self,
+        inner: Handler,
+        core: Callable[[], MetadataCore],
+        leading: Callable[[], bool] | None = None,
+    ) -> Handler:
         """`inner`, with `Subscribe` served here (it needs the connection). `core` answers the
         core served now: each Subscribe attaches to it (an HA leader's new core is attached
-        by the first client that subscribes there)."""
+        by the first client that subscribes there). `leading` (an HA master's): while it
+        answers False, Subscribe goes to `inner`, which refuses it (NOT_LEADER, naming the
+        leader)."""
 
         def handle(request: Any, conn: Connection) -> Any:
             if type(request) is Subscribe:
+                if leading is not None and not leading():
+                    return inner(request, conn)
                 self.attach(core())
                 return self.subscribe(request, conn)
             return inner(request, conn)

@@ -107,7 +107,9 @@ class MasterServer:
         handler = self.guard.guard(self._rpc_handler())
         #: The invalidation stream of cached-mode clients (`kvpool.master.invalidation`).
         self.invalidations = InvalidationHub()
-        handler = self.invalidations.wrap(handler, lambda: self.service._core)
+        handler = self.invalidations.wrap(
+            handler, lambda: self.service._core, getattr(self, "_leading", None)
+        )
         if self.credentials is not None:
             handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(

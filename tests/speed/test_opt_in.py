@@ -49,3 +49,24 @@ def test_the_mooncake_store_opts_in_by_config(
         assert store._store is not None and store._store.config.read_mode == mode
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "size", "want"),
+    [("cached", "4MB", 4 << 20), ("strict", "4MB", 0), ("cached", "lots", 0), ("cached", None, 0)],
+)
+def test_the_mooncake_hot_cache_size_applies_in_cached_mode_only(
+    one_node: Pool, monkeypatch: pytest.MonkeyPatch, mode: str, size: str | None, want: int
+) -> None:
+    monkeypatch.setenv("MC_STORE_READ_MODE", mode)
+    if size is None:
+        monkeypatch.delenv("MC_STORE_LOCAL_HOT_CACHE_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("MC_STORE_LOCAL_HOT_CACHE_SIZE", size)
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", one_node.address) == 0
+    try:
+        assert store._store is not None and store._store.config.hot_cache_size == want
+        assert (store._store.hot_cache is not None) == (want > 0)
+    finally:
+        store.close()

@@ -220,6 +220,23 @@ def test_quick_run_writes_json_rows_and_a_plot(tmp_path: Path) -> None:
     if ("kvpool", "shm") in labels:
         ratios = [r for r in rows if r.get("metric") == "ratio"]
         assert {r["peer"] for r in ratios} >= {"redis/tcp", "limit/memcpy", "limit/socket"}
+        # Strict and the fast modes side by side; every kvpool row says which it ran in.
+        assert {("kvpool", "shm+fast"), ("kvpool", "tcp+fast")} <= labels
+        modes = {(r["path"], r["op"], r["mode"]) for r in measured if r["system"] == "kvpool"}
+        assert modes == {
+            (path, op, mode)
+            for path, fast in (
+                ("shm", False),
+                ("tcp", False),
+                ("shm+fast", True),
+                ("tcp+fast", True),
+            )
+            for op, mode in (
+                ("put", "nowait" if fast else "strict"),
+                ("get", "cached" if fast else "strict"),
+            )
+        }
+        assert all("mode" in r for r in ratios if r["system"] == "kvpool")
     else:  # kvpool's client not built yet: it must say so, not vanish
         assert "skipped: kvpool/shm: kvpool.client not available" in proc.output()
     with open(out_png, "rb") as f:

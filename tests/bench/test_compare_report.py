@@ -105,3 +105,25 @@ def test_markdown_table_bolds_kvpool_and_lists_what_was_skipped() -> None:
     mooncake = "| get | 1 MiB | mooncake/tcp | `mooncake-get` | 500 | 0.524 | 1000 | 2000 |"
     assert mooncake + " 6.00 / 3.00 | 1.80 / 0.90 |" in lines
     assert "Skipped: redis/tcp: no server (install: `apt-get install redis-server`)" in md
+
+
+def test_every_kvpool_row_names_its_mode_and_the_fast_rows_have_their_targets() -> None:
+    def moded(path: str, op: str, ops: float, mode: str) -> Measurement:
+        got = m("kvpool", path, op, 4096, ops)
+        got.mode = mode
+        return got
+
+    results = [
+        moded("shm", "get", 100_000, "strict"),
+        moded("shm+fast", "get", 300_000, "cached"),
+        m("redis", "unix", "get", 4096, 100_000),
+    ]
+    rows = json_rows(results)
+    kv = [r for r in rows if r["system"] == "kvpool" and "metric" not in r]
+    assert {(r["path"], r["mode"]) for r in kv} == {("shm", "strict"), ("shm+fast", "cached")}
+    ratios = {(r["path"], r["mode"]): r["value"] for r in rows if r.get("metric") == "ratio"}
+    assert ratios == {("shm", "strict"): 1.0, ("shm+fast", "cached"): 3.0}
+    assert "mode" not in next(r for r in rows if r["system"] == "redis")
+    targets = render_targets(results)
+    assert "fast/Redis unix, small single gets >= 2.0: met (lowest 3.00" in targets
+    assert "kvpool/Redis over a Unix socket, every row >= 1.0: met (lowest 1.00" in targets

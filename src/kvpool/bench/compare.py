@@ -74,6 +74,7 @@ def make_drivers(systems: Sequence[str]) -> list[Driver]:
     drivers: list[Driver] = []
     if "kvpool" in systems:
         drivers += [KvpoolDriver("shm"), KvpoolDriver("tcp")]
+        drivers += [KvpoolDriver("shm", fast=True), KvpoolDriver("tcp", fast=True)]
     if "mooncake" in systems:
         drivers.append(MooncakeDriver())
     if "redis" in systems:

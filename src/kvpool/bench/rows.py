@@ -5,8 +5,9 @@ has `system` (kvpool, limit, a peer), `path` (how the bytes or calls travel: shm
 memcpy, socket, ...), `op`, `value_size` (bytes), `batch` (keys per call), `ops_per_s`,
 `bytes_per_s`, `p50_us` and `p99_us`, then `calls`, `ratio` and `baseline` (the same-run
 baseline it is compared with, if any), then what the benchmark adds (`extra`, e.g. `case`,
-`keys_per_s`, `verified`). Rows that are not a rate carry `metric` and `value` instead and are
-plain dicts.
+`keys_per_s`, `verified`, and `mode` for kvpool rows measured in a Store mode: "strict",
+"cached", "nowait", "cached+hot"; docs/parts/client.md). Rows that are not a rate carry
+`metric` and `value` instead and are plain dicts.
 
 Percentiles are linear interpolation between closest ranks (numpy's default, so the p50 is the
 median). A repeated run keeps, per case, the row of the median run (`median_row`), so that its

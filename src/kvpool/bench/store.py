@@ -14,6 +14,11 @@ memcpy between touched memory (numpy; for a put from the caller's buffer into fr
 TCP transfer could do), each measured alternately with the 1 MiB / 16 MiB calls it is compared
 with, and an `Echo` round trip to the master (the floor of any operation that needs one RPC).
 
+Cached read mode (issue 18): the staleness window of another client's removal as seen by a
+cached-mode reader (`staleness_row`), and TCP gets of a skewed (Zipf) workload in strict mode,
+cached mode and cached mode with a hot cache, with its hit ratio (`hot_cache_rows`). These rows
+carry `"mode"`.
+
 Every value read is compared with what was written; the benchmark never asserts a speed.
 """
 
@@ -292,6 +297,84 @@ def run_cases(store: Store, path: str, plan: Plan, limits: Limits) -> list[Row]:
     return rows
 
 
+# ---------------------------------------------------------------- cached mode: staleness, hot cache
+
+
+def staleness_row(address: str, trials: int) -> Row:
+    """How long another client's removal stays visible to a cached-mode reader (issue 18): a
+    strict Store puts a key, a cached Store reads it (so it remembers the place), the strict
+    one removes it, and the reader reads again and again until it gets `ObjectNotFound`. The
+    window runs from just before the Remove is sent to that answer; without the invalidation
+    stream it would be the `location_ttl` (60 s here). Median and p99 of `trials`."""
+    samples: list[float] = []
+    with (
+        Store(address, read_mode="cached", location_ttl=60.0) as reader,
+        Store(address) as writer,
+    ):
+        for i in range(trials):
+            key = f"stale-{i}"
+            _check(writer.put(key, b"s" * 4096), f"put of {key}")
+            _check(reader.get(key) == b"s" * 4096, f"first get of {key}")
+            t0 = time.perf_counter()
+            writer.remove(key, force=True)
+            deadline = t0 + 5.0
+            while True:
+                try:
+                    reader.get(key)
+                except KVPoolError:
+                    break
+                _check(time.perf_counter() < deadline, f"{key} still read 5 s after its removal")
+            samples.append(time.perf_counter() - t0)
+    row = _row("shm", "staleness", 4 * KiB, 1, samples)
+    row.extra["mode"] = "cached"
+    row.baseline = "window from Remove sent to the reader's miss (TTL 60 s)"
+    return row
+
+
+def hot_cache_rows(address: str, gets: int, keys: int = 2000, size: int = 16 * KiB) -> list[Row]:
+    """TCP gets of a skewed workload (Zipf, s = 1.2, over `keys` values of `size` bytes):
+    strict mode, cached mode, and cached mode with a hot cache of a quarter of the data. Each
+    row says its mode and the hot cache its hit ratio; ratios are to the strict row."""
+    rng = np.random.default_rng(18)
+    values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(16)]
+    ranks = np.arange(1, keys + 1, dtype=np.float64) ** -1.2
+    picks = rng.choice(keys, size=gets, p=ranks / ranks.sum())
+    rows: list[Row] = []
+    with Store(address) as writer:
+        names = [f"hot-{k}" for k in range(keys)]
+        for j in range(0, keys, 100):
+            codes = writer.batch_put(
+                names[j : j + 100], [values[k % 16] for k in range(j, j + 100)]
+            )
+            _check(all(c == ErrorCode.OK for c in codes), "hot-cache fill")
+        modes: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("strict", {}),
+            ("cached", {"read_mode": "cached"}),
+            ("cached+hot", {"read_mode": "cached", "hot_cache_size": keys * size // 4}),
+        )
+        for mode, kwargs in modes:
+            with Store(address, protocol="tcp", location_ttl=60.0, **kwargs) as store:
+                samples = []
+                for k in picks:
+                    t0 = time.perf_counter()
+                    got = store.get(names[k])
+                    samples.append(time.perf_counter() - t0)
+                    _check(got == values[k % 16], f"skewed get of {names[k]}")
+                row = _row("tcp", "get zipf", size, 1, samples)
+                row.extra["mode"] = mode
+                hot = store.hot_cache
+                if hot is not None:
+                    row.extra["hit_ratio"] = hot.hit_ratio
+                    row.baseline = f"hot cache hit ratio {hot.hit_ratio:.2f}"
+                rows.append(row)
+        writer.remove_all(force=True)
+    strict = rows[0].ops_per_s
+    for r in rows[1:]:
+        r.ratio = r.ops_per_s / strict if strict > 0 else None
+        r.baseline = (r.baseline + "; " if r.baseline else "") + "ratio to strict tcp"
+    return rows
+
+
 def run(
     quick: bool = False,
     segment_size: int = 1 << 30,
@@ -328,6 +411,8 @@ def run(
                 r.ratio = r.ops_per_s / rpc.ops_per_s
                 r.baseline = f"rpc echo {rpc.ops_per_s / 1e3:.1f}k/s"
             rows.append(r)
+        rows.append(staleness_row(address, 20 if quick else 300))
+        rows += hot_cache_rows(address, 300 if quick else 5000)
     finally:
         if pool is not None:
             pool.close()
@@ -364,7 +449,15 @@ def median_of_runs(runs: list[list[Row]]) -> list[Row]:
                     if first.baseline
                     else ""
                 ),
-                extra={"mean_ops_per_s": med(lambda r: r.extra["mean_ops_per_s"])},
+                extra={
+                    **first.extra,  # the mode
+                    "mean_ops_per_s": med(lambda r: r.extra["mean_ops_per_s"]),
+                    **(
+                        {"hit_ratio": med(lambda r: r.extra["hit_ratio"])}
+                        if "hit_ratio" in first.extra
+                        else {}
+                    ),
+                },
             )
         )
     return out
@@ -373,7 +466,8 @@ def median_of_runs(runs: list[list[Row]]) -> list[Row]:
 _COLUMNS = (
     Column("system", "<7", lambda r: r.system),
     Column("path", "<7", lambda r: r.path),
-    Column("op", "<5", lambda r: r.op),
+    Column("op", "<9", lambda r: r.op),
+    Column("mode", "<10", lambda r: r.extra.get("mode", "strict") if r.system == "kvpool" else ""),
     Column("size", ">9", lambda r: format_size(r.value_size)),
     Column("batch", ">5", lambda r: str(r.batch)),
     Column("ops/s", ">10", lambda r: f"{r.ops_per_s:.0f}"),

@@ -124,6 +124,9 @@ class AsyncStore:
     ) -> bool:
         return await self._run(self.store.put_from, key, buffer, config)
 
+    async def flush(self) -> None:
+        await self._run(self.store.flush)
+
     async def get(self, key: str) -> bytearray:
         return await self._run(self.store.get, key)
 

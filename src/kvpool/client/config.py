@@ -16,17 +16,25 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
+from kvpool.client.locations import (
+    DEFAULT_LOCATION_CAPACITY,
+    DEFAULT_LOCATION_TTL_S,
+    READ_MODES,
+    ReadMode,
+)
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
 from kvpool.client.validation import check_segment_size
 from kvpool.config import MAX_DURATION_S, parse_size
 from kvpool.errors import InvalidParams
 
-__all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "Protocol", "StoreConfig"]
+__all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "WRITE_MODES", "Protocol", "StoreConfig"]
 
 DEFAULT_TRANSFER_TIMEOUT_S: Final = 60.0
 """Seconds before one transfer (a batch's copies, a TCP read or write) gives up."""
 Protocol = Literal["auto", "shm", "tcp"]
+WriteMode = Literal["wait", "nowait"]
+WRITE_MODES: Final = ("wait", "nowait")
 PROTOCOLS: Final = ("auto", "shm", "tcp")
 MAX_NAME_CHARS: Final = 255
 """Longest tenant, cluster id or host a Store takes."""
@@ -36,6 +44,7 @@ _DURATIONS: Final = {
     "heartbeat_interval": 3600.0,
     "task_poll_interval": 3600.0,
     "failover_timeout": MAX_DURATION_S,
+    "location_ttl": 3600.0,
 }
 """The duration fields and their maxima (seconds; a heartbeat slower than an hour would let
 every master expire the Store)."""
@@ -92,10 +101,32 @@ class StoreConfig:
     "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
     token_file: str = ""
     """A file whose first line is the token (used when `token` is "")."""
+    read_mode: ReadMode = "strict"
+    """ "strict" (every get asks the master for a leased replica) or "cached" (for keys whose
+    bytes never change, such as content hashes: a get reads a place remembered less than
+    `location_ttl` ago straight away, checked by its checksum; `kvpool.client.locations`)."""
+    location_ttl: float = DEFAULT_LOCATION_TTL_S
+    """Cached mode: seconds a remembered place may be used (the staleness bound)."""
+    location_capacity: int = DEFAULT_LOCATION_CAPACITY
+    """Cached mode: most places remembered (LRU)."""
+    hot_cache_size: int = 0
+    """Bytes of values of remote replicas kept in this process (Mooncake's
+    `MC_STORE_LOCAL_HOT_CACHE_SIZE`; `kvpool.client.hotcache`); needs `read_mode="cached"`,
+    whose promise it keeps. 0: none."""
+    write_mode: WriteMode = "wait"
+    """ "wait" (a put returns once the master committed it) or "nowait" (an arena put returns
+    once its bytes are written and its commit is sent; the answer is checked at the next call,
+    `flush()` or `close()`: `kvpool.client.pending`)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
-        for name in ("segment_size", "arena_size", "local_buffer_size", "offload_size"):
+        for name in (
+            "segment_size",
+            "arena_size",
+            "local_buffer_size",
+            "offload_size",
+            "hot_cache_size",
+        ):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
         if self.segment_size:
             parse_size(self.segment_size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
@@ -122,6 +153,27 @@ class StoreConfig:
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        if self.hot_cache_size and self.read_mode != "cached":
+            raise InvalidParams(
+                f"hot_cache_size: {self.hot_cache_size} needs read_mode='cached', "
+                f"not {self.read_mode!r}"
+            )
+        if not isinstance(self.write_mode, str) or self.write_mode not in WRITE_MODES:
+            raise InvalidParams(
+                f"write_mode: {self.write_mode!r} is not one of {', '.join(WRITE_MODES)}"
+            )
+        if not isinstance(self.read_mode, str) or self.read_mode not in READ_MODES:
+            raise InvalidParams(
+                f"read_mode: {self.read_mode!r} is not one of {', '.join(READ_MODES)}"
+            )
+        if (
+            isinstance(self.location_capacity, bool)
+            or not isinstance(self.location_capacity, int)
+            or not 1 <= self.location_capacity <= 1 << 30
+        ):
+            raise InvalidParams(
+                f"location_capacity: {self.location_capacity!r} must be an int in [1, 2**30]"
+            )
         for name, most in _DURATIONS.items():
             value = getattr(self, name)
             if (

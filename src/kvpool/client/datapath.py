@@ -541,6 +541,16 @@ class DataPath:
                 codes[i] = code
         return codes, digests
 
+    def over_tcp(self, segment: str) -> bool:
+        """Whether transfers with `segment` go over TCP (TCP forced, or not mapped here): a
+        round trip each, which the hot cache (`kvpool.client.hotcache`) saves."""
+        if self.protocol == "tcp":
+            return True
+        try:
+            return self.engine.route_kind(segment) is RouteKind.TCP
+        except KVPoolError:
+            return True
+
     def hold_mapped(self, segment: str) -> SegmentHold | None:
         """A hold on `segment`'s mapping when it is mapped here (this process's own, or a
         same-host peer's shared memory) and TCP is not forced; None otherwise. Use it as a

@@ -21,6 +21,16 @@ The mapped fast path (`batch_get`)
     checksum, or a late lease) goes to the general path, which does the whole batch again and
     names the failing key.
 
+Remembered locations (`Store(read_mode="cached")`, `kvpool.client.locations`)
+    With `locations`, a get first looks the key up there: a place remembered less than its
+    TTL ago is read directly (no GetReplicaList, no lease) and the bytes copied are checked
+    against the remembered checksum; only a match is returned. A miss, a mismatch (the range
+    was freed and reused: a torn read), a vanished segment or a transfer error forgets the
+    entry and takes the strict path above, which remembers the replica it read. A batch reads
+    its remembered keys in one copy loop and asks the master (one BatchGetLocations) only for
+    the rest. What this mode may return that strict mode would not is in
+    `kvpool.client.locations`.
+
 Values are copied once, straight between segment memory and the caller's (or the result's)
 memory. The inputs are checked by the Store (`kvpool.client.validation`).
 """
@@ -34,6 +44,8 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.hotcache import HotCache
+from kvpool.client.locations import Locations, Remembered
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
     digest_or_checksum,
@@ -81,7 +93,7 @@ class Reader:
     between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`; `verify`
     checks every read against the checksum recorded at PutEnd (`Store.verify_checksum`)."""
 
-    __slots__ = ("_node", "_opened", "tenant", "verify")
+    __slots__ = ("_node", "_opened", "hot", "locations", "tenant", "verify")
 
     def __init__(
         self,
@@ -89,34 +101,167 @@ class Reader:
         opened: Callable[[], DataPath],
         tenant: TenantId,
         verify: bool,
+        locations: Locations | None = None,
     ) -> None:
         self._node = node
         self._opened = opened
         self.tenant = tenant
         self.verify = verify
+        self.locations = locations
+        #: The hot cache of remote values (cached mode with `hot_cache_size`), or None.
+        self.hot: HotCache | None = None
 
     # ------------------------------------------------------------------ one value
 
     def get(self, key: str) -> bytearray:
         """The value of `key` in a bytearray allocated once for it; raises `ObjectNotFound`."""
-        self._opened()
+        data = self._opened()
+        locations = self.locations
+        epoch = 0
+        if locations is not None:
+            hot = self.hot
+            if hot is not None:
+                cached = self._hot_get(locations, hot, key)
+                if cached is not None:
+                    return bytearray(cached)
+                epoch = hot.epoch
+            entry = locations.lookup(key)
+            if entry is not None:
+                got = self._get_remembered(data, key, entry)
+                if got is not None:
+                    if hot is not None:
+                        self._offer(data, hot, key, entry.segment, got, epoch=epoch)
+                    return got
+            epoch = locations.epoch
+        hot_epoch = self.hot.epoch if self.hot is not None else 0
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         out = bytearray(rl.size)
-        self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
+        done = self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
+        self._remember(key, rl, done, epoch)
+        if self.hot is not None:
+            self._offer(data, self.hot, key, done.segment, out, epoch=hot_epoch)
         return out
 
     def get_into(self, key: str, mv: memoryview) -> int:
         """Read `key` into `mv`; returns the value's size. A buffer smaller than the value is
         INVALID_PARAMS and nothing is read."""
+        locations = self.locations
+        epoch = 0
+        if locations is not None:
+            hot = self.hot
+            if hot is not None:
+                cached = self._hot_get(locations, hot, key)
+                if cached is not None and len(cached) <= mv.nbytes:
+                    mv[: len(cached)] = cached
+                    return len(cached)
+                epoch = hot.epoch
+            entry = locations.lookup(key)
+            if entry is not None and entry.size <= mv.nbytes:
+                data = self._opened()
+                dest = mv[: entry.size]
+                if self._read_remembered(data, key, entry, dest):
+                    if hot is not None:
+                        self._offer(data, hot, key, entry.segment, dest, epoch=epoch)
+                    return entry.size
+            epoch = locations.epoch
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         raise_for_code(rl.code, key)
         if rl.size > mv.nbytes:
             raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
-        self.read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
+        done = self.read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
+        self._remember(key, rl, done, epoch)
         return rl.size
+
+    # ------------------------------------------------------------------ the hot cache
+
+    @staticmethod
+    def _hot_get(locations: Locations, hot: HotCache, key: str) -> bytes | None:
+        if locations.refresh is not None:
+            locations.refresh()  # the pushes that arrived first
+        return hot.get(key)
+
+    @staticmethod
+    def _offer(
+        data: DataPath,
+        hot: HotCache,
+        key: str,
+        segment: str,
+        value: bytearray | memoryview,
+        *,
+        epoch: int,
+    ) -> None:
+        """Offer a value just read to the hot cache, when it came over TCP (a replica on
+        another host, or TCP forced; `kvpool.client.hotcache`)."""
+        if data.over_tcp(segment):
+            hot.offer(key, value, epoch)
+
+    # ------------------------------------------------------------------ remembered places
+
+    def _get_remembered(self, data: DataPath, key: str, entry: Remembered) -> bytearray | None:
+        """`get` from a remembered place: the value, or None (the entry is forgotten) when
+        the place no longer holds it. A small value on a segment mapped here is copied
+        straight into its new bytearray (no zero-filling first) and hashed in the cache."""
+        size = entry.size
+        if size < CHUNKED_MIN:
+            hold = data.hold_mapped(entry.segment)
+            if hold is not None:
+                off = entry.offset
+                with hold:
+                    mem = hold.buffer
+                    if off >= 0 and off + size <= mem.nbytes:
+                        buf = bytearray(mem[off : off + size])
+                        if xxhash.xxh3_64_intdigest(buf) == entry.checksum:
+                            return buf
+                self._forget(key)
+                return None
+        out = bytearray(size)
+        return out if self._read_remembered(data, key, entry, memoryview(out)) else None
+
+    def _read_remembered(
+        self, data: DataPath, key: str, entry: Remembered, dest: memoryview
+    ) -> bool:
+        """Copy the remembered place of `key` into `dest` (its size) and check the checksum;
+        False (the entry forgotten) when anything failed: the caller asks the master."""
+        seg, off = entry.segment, entry.offset
+        try:
+            digest: int | None = None
+            if dest.nbytes < CHUNKED_MIN:
+                got, digests = data.move_many(TransferOp.READ, [dest], [seg], [off], True)
+                code, digest = got[0], digests[0]
+            else:
+                done = data.copy_hashing(TransferOp.READ, dest, seg, off)
+                if done is None:
+                    code = data.transfer([TransferRequest(TransferOp.READ, dest, seg, off)])[0]
+                else:
+                    code, digest = done
+        except KVPoolError as exc:
+            log.debug("remembered place of %r on %s: %s", key, seg, exc)
+            code = ErrorCode.TRANSFER_FAIL
+        if code == ErrorCode.OK and digest_or_checksum(digest, dest) == entry.checksum:
+            return True
+        self._forget(key)
+        return False
+
+    def _forget(self, key: str) -> None:
+        if self.locations is not None:
+            self.locations.forget(key)
+
+    def _remember(
+        self, key: str, rl: ReplicaListReply, done: ReplicaDesc | None, epoch: int
+    ) -> None:
+        """Remember the memory replica a strict read of `key` succeeded on (cached mode),
+        unless something was forgotten since `epoch` (read before the request left)."""
+        locations = self.locations
+        if (
+            locations is not None
+            and done is not None
+            and rl.checksum is not None
+            and done.kind == ReplicaKind.MEMORY
+        ):
+            locations.remember(key, done.segment, done.offset, rl.size, rl.checksum, epoch=epoch)
 
     def read(
         self,
@@ -125,9 +270,10 @@ class Reader:
         dest: memoryview,
         deadline: float,
         order: list[ReplicaDesc] | None = None,
-    ) -> None:
+    ) -> ReplicaDesc:
         """Read the object of `rl` into `dest`, trying the replicas of `order` (default: all
-        of them, best first; see the module docstring); raises the last replica's failure."""
+        of them, best first; see the module docstring); returns the replica read, raises the
+        last replica's failure."""
         if order is None:
             order = order_replicas(rl.replicas, self._opened().is_local)
         if not order:
@@ -159,7 +305,7 @@ class Reader:
                     self._report_bad(key, r.segment, r.offset)
                     continue
             verify_lease(key, deadline)
-            return
+            return r
         raise failure or TransferError(f"{key!r}: every replica failed")
 
     # ------------------------------------------------------------------ batches
@@ -172,15 +318,113 @@ class Reader:
         whole batch is done, unless `codes` (an empty list) is given: then nothing raises for
         one key, the key answers None and each key's outcome is appended to `codes` (OK,
         OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, TRANSFER_FAIL, CHECKSUM_MISMATCH, ...)."""
-        self._opened()
+        data = self._opened()
         if not ks:
             return []
+        if self.locations is not None:
+            return self._batch_get_cached(data, self.locations, ks, codes)
+        return self._batch_get_strict(ks, codes)
+
+    def _batch_get_cached(
+        self,
+        data: DataPath,
+        locations: Locations,
+        ks: list[str],
+        codes: list[ErrorCode] | None,
+    ) -> list[bytearray | None]:
+        """`batch_get` in cached mode: the remembered keys read and checked here, the rest
+        (and any whose check failed) through the strict path, in one BatchGetLocations."""
+        entries = locations.lookup_many(ks)
+        out = self._read_remembered_batch(data, ks, entries)
+        ok = ErrorCode.OK
+        rest = [i for i, v in enumerate(out) if v is None]
+        if not rest:
+            if codes is not None:
+                codes.extend([ok] * len(ks))
+            return out
+        sub_codes: list[ErrorCode] | None = None if codes is None else []
+        got = self._batch_get_strict([ks[i] for i in rest], sub_codes)
+        for i, v in zip(rest, got, strict=True):
+            out[i] = v
+        if codes is not None and sub_codes is not None:
+            merged = [ok] * len(ks)
+            for i, c in zip(rest, sub_codes, strict=True):
+                merged[i] = c
+            codes.extend(merged)
+        return out
+
+    def _read_remembered_batch(
+        self, data: DataPath, ks: list[str], entries: list[Remembered | None]
+    ) -> list[bytearray | None]:
+        """The values of the keys with a remembered place whose bytes pass their checksum;
+        None for the others (their entries forgotten when the check failed). The common case,
+        every place on one segment mapped here, is one loop under one hold of the mapping."""
+        out: list[bytearray | None] = [None] * len(ks)
+        hits = [i for i, e in enumerate(entries) if e is not None]
+        if not hits:
+            return out
+        digest = xxhash.xxh3_64_intdigest
+        bad: list[str] = []
+        first = entries[hits[0]]
+        assert first is not None
+        hold = None
+        if all(e is None or e.segment == first.segment for e in entries):
+            hold = data.hold_mapped(first.segment)
+        if hold is not None:
+            with hold:
+                mem = hold.buffer
+                cap = mem.nbytes
+                for i in hits:
+                    e = entries[i]
+                    assert e is not None
+                    off = e.offset
+                    end = off + e.size
+                    if off < 0 or end > cap:
+                        bad.append(ks[i])
+                        continue
+                    buf = bytearray(mem[off:end])
+                    if digest(buf) == e.checksum:
+                        out[i] = buf
+                    else:
+                        bad.append(ks[i])
+        else:
+            bufs = [bytearray(entries[i].size) for i in hits]  # type: ignore[union-attr]
+            views = [memoryview(b) for b in bufs]
+            try:
+                done, digests = data.move_many(
+                    TransferOp.READ,
+                    views,
+                    [entries[i].segment for i in hits],  # type: ignore[union-attr]
+                    [entries[i].offset for i in hits],  # type: ignore[union-attr]
+                    True,
+                )
+            except KVPoolError as exc:
+                log.debug("remembered places of a batch: %s", exc)
+                done, digests = [ErrorCode.TRANSFER_FAIL] * len(hits), [None] * len(hits)
+            for i, code, taken, buf, view in zip(hits, done, digests, bufs, views, strict=True):
+                e = entries[i]
+                assert e is not None
+                if code == ErrorCode.OK and digest_or_checksum(taken, view) == e.checksum:
+                    out[i] = buf
+                else:
+                    bad.append(ks[i])
+        if bad and self.locations is not None:
+            self.locations.forget_many(bad)
+        return out
+
+    def _batch_get_strict(
+        self, ks: list[str], codes: list[ErrorCode] | None
+    ) -> list[bytearray | None]:
+        """`batch_get` through the master (strict mode; cached mode's misses)."""
+        epoch = self.locations.epoch if self.locations is not None else 0
         started = time.monotonic()
         loc = self._locations(ks)
         fast = self._batch_get_mapped(loc, started)
         if fast is not None:
             if codes is not None:
                 codes.extend(ErrorCode.of(c) if c else ErrorCode.OK for c in loc.codes)
+            if self.locations is not None:
+                self._remember_batch(ks, loc, [v is not None for v in fast], None, epoch)
             return fast
         out: list[bytearray | None] = []
         dests: list[memoryview | None] = []
@@ -192,13 +436,17 @@ class Reader:
             else:
                 out.append(None)
                 dests.append(None)
-        got = self._read_batch(ks, loc, dests, started)
+        firsts: list[bool] | None = None if self.locations is None else [False] * len(ks)
+        got = self._read_batch(ks, loc, dests, started, firsts)
         first: KVPoolError | None = None
         for i, code in enumerate(got):
             if code != ErrorCode.OK:
                 out[i] = None
                 if code not in _ABSENT and first is None:
                     first = error_for_code(code, f"{ks[i]!r}")
+        if firsts is not None:
+            first_of = self._first_places(loc, self._opened().is_local)
+            self._remember_batch(ks, loc, firsts, first_of, epoch)
         if codes is not None:
             codes.extend(got)
         elif first is not None:
@@ -210,6 +458,48 @@ class Reader:
         value (OBJECT_NOT_FOUND, INVALID_PARAMS for a buffer too small, ...)."""
         if not ks:
             return []
+        locations = self.locations
+        if locations is None:
+            return self._batch_get_into_strict(ks, views)
+        data = self._opened()
+        entries = locations.lookup_many(ks)
+        out = [0] * len(ks)
+        hits = [i for i, e in enumerate(entries) if e is not None and e.size <= views[i].nbytes]
+        rest: list[int] = [
+            i for i, e in enumerate(entries) if e is None or e.size > views[i].nbytes
+        ]
+        if hits:
+            dests = [views[i][: entries[i].size] for i in hits]  # type: ignore[union-attr]
+            try:
+                done, digests = data.move_many(
+                    TransferOp.READ,
+                    dests,
+                    [entries[i].segment for i in hits],  # type: ignore[union-attr]
+                    [entries[i].offset for i in hits],  # type: ignore[union-attr]
+                    True,
+                )
+            except KVPoolError as exc:
+                log.debug("remembered places of a batch: %s", exc)
+                done, digests = [ErrorCode.TRANSFER_FAIL] * len(hits), [None] * len(hits)
+            bad: list[str] = []
+            for i, code, taken, dest in zip(hits, done, digests, dests, strict=True):
+                e = entries[i]
+                assert e is not None
+                if code == ErrorCode.OK and digest_or_checksum(taken, dest) == e.checksum:
+                    out[i] = e.size
+                else:
+                    bad.append(ks[i])
+                    rest.append(i)
+            locations.forget_many(bad)
+            rest.sort()
+        if rest:
+            got = self._batch_get_into_strict([ks[i] for i in rest], [views[i] for i in rest])
+            for i, n in zip(rest, got, strict=True):
+                out[i] = n
+        return out
+
+    def _batch_get_into_strict(self, ks: list[str], views: list[memoryview]) -> list[int]:
+        epoch = self.locations.epoch if self.locations is not None else 0
         started = time.monotonic()
         loc = self._locations(ks)
         sizes = loc.sizes
@@ -222,7 +512,11 @@ class Reader:
                 early[i] = ErrorCode.INVALID_PARAMS
             else:
                 dests[i] = views[i][: sizes[i]]
-        codes = self._read_batch(ks, loc, dests, started)
+        firsts: list[bool] | None = None if self.locations is None else [False] * len(ks)
+        codes = self._read_batch(ks, loc, dests, started, firsts)
+        if firsts is not None:
+            first_of = self._first_places(loc, self._opened().is_local)
+            self._remember_batch(ks, loc, firsts, first_of, epoch)
         out: list[int] = []
         for i, code in enumerate(codes):
             final = early.get(i, code)
@@ -291,6 +585,7 @@ class Reader:
         loc: LocationsReply,
         dests: list[memoryview | None],
         started: float,
+        firsts: list[bool] | None = None,
     ) -> list[ErrorCode]:
         """Read every key that has a destination: first choices in one batch, then the keys
         whose first choice failed one by one through their other replicas.
@@ -348,6 +643,8 @@ class Reader:
             ):
                 if late:
                     codes[i] = ErrorCode.LEASE_EXPIRED  # late on every replica: final
+                elif firsts is not None:
+                    firsts[i] = True  # read from its first choice: worth remembering
                 continue
             if code == ok:
                 codes[i] = ErrorCode.CHECKSUM_MISMATCH
@@ -363,6 +660,36 @@ class Reader:
                 except KVPoolError as exc:
                     codes[i] = exc.code
         return codes
+
+    def _remember_batch(
+        self,
+        ks: list[str],
+        loc: LocationsReply,
+        firsts: list[bool],
+        first_of: list[int] | None,
+        epoch: int,
+    ) -> None:
+        """Remember, in cached mode, the first-choice place of every key read from it (not
+        when something was forgotten since `epoch`, read before the request left)."""
+        locations = self.locations
+        if locations is None:
+            return
+        segments, places, sizes, sums = loc.segments, loc.places, loc.sizes, loc.checksums
+        disk = set(loc.disk_segments)
+        keys: list[str] = []
+        where: list[tuple[str, int, int, int]] = []
+        for i, read in enumerate(firsts):
+            csum = sums[i]
+            if not read or csum is None:
+                continue
+            j = first_of[i] if first_of else 0
+            p = places[i]
+            if j + 1 >= len(p) or p[j] in disk or not 0 <= p[j] < len(segments):
+                continue
+            keys.append(ks[i])
+            where.append((segments[p[j]], p[j + 1], sizes[i], csum))
+        if keys:
+            locations.remember_many(keys, where, epoch)
 
     @staticmethod
     def _first_places(

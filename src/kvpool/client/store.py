@@ -38,13 +38,22 @@ from enum import IntEnum
 from typing import cast
 
 from kvpool.client.arena import Arenas
-from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig
+from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig, WriteMode
 from kvpool.client.control import Control, TaskInfo
 from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
+from kvpool.client.hotcache import HotCache
+from kvpool.client.invalidation import Invalidations
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
+from kvpool.client.locations import (
+    DEFAULT_LOCATION_CAPACITY,
+    DEFAULT_LOCATION_TTL_S,
+    Locations,
+    ReadMode,
+)
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
+from kvpool.client.pending import PendingCommits
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.result import PutResult, PutStats
@@ -66,6 +75,7 @@ from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed, ra
 from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply, TenantId
 from kvpool.rpc.auth import client_token
+from kvpool.rpc.client import RpcClient
 
 __all__ = [
     "DEFAULT_TRANSFER_TIMEOUT_S",
@@ -143,6 +153,11 @@ class Store:
         offload_size: int | str = 0,
         token: str = "",
         token_file: str = "",
+        read_mode: str = "strict",
+        location_ttl: float = DEFAULT_LOCATION_TTL_S,
+        location_capacity: int = DEFAULT_LOCATION_CAPACITY,
+        hot_cache_size: int | str = 0,
+        write_mode: str = "wait",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -164,6 +179,11 @@ class Store:
             offload_size=parse_size(offload_size, name="offload_size"),
             token=token,
             token_file=token_file,
+            read_mode=cast(ReadMode, read_mode),
+            location_ttl=location_ttl,
+            location_capacity=location_capacity,
+            write_mode=cast(WriteMode, write_mode),
+            hot_cache_size=parse_size(hot_cache_size, name="hot_cache_size"),
         )
         self._setup(config)
 
@@ -183,6 +203,10 @@ class Store:
         self._tasks: TaskExecutor | None = None
         self._disk: DiskTier | None = None
         self._mount_lock = threading.Lock()
+        self._locations: Locations | None = None
+        self._pending: PendingCommits | None = None
+        self._invalidations: Invalidations | None = None
+        self._hot: HotCache | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -205,7 +229,23 @@ class Store:
                 tenant = TenantId(node.rpc.auth_tenant)
             opened = self._gate.open
             self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
-            self._reader = Reader(node, opened, tenant, config.verify_checksum)
+            if config.read_mode == "cached":
+                locations = Locations(config.location_ttl, config.location_capacity)
+                self._locations = locations
+                if config.hot_cache_size:
+                    self._hot = HotCache(config.hot_cache_size, config.location_ttl)
+                stream = Invalidations(lambda: node.rpc, tenant, self._forget, self._clear)
+                locations.refresh = stream.refresh
+                stream.start()
+                self._invalidations = stream
+            self._reader = Reader(node, opened, tenant, config.verify_checksum, self._locations)
+            self._reader.hot = self._hot
+            self._writer.locations = self._locations
+            # Unwaited commits need one connection that keeps its order: not a failover client
+            # (a leader switch settles commits by asking again), there puts wait as before.
+            if config.write_mode == "nowait" and type(node.rpc) is RpcClient:
+                self._pending = PendingCommits(lambda: node.rpc)
+                self._writer.pending = self._pending
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
                 self._mount(self._data, config.segment_size)
@@ -261,12 +301,37 @@ class Store:
         return list(self._node.segments)
 
     def close(self) -> None:
-        """Unmount this process's segments, stop the heartbeat and every thread. Idempotent."""
+        """Unmount this process's segments, stop the heartbeat and every thread. Idempotent.
+        With `write_mode="nowait"` the commits still in flight are taken first: a failed one
+        raises `DeferredPutError` once the Store is closed."""
         if self._closed:
             return
+        failure: KVPoolError | None = None
+        if self._pending is not None:
+            try:
+                self._pending.flush()
+            except KVPoolError as exc:
+                failure = exc
         self._closed = True
         self._gate.data = None
         self._teardown()
+        if failure is not None:
+            raise failure
+
+    def flush(self) -> None:
+        """Wait for the commits of puts that did not wait (`write_mode="nowait"`) and raise
+        the first failure among them (`DeferredPutError`, naming its key); nothing to do in
+        the default mode."""
+        self._open()
+        if self._pending is not None:
+            self._pending.flush()
+
+    def _settle(self) -> None:
+        """The start of every call in nowait mode: failures of earlier puts whose answers are
+        here raise now (`kvpool.client.pending`)."""
+        pending = self._pending
+        if pending is not None and len(pending):
+            pending.settle()
 
     def _teardown(self) -> None:
         # Tasks stop first (one being copied is finished and reported), then the node
@@ -455,11 +520,13 @@ class Store:
         """Store `value` under `key` unless the key exists. True: stored; False: the key
         already existed and nothing was overwritten. A put stored with fewer replicas than
         `config.replica_num` (too few live segments) is True too: `put_ex` says how many."""
+        self._settle()
         return self._writer.put_one(check_key(key), value_view(value), config, upsert=False) > 0
 
     def put_ex(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> PutResult:
         """`put`, answering a `PutResult`: truthy when stored, with the replicas written and
         asked for (`.degraded` when fewer were written than asked)."""
+        self._settle()
         got = self._writer.put_one(check_key(key), value_view(value), config, upsert=False)
         want = 1 if config is None else config.replica_num
         return PutResult(got > 0, got, want)
@@ -473,10 +540,14 @@ class Store:
 
     def upsert(self, key: str, value: Buffer, config: ReplicateConfig | None = None) -> None:
         """Store `value` under `key`, replacing any value it had."""
-        self._writer.put_one(check_key(key), value_view(value), config, upsert=True)
+        self._settle()
+        key = check_key(key)
+        self._forget([key])
+        self._writer.put_one(key, value_view(value), config, upsert=True)
 
     def put_from(self, key: str, buffer: Buffer, config: ReplicateConfig | None = None) -> bool:
         """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
+        self._settle()
         key = check_key(key)
         return self._writer.put_one(key, self._put_from_view(buffer), config, upsert=False) > 0
 
@@ -485,6 +556,7 @@ class Store:
     ) -> list[ErrorCode]:
         """Put every (key, value); per key: OK (stored), OBJECT_ALREADY_EXISTS (kept the old
         value) or why it failed. Partial success is possible; failed keys leave no trace."""
+        self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
         return self._writer.put_batch(ks, views, config, upsert=False)
@@ -493,14 +565,17 @@ class Store:
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
     ) -> list[ErrorCode]:
         """Upsert every (key, value); per key OK or why it failed."""
+        self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
+        self._forget(ks)
         return self._writer.put_batch(ks, views, config, upsert=True)
 
     def batch_put_from(
         self, keys: Sequence[str], buffers: Sequence[Buffer], config: ReplicateConfig | None = None
     ) -> list[ErrorCode]:
         """`batch_put` from registered buffers, zero-copy."""
+        self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, buffers, self._put_from_view)
         return self._writer.put_batch(ks, views, config, upsert=False)
@@ -510,11 +585,13 @@ class Store:
     def get(self, key: str) -> bytearray:
         """The value of `key`, read into a buffer allocated once for it (a bytearray, which
         compares equal to the bytes that were put). Raises `ObjectNotFound`."""
+        self._settle()
         return self._reader.get(check_key(key))
 
     def get_into(self, key: str, buffer: Buffer) -> int:
         """Read `key` into the registered `buffer` (zero-copy); returns the value's size.
         A buffer smaller than the value is INVALID_PARAMS and nothing is read."""
+        self._settle()
         key = check_key(key)
         mv = self._registered(buffer, writable=True, what="get_into buffer")
         return self._reader.get_into(key, mv)
@@ -523,12 +600,14 @@ class Store:
         """The values of `keys`, None for each key that does not exist or is still being
         written. Any other per-key failure (transfer, checksum, lease) raises once the whole
         batch is done; `batch_get_ex` answers every key's outcome and never raises for one."""
+        self._settle()
         return self._reader.batch_get(check_keys(keys, unique=False))
 
     def batch_get_ex(self, keys: Sequence[str]) -> list[bytearray | ErrorCode]:
         """Per key its value, or the `ErrorCode` saying why there is none: OBJECT_NOT_FOUND,
         REPLICA_IS_NOT_READY (being written), TRANSFER_FAIL, CHECKSUM_MISMATCH,
         LEASE_EXPIRED, ... Never raises for one key."""
+        self._settle()
         codes: list[ErrorCode] = []
         values = self._reader.batch_get(check_keys(keys, unique=False), codes)
         return [v if v is not None else c for v, c in zip(values, codes, strict=True)]
@@ -537,6 +616,7 @@ class Store:
         """Read each key into its registered buffer; per key the bytes read, or a negative
         `ErrorCode` value (OBJECT_NOT_FOUND, INVALID_PARAMS for a buffer too small, ...),
         as Mooncake's batch_get_into."""
+        self._settle()
         ks = check_keys(keys, unique=False)
         self._open()
         if isinstance(buffers, str | bytes) or not isinstance(buffers, Sequence):
@@ -549,34 +629,85 @@ class Store:
     # ------------------------------------------------------------------ queries (control.py)
 
     def exists(self, key: str) -> bool:
-        """Whether `key` has a readable value (grants a read lease, as Mooncake's)."""
-        return self._control.exists(check_key(key))
+        """Whether `key` has a readable value (grants a read lease, as Mooncake's). In cached
+        read mode a place remembered less than `location_ttl` ago answers True at once."""
+        self._settle()
+        key = check_key(key)
+        locations = self._locations
+        if locations is not None and locations.lookup(key) is not None:
+            self._open()
+            return True
+        return self._control.exists(key)
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        """`exists` of every key, in one round trip."""
-        return self._control.batch_exists(check_keys(keys, unique=False))
+        """`exists` of every key, in one round trip (cached read mode: only for the keys
+        without a place remembered less than `location_ttl` ago)."""
+        self._settle()
+        ks = check_keys(keys, unique=False)
+        locations = self._locations
+        if locations is None:
+            return self._control.batch_exists(ks)
+        self._open()
+        known = [e is not None for e in locations.lookup_many(ks)]
+        rest = [i for i, k in enumerate(known) if not k]
+        if rest:
+            got = self._control.batch_exists([ks[i] for i in rest])
+            for i, present in zip(rest, got, strict=True):
+                known[i] = present
+        return known
 
     def get_size(self, key: str) -> int:
         """The size in bytes of `key`'s value; raises `ObjectNotFound`."""
+        self._settle()
         return self._control.get_size(check_key(key))
 
     def remove(self, key: str, force: bool = False) -> None:
         """Remove `key`. Raises `ObjectNotFound`, or `ObjectHasLease` while a reader holds a
         lease on it (unless `force`)."""
-        self._control.remove(check_key(key), force)
+        self._settle()
+        key = check_key(key)
+        self._forget([key])
+        self._control.remove(key, force)
 
     def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[ErrorCode]:
         """Remove every key; per key OK or why not (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...)."""
-        return self._control.batch_remove(check_keys(keys, unique=False), force)
+        self._settle()
+        ks = check_keys(keys, unique=False)
+        self._forget(ks)
+        return self._control.batch_remove(ks, force)
 
     def remove_all(self, force: bool = False) -> int:
         """Remove every object of this tenant (leased ones only with `force`); returns how
         many were removed."""
+        self._settle()
+        self._clear()
         return self._control.remove_all(force)
+
+    def _forget(self, keys: list[str]) -> None:
+        """Cached read mode: this Store's own removals and overwrites are seen at once (and
+        the invalidation stream's keys)."""
+        if self._locations is not None:
+            self._locations.forget_many(keys)
+        if self._hot is not None:
+            self._hot.forget_many(keys)
+
+    def _clear(self) -> None:
+        """Cached read mode: forget every remembered place and hot value."""
+        if self._locations is not None:
+            self._locations.clear()
+        if self._hot is not None:
+            self._hot.clear()
+
+    @property
+    def hot_cache(self) -> HotCache | None:
+        """The hot cache (`hot_cache_size`; its `hits`, `misses`, `hit_ratio`), or None."""
+        return self._hot
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
         """Remove the keys in which `pattern` is found (the syntax of the `regex` package, which
         the master matches with: Python's `re` and more, such as `\\p{L}`); returns the count."""
+        self._settle()
+        self._clear()
         return self._control.remove_by_regex(check_pattern(pattern), force)
 
     # ------------------------------------------------------------------ replica tasks (control.py)

@@ -64,7 +64,9 @@ import msgspec
 
 from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.locations import Locations
 from kvpool.client.node import NodeRuntime
+from kvpool.client.pending import Pending, PendingCommits, commit_check
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG, ReplicateConfig
 from kvpool.client.result import PutStatsRecorder
@@ -109,7 +111,7 @@ from kvpool.protocol.messages import (
     TenantId,
     UpsertStart,
 )
-from kvpool.rpc.client import RpcClient
+from kvpool.rpc.client import RpcClient, Sent
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Writer"]
@@ -207,7 +209,16 @@ class Writer:
     """The put paths of one Store (module docstring). Thread-safe: it keeps no state of its
     own between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`."""
 
-    __slots__ = ("_arenas", "_node", "_opened", "_retry_window", "stats", "tenant")
+    __slots__ = (
+        "_arenas",
+        "_node",
+        "_opened",
+        "_retry_window",
+        "locations",
+        "pending",
+        "stats",
+        "tenant",
+    )
 
     def __init__(
         self,
@@ -223,6 +234,10 @@ class Writer:
         self.tenant = tenant
         self._retry_window = retry_window
         self.stats = PutStatsRecorder()
+        self.locations: Locations | None = None
+        """Cached read mode: where arena puts wrote their values (`kvpool.client.locations`)."""
+        self.pending: PendingCommits | None = None
+        """`write_mode="nowait"`: arena puts send their commit and return (`client/pending.py`)."""
 
     # ------------------------------------------------------------------ one value
 
@@ -434,6 +449,9 @@ class Writer:
             commit = PutCommit(
                 self._node.client_id, key, mv.nbytes, arena.arena_id, off, csum, cfg, self.tenant
             )
+            if self.pending is not None:
+                self._send_commit(commit, arenas, arena, [key], [(off, mv.nbytes, csum)])
+                return 1
             sent = time.monotonic()
             answer = self._node.rpc.call_as(commit, Reply).code
             if answer in (OK, OBJECT_ALREADY_EXISTS):  # the master renewed the lease
@@ -441,6 +459,8 @@ class Writer:
         finally:
             arenas.done(arena)
         if answer == OK:
+            if self.locations is not None and csum is not None:
+                self.locations.remember(key, arena.segment, off, mv.nbytes, csum)
             return 1
         if answer == OBJECT_ALREADY_EXISTS:
             return 0
@@ -448,6 +468,29 @@ class Writer:
             arenas.drop(arena)
             return None
         raise _refused(answer, key, cfg)
+
+    def _send_commit(
+        self,
+        commit: PutCommit | BatchPutCommit,
+        arenas: Arenas,
+        arena: Arena,
+        keys: list[str],
+        where: Sequence[tuple[int, int, int | None]],
+    ) -> None:
+        """Send `commit` without waiting (`write_mode="nowait"`): its answer is checked later
+        (`kvpool.client.pending`). The places written are remembered at once (cached mode),
+        and forgotten if the commit fails."""
+        pending = self.pending
+        assert pending is not None
+        sent = self._node.rpc.send(commit)
+        locations = self.locations
+        if locations is not None:
+            locations.remember_many(
+                [k for k, w in zip(keys, where, strict=True) if w[2] is not None],
+                [(arena.segment, o, n, c) for o, n, c in where if c is not None],
+            )
+        check = commit_check(arenas, arena, keys, locations, sent.at)
+        pending.add(Pending(sent, keys, check))
 
     def _write_replicas(
         self, replicas: Sequence[ReplicaDesc], mv: memoryview
@@ -662,17 +705,38 @@ class Writer:
         offs = got[1]
         ok = ErrorCode.OK
         n = len(keys)
+        rpc = self._node.rpc
+        # Large batches overlap the copy of one part with the commit of the one before: each
+        # part's BatchPutCommit is sent (`RpcClient.send`) before the next part is copied, and
+        # the answers are taken at the end (nowait mode: later, `kvpool.client.pending`).
+        parts = _parts(sizes) if type(rpc) is RpcClient else [list(range(n))]
+        codes: list[ErrorCode] = [ok] * n
+        out: list[ErrorCode] = [ok] * n
+        answers: list[tuple[list[int], list[int], Sent]] = []
         try:
-            codes, digests = self._opened().move_many(
-                TransferOp.WRITE, views, [arena.segment] * n, offs, True
-            )
-            out = list(codes)
-            good = [i for i in range(n) if codes[i] == ok]
-            if len(good) != n:
-                arenas.abandon(arena)
-            if good:
+            data = self._opened()
+            for part in parts:
+                whole = len(part) == n
+                pviews = views if whole else [views[i] for i in part]
+                poffs = offs if whole else [offs[i] for i in part]
+                got_p, digests = data.move_many(
+                    TransferOp.WRITE, pviews, [arena.segment] * len(part), poffs, True
+                )
+                if whole:  # the common case, as plain as it was before parts
+                    codes, out = list(got_p), list(got_p)
+                    good = [i for i in range(n) if got_p[i] == ok]
+                    sums = [digest_or_checksum(digests[i], views[i]) for i in good]
+                else:
+                    for i, c in zip(part, got_p, strict=True):
+                        codes[i] = out[i] = c
+                    mine = [j for j in range(len(part)) if got_p[j] == ok]
+                    good = [part[j] for j in mine]
+                    sums = [digest_or_checksum(digests[j], pviews[j]) for j in mine]
+                if len(good) != len(part):
+                    arenas.abandon(arena)
+                if not good:
+                    continue
                 every = len(good) == n
-                sums = [digest_or_checksum(digests[i], views[i]) for i in good]
                 commit = BatchPutCommit(
                     self._node.client_id,
                     arena.arena_id,
@@ -683,13 +747,26 @@ class Writer:
                     cfg,
                     self.tenant,
                 )
-                sent = time.monotonic()
-                got_codes = self._node.rpc.call_as(commit, BatchReply).codes
-                if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
-                    arenas.confirm(arena, sent)
-                check_count("BatchPutCommit", len(got_codes), len(good))
-                for i, c in zip(good, got_codes, strict=True):
-                    out[i] = ErrorCode.of(c) if c else ok
+                if self.pending is not None:
+                    wrote = [keys[i] for i in good]
+                    where = [(offs[i], sizes[i], sums[j]) for j, i in enumerate(good)]
+                    self._send_commit(commit, arenas, arena, wrote, where)  # answered later
+                elif len(parts) > 1:
+                    answers.append((good, sums, rpc.send(commit)))
+                else:
+                    sent = time.monotonic()
+                    reply = rpc.call_as(commit, BatchReply)
+                    self._committed(arenas, arena, keys, sizes, offs, good, sums, reply, sent, out)
+            for good, sums, pending in answers:
+                reply = rpc.receive(pending)
+                if not isinstance(reply, BatchReply):
+                    raise KVPoolError(
+                        f"BatchPutCommit answered with {type(reply).__name__}",
+                        ErrorCode.DESERIALIZE_FAIL,
+                    )
+                self._committed(
+                    arenas, arena, keys, sizes, offs, good, sums, reply, pending.at, out
+                )
         finally:
             arenas.done(arena)
         # Again through PutStart: what was never written, and what the master refused only
@@ -705,6 +782,33 @@ class Writer:
             for i, c in zip(again, redo, strict=True):
                 out[i] = c
         return out
+
+    def _committed(  # noqa: PLR0917
+        self,
+        arenas: Arenas,
+        arena: Arena,
+        keys: list[str],
+        sizes: list[int],
+        offs: list[int],
+        good: list[int],
+        sums: list[int],
+        reply: BatchReply,
+        sent: float,
+        out: list[ErrorCode],
+    ) -> None:
+        """Apply a BatchPutCommit's answer for the keys `good` (sent at `sent`) to `out`."""
+        got_codes = reply.codes
+        if any(c in (OK, OBJECT_ALREADY_EXISTS) for c in got_codes):
+            arenas.confirm(arena, sent)
+        check_count("BatchPutCommit", len(got_codes), len(good))
+        for i, c in zip(good, got_codes, strict=True):
+            out[i] = ErrorCode.of(c) if c else ErrorCode.OK
+        if self.locations is not None:
+            stored = [j for j, c in enumerate(got_codes) if c == OK]
+            self.locations.remember_many(
+                [keys[good[j]] for j in stored],
+                [(arena.segment, offs[good[j]], sizes[good[j]], sums[j]) for j in stored],
+            )
 
     def _put_batch_started(
         self,
@@ -831,6 +935,30 @@ class Writer:
                 failed_ids.append(put_id)
         if failed:
             self._revoke(failed, failed_ids)
+
+
+_PART_BYTES: Final = 2 << 20
+"""A batch of more value bytes than this is copied and committed in parts of about this size
+(at most `_MAX_PARTS`), each commit sent before the next part is copied."""
+_MAX_PARTS: Final = 8
+
+
+def _parts(sizes: list[int]) -> list[list[int]]:
+    """The indexes of a batch in consecutive parts of about `_PART_BYTES` (one part when the
+    batch is smaller than two)."""
+    total = sum(sizes)
+    if total < 2 * _PART_BYTES or len(sizes) < 2:
+        return [list(range(len(sizes)))]
+    target = max(_PART_BYTES, -(-total // _MAX_PARTS))
+    parts: list[list[int]] = [[]]
+    filled = 0
+    for i, n in enumerate(sizes):
+        if filled >= target:
+            parts.append([])
+            filled = 0
+        parts[-1].append(i)
+        filled += n
+    return parts
 
 
 def _put_ids(rep: BatchPutStartReply, which: list[int]) -> list[int]:

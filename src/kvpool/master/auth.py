@@ -37,6 +37,7 @@ import msgspec
 import yaml
 
 from kvpool.errors import InvalidParams, KVPoolError, PermissionDenied, Unauthenticated
+from kvpool.protocol.invalidation import Subscribe
 from kvpool.protocol.messages import (
     BatchExistKey,
     BatchGetLocations,
@@ -118,6 +119,7 @@ CLIENT_REQUESTS: Final[frozenset[type[Any]]] = frozenset(
         BatchRemove,
         ReportBadReplica,
         BatchReplicaClear,
+        Subscribe,  # the invalidation stream of cached reads (its tenant is checked)
     }
 )
 #: What a `node` token may ask: a client's requests, plus mounting its segments and running

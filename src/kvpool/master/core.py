@@ -264,6 +264,10 @@ class MetadataCore:
         old ranges are then freed, or parked until the lease ends while one is live. Answers
         the record being written (unreadable until PutEnd); a new record asks for
         `replica_num` replicas (0: as many as the old one asked for)."""
+        for o in self._observers:  # observers that care (kvpool.master.invalidation)
+            rewritten = getattr(o, "object_rewritten", None)
+            if rewritten is not None:
+                rewritten(obj)
         if fresh is None:
             live = tuple(r for r in obj.replicas if r.segment.alive)
             for r in live:

@@ -40,8 +40,10 @@ from kvpool.master.auth import Credentials, RequestPolicy
 from kvpool.master.config import MasterConfig
 from kvpool.master.guard import SegmentGuard
 from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.invalidation import InvalidationHub
 from kvpool.master.quota import TenantQuotas
 from kvpool.master.service import MasterService
+from kvpool.protocol.invalidation import Subscribe
 from kvpool.protocol.messages import (
     Barrier,
     BatchExistKey,
@@ -103,11 +105,16 @@ class MasterServer:
         #: Segment ownership checks made with or without credentials (`kvpool.master.guard`).
         self.guard = SegmentGuard(lambda: self.service.segments)
         handler = self.guard.guard(self._rpc_handler())
+        #: The invalidation stream of cached-mode clients (`kvpool.master.invalidation`).
+        self.invalidations = InvalidationHub()
+        handler = self.invalidations.wrap(
+            handler, lambda: self.service._core, getattr(self, "_leading", None)
+        )
         if self.credentials is not None:
             handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(
             handler,
-            request_type=Request,
+            request_type=Request | Subscribe,
             host=self.config.host,
             port=self.config.port,
             cluster_id=self.config.cluster_id,

@@ -47,7 +47,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, TypeVar, Union
 
 import msgspec
@@ -70,6 +70,7 @@ from kvpool.protocol.framing import (
     MAX_REQUEST_ID,
     MIN_FRAME_LENGTH,
     ErrorReply,
+    Frame,
     FrameDecoder,
     FrameError,
     FrameTooLarge,
@@ -85,6 +86,7 @@ from kvpool.protocol.handshake import (
     is_abstract_unix_address,
     token_key_id,
 )
+from kvpool.protocol.invalidation import PUSH_REQUEST_ID
 from kvpool.rpc.server import union_members
 
 __all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
@@ -191,6 +193,22 @@ class _Conn:
         self.sleepers: dict[int, _Call] = {}
         self.reading = False
         self.broken: BaseException | None = None
+
+
+class Sent:
+    """A request `RpcClient.send` sent, whose reply `RpcClient.receive` takes; `done` says
+    whether the reply (or the failure) is already here."""
+
+    __slots__ = ("at", "call", "conn")
+
+    def __init__(self, conn: _Conn, call: _Call, at: float) -> None:
+        self.conn = conn
+        self.call = call
+        self.at = at
+
+    @property
+    def done(self) -> bool:
+        return self.call.done
 
 
 class RpcClient:
@@ -394,6 +412,94 @@ class RpcClient:
         if first_error is not None and not return_exceptions:
             raise first_error
         return results
+
+    # -- unwaited calls: send now, take the reply later (kvpool.client.pending) -------------
+
+    def send(self, request: Any) -> Sent:
+        """Send `request` and return at once; `receive` takes its reply later. Until then the
+        reply is filed by whichever call reads the socket, or waits in the socket. Raises only
+        what sending raises (a broken connection: `RpcError`)."""
+        now = time.monotonic()
+        payload = self._payload(request)
+        conn = self._usable_conn(now) or self._connect(now + self.timeout)
+        with self._lock:
+            if conn.broken is not None:
+                raise _as_rpc_error(conn.broken, fresh=True)
+            request_id = next(self._ids)
+            call = _Call(request_id)
+            conn.pending[request_id] = call
+        self._send(conn, HEADER.pack(len(payload) + MIN_FRAME_LENGTH, request_id) + payload)
+        return Sent(conn, call, now)
+
+    #: Called (in the reading thread, outside the client's lock) with the payload of every
+    #: frame the server pushes unasked (`kvpool.protocol.invalidation`); None: dropped.
+    on_push: Callable[[bytes], None] | None = None
+
+    def current_connection(self) -> object | None:
+        """The connection in use (an opaque token: another one after a reconnect), or None."""
+        return self._conn
+
+    def poll(self) -> None:
+        """Read what the server sent so far without waiting, when nobody else is reading:
+        pushes go to `on_push`, replies to their calls. One non-blocking recv."""
+        conn = self._conn
+        if conn is None:
+            return
+        with self._lock:
+            if conn.reading or conn.broken is not None:
+                return
+            conn.reading = True
+        try:
+            try:
+                data = conn.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+                if not data:
+                    raise ConnectionResetError("closed by the server")
+                frames = conn.decoder.feed(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except (OSError, FrameError) as exc:
+                self._fail(conn, RpcError(f"connection to {self.address} failed: {exc}"))
+                return
+            frames = self._pushed(frames)
+            outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
+            with self._lock:
+                for rid, value, error in outcomes:
+                    call = conn.pending.pop(rid & MAX_REQUEST_ID, None)
+                    if call is None:
+                        continue
+                    call.value, call.error, call.done = value, error, True
+                    if call.cond is not None:
+                        conn.sleepers.pop(call.request_id, None)
+                        call.cond.notify()
+        finally:
+            self._release(conn)
+
+    def _pushed(self, frames: list[Frame]) -> list[Frame]:
+        """`frames` without the pushed ones, which go to `on_push`."""
+        on_push = self.on_push
+        if on_push is None or all(rid != PUSH_REQUEST_ID for rid, _ in frames):
+            return frames
+        rest = []
+        for rid, payload in frames:
+            if rid == PUSH_REQUEST_ID:
+                try:
+                    on_push(payload)
+                except Exception:  # a listener's bug must not break the connection
+                    log.exception("push listener failed")
+            else:
+                rest.append((rid, payload))
+        return rest
+
+    def receive(self, sent: Sent, timeout: float | None = None) -> Any:
+        """The reply to the request of `sent` (`send`), waiting at most `timeout` (default:
+        the client's) counted from when it was sent; raises as `call` does."""
+        deadline = sent.at + (self.timeout if timeout is None else _check_timeout(timeout))
+        call = sent.call
+        if not call.done:
+            self._wait(sent.conn, call, deadline)
+        if call.error is not None:
+            raise call.take_error()
+        return call.value
 
     def connect(self) -> None:
         """Connect and handshake now rather than on the first call (raises like a call)."""
@@ -785,6 +891,8 @@ class RpcClient:
                     return
                 if not frames:
                     continue
+                if self.on_push is not None:
+                    frames = self._pushed(frames)
                 outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
                 with lock:
                     pending = conn.pending

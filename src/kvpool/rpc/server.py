@@ -451,6 +451,19 @@ class Connection(asyncio.Protocol):
 
     # -- service side -----------------------------------------------------------------------
 
+    def push(self, request_id: int, message: Any) -> bool:
+        """Send `message` unasked, as a frame with `request_id` (a push the client expects,
+        e.g. `kvpool.protocol.invalidation`); it leaves with the next write. False, and
+        nothing queued, when the connection is closed or its peer is not reading (the write
+        buffer is above its high-water mark)."""
+        if self.closed or self._paused_for_writes or not self.handshaken:
+            return False
+        self._out.append(self._server._encode_reply(request_id, message))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
     @property
     def closed(self) -> bool:
         return self._closing or self._close_requested or self._transport is None

@@ -70,6 +70,12 @@ class Driver(ABC):
         installed, `BenchError` when it is installed but does not start.
         """
 
+    def mode(self, op: str) -> str:
+        """The semantics `op` ran with, for the JSON row's `"mode"`: kvpool's Store mode
+        ("strict", or the read/write mode of a faster one); "" for other systems."""
+        del op
+        return ""
+
     def register(self, buffer: memoryview) -> None:
         """`buffer` holds values the harness will put, or is where it will get into.
 

@@ -15,6 +15,14 @@ caller's buffer) and `put_from` / `batch_put_from` (the same, for memory registe
 `batch_get_into` (into registered memory). The harness times both during warm-up and measures
 the faster, as it does for Mooncake, and the results say which one ran.
 
+With `fast=True` the Store runs in its faster modes for content-addressed keys (path
+"shm+fast" / "tcp+fast"): `read_mode="cached"` (gets read remembered places, each checked by
+its checksum, without asking the master; `kvpool.client.locations`) and `write_mode="nowait"`
+(arena puts return once written and committed on the wire; `kvpool.client.pending`). The
+driver flushes at every `reset` (untimed), so every put's answer is checked; a timed put phase
+therefore leaves at most the queue's bound (64) of answers to after it. Every row says which
+mode it ran in (`Driver.mode`): "strict" for today's semantics, else the mode's name.
+
 Checksums stay on (the default): every get is verified by the Store against the xxh3 recorded
 at put, on top of the harness's own byte comparison.
 """
@@ -59,11 +67,13 @@ def _store_class() -> Any:
 class KvpoolDriver(Driver):
     system = "kvpool"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, fast: bool = False) -> None:
         super().__init__()
         if path not in ("shm", "tcp"):
             raise ValueError(f"kvpool path must be 'shm' or 'tcp', not {path!r}")
-        self.path = path
+        self.transport = path
+        self.fast = fast
+        self.path = f"{path}+fast" if fast else path
         self._children: list[Child] = []
         self._store: Any = None
 
@@ -88,9 +98,10 @@ class KvpoolDriver(Driver):
             "kvpool node",
         )
         node.wait_ready(timeout=max(1.0, deadline - time.monotonic()))
-        protocol = "auto" if self.path == "shm" else "tcp"
+        protocol = "auto" if self.transport == "shm" else "tcp"
+        modes = {"read_mode": "cached", "write_mode": "nowait"} if self.fast else {}
         with _faults("setup"):
-            self._store = store_cls(master=address, segment_size=0, protocol=protocol)
+            self._store = store_cls(master=address, segment_size=0, protocol=protocol, **modes)
             # Map the node's segment now, as a long-running client would have it mapped.
             self._store.warm_up()
 
@@ -103,6 +114,12 @@ class KvpoolDriver(Driver):
         if self._store is None:
             raise BenchError("kvpool used before setup")
         return self._store
+
+    @override
+    def mode(self, op: str) -> str:
+        if not self.fast:
+            return "strict"
+        return "cached" if op == "get" else "nowait"
 
     @override
     def register(self, buffer: memoryview) -> None:
@@ -167,6 +184,8 @@ class KvpoolDriver(Driver):
 
     @override
     def reset(self) -> None:
+        with _faults("flush"):
+            self._client().flush()
         with _faults("remove_all"):
             self._client().remove_all(force=True)
 

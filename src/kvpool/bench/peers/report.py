@@ -34,6 +34,10 @@ __all__ = [
 
 KVPOOL_SHM = ("kvpool", "shm")
 KVPOOL_TCP = ("kvpool", "tcp")
+KVPOOL_SHM_FAST = ("kvpool", "shm+fast")
+"""kvpool's faster modes for content-addressed keys (`KvpoolDriver(fast=True)`)."""
+KVPOOL_TCP_FAST = ("kvpool", "tcp+fast")
+_NUMERATORS = (KVPOOL_SHM, KVPOOL_TCP, KVPOOL_SHM_FAST, KVPOOL_TCP_FAST)
 _GB = 1e9
 
 
@@ -57,9 +61,12 @@ class Target:
     min_size: int = 0
     max_size: int = 1 << 62
     batched: bool | None = None  # True: batch calls only, False: single only, None: both
+    op: str = ""  # "put" or "get" only; "" both
 
     def applies(self, m: Measurement) -> bool:
         if not self.min_size <= m.value_size <= self.max_size:
+            return False
+        if self.op and m.op != self.op:
             return False
         return self.batched is None or self.batched == (m.batch > 1)
 
@@ -67,6 +74,7 @@ class Target:
 _MIB = 1 << 20
 _SMALL = 64 << 10
 _MOONCAKE = ("mooncake", "tcp")
+_REDIS_UNIX = ("redis", "unix")
 # The targets of issue 5, as written there (ratios from one run on the 2-core machines).
 TARGETS: tuple[Target, ...] = (
     Target("kvpool/Mooncake, small single ops", KVPOOL_SHM, _MOONCAKE, 1.5, 0, _SMALL, False),
@@ -77,6 +85,23 @@ TARGETS: tuple[Target, ...] = (
     Target("kvpool/Redis, every row", KVPOOL_SHM, ("redis", "tcp"), 1.0),
     # Not in the issue: Redis over a Unix socket, as kvpool's control plane is on one host.
     Target("kvpool/Redis over a Unix socket, every row", KVPOOL_SHM, ("redis", "unix"), 1.0),
+    # Issue 18: the faster modes (rows "shm+fast" / "tcp+fast"), strict stays >= 1.0 above.
+    Target("fast shm / memcpy, >= 1 MiB", KVPOOL_SHM_FAST, ("limit", "memcpy"), 0.7, _MIB),
+    Target("fast tcp / raw socket, 1 MiB", KVPOOL_TCP_FAST, ("limit", "socket"), 0.7, _MIB, _MIB),
+    Target(
+        "fast/Redis unix, small single ops", KVPOOL_SHM_FAST, _REDIS_UNIX, 1.2, 0, _SMALL, False
+    ),
+    Target("fast/Redis unix, small batches", KVPOOL_SHM_FAST, _REDIS_UNIX, 1.5, 0, _SMALL, True),
+    Target(
+        "fast/Redis unix, small single gets",
+        KVPOOL_SHM_FAST,
+        _REDIS_UNIX,
+        2.0,
+        0,
+        _SMALL,
+        False,
+        op="get",
+    ),
 )
 
 
@@ -150,7 +175,7 @@ def render_table(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()
     """The text table: one block per (op, case), kvpool first, ratios against kvpool."""
     idx = _index(results)
     header = (
-        f"{'op':<4} {'case':<11} {'system/path':<13} {'api':<14} {'ops/s':>7} {'GB/s':>7} "
+        f"{'op':<4} {'case':<11} {'system/path':<15} {'api':<14} {'ops/s':>7} {'GB/s':>7} "
         f"{'p50 us':>8} {'p99 us':>8} {'shm÷ thru / p50':>16} {'tcp÷ thru / p50':>16}"
     )
     lines = [header, "-" * len(header)]
@@ -160,7 +185,7 @@ def render_table(results: Sequence[Measurement], skipped: Sequence[Skipped] = ()
         for m in rows:
             mine = m.system == "kvpool"
             lines.append(
-                f"{op:<4} {case_name(size, batch):<11} {m.label:<13} {m.api[:14]:<14} "
+                f"{op:<4} {case_name(size, batch):<11} {m.label:<15} {m.api[:14]:<14} "
                 f"{_fmt_rate(m.ops_per_s):>7} "
                 f"{m.bytes_per_s / _GB:>7.3f} {m.p50_us:>8.0f} {m.p99_us:>8.0f} "
                 f"{'' if mine else _fmt_pair(shm, m):>16} {'' if mine else _fmt_pair(tcp, m):>16}"
@@ -261,6 +286,7 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
             "rounds": m.rounds,
             "calls": m.calls,
             "api": m.api,
+            **({"mode": m.mode} if m.mode else {}),
         }
         for m in results
     ]
@@ -268,15 +294,16 @@ def json_rows(results: Sequence[Measurement]) -> list[dict[str, Any]]:
     for m in results:
         if m.system == "kvpool":
             continue
-        for mine in (KVPOOL_SHM, KVPOOL_TCP):
+        for mine in _NUMERATORS:
             num = idx.get((*mine, m.op, m.value_size, m.batch))
             r, p = _ratio(num, m), _p50_ratio(num, m)
-            if r is None or p is None:
+            if r is None or p is None or num is None:
                 continue
             rows.append(
                 {
                     "system": mine[0],
                     "path": mine[1],
+                    "mode": num.mode,
                     "op": m.op,
                     "value_size": m.value_size,
                     "batch": m.batch,

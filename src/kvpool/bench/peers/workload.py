@@ -106,6 +106,8 @@ class Measurement:
     calls: int
     api: str = ""
     """The client call that was measured (the fastest of the driver's `apis`)."""
+    mode: str = ""
+    """kvpool's Store mode for this op ("strict", "cached", ...; `Driver.mode`)."""
 
     @property
     def label(self) -> str:
@@ -295,6 +297,7 @@ def _measurement(driver: Driver, case: Case, op: str, turns: _Turns) -> Measurem
     return Measurement(
         system=driver.system,
         path=driver.path,
+        mode=driver.mode(op),
         op=op,
         value_size=case.value_size,
         batch=case.batch,

@@ -7,7 +7,10 @@ mode); with 0 it is a pure client. Each key is one pool object named
 `<key_prefix><ObjectKey.to_string()>` in `tenant`, holding the self-checking record, so a load
 is verified twice: by the pool's own checksum at read time and by the record against key and
 size. Stores are upserts: keys name content, so replacing is harmless, and it repairs a value
-that was ever written wrong. A batch read that fails as a whole is retried key by key, so one
+that was ever written wrong. For the same reason reads use the Store's cached read mode by
+default (`"read_mode": "cached"`: a remembered place is read without asking the master and
+checked by its checksum; what that may return is in docs/parts/client.md); "strict" asks the
+master on every read. A batch read that fails as a whole is retried key by key, so one
 bad key costs only itself.
 
 `kvpool.client` is imported when an adapter of this type is created, never before.
@@ -43,8 +46,14 @@ class PoolAdapterConfig(AdapterConfig):
     protocol: str = "auto"
     """Transfer protocol: auto (shm on this host, TCP otherwise), shm or tcp."""
     workers: int = 4
+    read_mode: str = "cached"
+    """The Store's read mode: "cached" (keys are content hashes) or "strict"."""
 
     def __post_init__(self) -> None:
+        if self.read_mode not in ("cached", "strict"):
+            raise InvalidParams(
+                f"kvpool.read_mode must be cached or strict, got {self.read_mode!r}"
+            )
         if not isinstance(self.master, str) or ":" not in self.master:
             raise InvalidParams(f'kvpool adapter needs "master" as HOST:PORT, got {self.master!r}')
         object.__setattr__(
@@ -64,6 +73,7 @@ class PoolBackend(Backend):
             segment_size=config.segment_size,
             tenant=config.tenant,
             protocol=config.protocol,
+            read_mode=config.read_mode,
         )
 
     def _name(self, key: ObjectKey) -> str:

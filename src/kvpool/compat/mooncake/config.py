@@ -32,6 +32,8 @@ __all__ = [
     "parse_bool",
     "parse_mooncake_size",
     "store_cluster_id",
+    "store_hot_cache_size",
+    "store_read_mode",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,45 @@ def store_cluster_id() -> str:
     """The cluster id a Mooncake client uses to find an HA master in etcd:
     `MC_STORE_CLUSTER_ID`, else "mooncake_cluster" (as Mooncake's etcd leader coordinator)."""
     return os.environ.get("MC_STORE_CLUSTER_ID", "").strip() or DEFAULT_CLUSTER_ID
+
+
+READ_MODE_ENV = "MC_STORE_READ_MODE"
+"""kvpool's addition: "cached" opts a compat store into `Store(read_mode="cached")` (reads of
+remembered places checked by checksum, for content-hashed keys; docs/parts/client.md); unset or
+"strict" keeps Mooncake's semantics."""
+
+
+def store_read_mode() -> str:
+    """The read mode of a compat store: `MC_STORE_READ_MODE` ("strict" or "cached"), else
+    "strict"; another value is logged and ignored."""
+    mode = os.environ.get(READ_MODE_ENV, "").strip().lower() or "strict"
+    if mode not in ("strict", "cached"):
+        log.warning("%s=%r is not strict or cached; using strict", READ_MODE_ENV, mode)
+        return "strict"
+    return mode
+
+
+HOT_CACHE_ENV = "MC_STORE_LOCAL_HOT_CACHE_SIZE"
+"""Mooncake's client hot cache size; kvpool's hot cache (`Store(hot_cache_size=)`) serves
+without asking the master, so it is used only with `MC_STORE_READ_MODE=cached`."""
+
+
+def store_hot_cache_size(read_mode: str) -> int:
+    """Bytes of the compat store's hot cache: `MC_STORE_LOCAL_HOT_CACHE_SIZE` (Mooncake's
+    sizes) in cached read mode, else 0 (a size given in strict mode, or one that does not
+    parse, is logged and ignored)."""
+    raw = os.environ.get(HOT_CACHE_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        size = parse_mooncake_size(raw, name=HOT_CACHE_ENV)
+    except ValueError as exc:
+        log.warning("%s=%r: %s; no hot cache", HOT_CACHE_ENV, raw, exc)
+        return 0
+    if size and read_mode != "cached":
+        log.warning("%s needs %s=cached in kvpool; no hot cache", HOT_CACHE_ENV, READ_MODE_ENV)
+        return 0
+    return size
 
 
 KNOWN_PROTOCOLS = frozenset(

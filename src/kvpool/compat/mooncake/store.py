@@ -47,6 +47,7 @@ from kvpool.codes import (
 )
 from kvpool.compat.mooncake import names
 from kvpool.compat.mooncake.calls import answers, check_key, check_keys, index, one_code, per_key
+from kvpool.compat.mooncake.config import store_hot_cache_size, store_read_mode
 from kvpool.compat.mooncake.dummy import DummyLink
 from kvpool.compat.mooncake.memory import MooncakeHostMemAllocator
 from kvpool.compat.mooncake.reads import Reads
@@ -234,6 +235,8 @@ class MooncakeDistributedStore(
             protocol="auto",
             offload_dir=offload_dir,
             offload_size=max(4 * segment, 1 << 30) if offload_dir is not None else 0,
+            read_mode=(mode := store_read_mode()),  # opt-in: MC_STORE_READ_MODE=cached
+            hot_cache_size=store_hot_cache_size(mode),  # MC_STORE_LOCAL_HOT_CACHE_SIZE
         )
         segments = store.segments
         reserved = None

@@ -217,8 +217,10 @@ class AsyncStore:
     async def unmount_segment(self, name: str) -> None:
         await self._run(self.store.unmount_segment, name)
 
-    async def drain_segment(self, name: str, grace: float = 30.0) -> DrainReply:
-        return await self._run(self.store.drain_segment, name, grace)
+    async def drain_segment(
+        self, name: str, grace: float = 30.0, on_started: Callable[[], None] | None = None
+    ) -> DrainReply:
+        return await self._run(self.store.drain_segment, name, grace, on_started)
 
     async def warm_up(self) -> int:
         return await self._run(self.store.warm_up)

@@ -155,6 +155,9 @@ class MetadataCore:
         self._release_timeout = config.put_start_release_timeout
         #: Told of every durable change (`durable.py`); None without a data directory.
         self.journal: Journal | None = None
+        #: (deadline on this clock, grace in seconds) of each segment being drained
+        #: (`drain.py`), logged, so a restarted or promoted master resumes it (`durable.py`).
+        self.draining: dict[SegmentName, tuple[float, float]] = {}
 
     def observe(self, observer: MetadataObserver) -> None:
         """Tell `observer` of removals, mounts, unmounts and expiries from now on."""

@@ -92,6 +92,8 @@ class StoreConfig:
     "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
     token_file: str = ""
     """A file whose first line is the token (used when `token` is "")."""
+    metrics: bool = False
+    """Count hits, misses, bytes and latency by path (`kvpool.client.metrics`; off: no cost)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -122,6 +124,8 @@ class StoreConfig:
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):
             raise InvalidParams(f"verify_checksum: expected a bool, got {self.verify_checksum!r}")
+        if not isinstance(self.metrics, bool):
+            raise InvalidParams(f"metrics: expected a bool, got {self.metrics!r}")
         for name, most in _DURATIONS.items():
             value = getattr(self, name)
             if (

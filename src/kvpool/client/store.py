@@ -44,6 +44,7 @@ from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier
 from kvpool.client.drain import drain_node
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S
+from kvpool.client.metrics import StoreMetrics, metered
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.reader import Reader
 from kvpool.client.replicate import ReplicateConfig
@@ -143,6 +144,7 @@ class Store:
         offload_size: int | str = 0,
         token: str = "",
         token_file: str = "",
+        metrics: bool = False,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -164,6 +166,7 @@ class Store:
             offload_size=parse_size(offload_size, name="offload_size"),
             token=token,
             token_file=token_file,
+            metrics=metrics,
         )
         self._setup(config)
 
@@ -206,6 +209,7 @@ class Store:
             opened = self._gate.open
             self._writer = Writer(node, opened, self._arenas, tenant, config.rpc_timeout)
             self._reader = Reader(node, opened, tenant, config.verify_checksum)
+            self._metrics = metered(self, config.metrics)  # kvpool.client.metrics
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
                 self._mount(self._data, config.segment_size)
@@ -460,6 +464,11 @@ class Store:
         got = self._writer.put_one(check_key(key), value_view(value), config, upsert=False)
         want = 1 if config is None else config.replica_num
         return PutResult(got > 0, got, want)
+
+    @property
+    def metrics(self) -> StoreMetrics | None:
+        """This Store's counters (`Store(..., metrics=True)`), else None."""
+        return self._metrics
 
     @property
     def put_stats(self) -> PutStats:

@@ -238,7 +238,11 @@ class MetadataCore:
         """The objects of a commit (indexed COMPLETE by `create_committed`) are announced to
         the hooks in one call, then their soft pins start (as at PutEnd); they are logged here,
         pins set (a commit always ends with this call)."""
-        self.hooks.on_replicas_complete(done)
+        if len(done) == 1:  # a PutCommit: the hooks' one-object form, no batch list
+            obj, replica = done[0]
+            self.hooks.on_replica_complete(obj, replica)
+        else:
+            self.hooks.on_replicas_complete(done)
         if pin_deadline is not None:
             for obj, _ in done:
                 obj.soft_pin_deadline = pin_deadline

@@ -173,6 +173,9 @@ def _adopt(cls: type[object], plain: object) -> Any:
         for name in getattr(klass, "__slots__", ()):
             if hasattr(plain, name):
                 setattr(out, name, getattr(plain, name))
+    state = getattr(plain, "__dict__", None)
+    if state:  # (a reader or writer that grew attributes outside its slots)
+        out.__dict__.update(state)
     return out
 
 

@@ -179,6 +179,7 @@ def main() -> None:
         names = list(per)
         counts = dict(zip(names, (_instructions(p) for p in dumps), strict=False))
         idle_rate = counts.get("idle", 0) / max(walls.get("idle", 1.0), 1e-9)
+        print(f"idle master: {idle_rate:,.0f} instructions per second (its background tasks)")
         print("| phase | instructions per request (key) | of which background |")
         print("|---|---:|---:|")
         for name in names[1:]:

@@ -155,3 +155,36 @@ def test_a_store_drains_its_own_segment_before_freeing_it(pool: PoolFactory) -> 
             owner.unmount_segment(name)
         for i in range(20):
             assert reader.get(f"own-{i}") == bytes([i]) * 10_000
+
+
+def test_the_cli_shows_a_drain_that_ended_before_it_asked(pool: PoolFactory) -> None:  # noqa: F811
+    """The drain of an empty segment ends (and unmounts it) within a tick: `kvpool drain` asked
+    afterwards shows that drain instead of failing with "no segment mounted"."""
+    p = pool(nodes=2, segment_size="8MiB", master_args=("--http-port", "0"))
+    base = _http(p)
+    _, st = _get(base + "/api/v1/segments/status")
+    victim = st["segments"][0]["name"]
+    status, prog = _get(f"{base}/api/v1/segments/drain?segment={victim}&grace=0s", "POST")
+    assert status == 200, prog
+    wait_until(
+        lambda: _get(f"{base}/api/v1/segments/drain?segment={victim}")[1]["state"] == "done",
+        10,
+        what="the drain of the empty segment to end",
+    )
+    cli = subprocess.run(
+        [sys.executable, "-m", "kvpool", "drain", "--master", p.address, "--segment", victim],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert " done " in cli.stdout.splitlines()[-1], cli.stdout
+    never = subprocess.run(
+        [sys.executable, "-m", "kvpool", "drain", "--master", p.address, "--segment", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert never.returncode == 1 and "no segment 'nope' is mounted" in never.stderr

@@ -73,7 +73,10 @@ def drain(*, address: str, segment: str, grace: float, cluster_id: str, no_wait:
         ) as rpc:
             reply = rpc.call_as(DrainSegment(name, int(grace * 1000)), DrainReply)
             if reply.code == SEGMENT_NOT_FOUND:
-                raise click.ClickException(f"no segment {segment!r} is mounted at {address}")
+                # Unmounted already: by a drain that just ended (shown), or never mounted.
+                reply = rpc.call_as(DrainStatus(name), DrainReply)
+                if reply.code != 0:
+                    raise click.ClickException(f"no segment {segment!r} is mounted at {address}")
             if reply.code != 0:
                 raise click.ClickException(f"master {address} answered code {reply.code}")
             tty = sys.stdout.isatty()

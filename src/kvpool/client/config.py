@@ -117,6 +117,8 @@ class StoreConfig:
     """ "wait" (a put returns once the master committed it) or "nowait" (an arena put returns
     once its bytes are written and its commit is sent; the answer is checked at the next call,
     `flush()` or `close()`: `kvpool.client.pending`)."""
+    metrics: bool = False
+    """Count hits, misses, bytes and latency by path (`kvpool.client.metrics`; off: no cost)."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -174,6 +176,8 @@ class StoreConfig:
             raise InvalidParams(
                 f"location_capacity: {self.location_capacity!r} must be an int in [1, 2**30]"
             )
+        if not isinstance(self.metrics, bool):
+            raise InvalidParams(f"metrics: expected a bool, got {self.metrics!r}")
         for name, most in _DURATIONS.items():
             value = getattr(self, name)
             if (

@@ -52,6 +52,7 @@ from kvpool.client.locations import (
     Locations,
     ReadMode,
 )
+from kvpool.client.metrics import StoreMetrics, metered
 from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.pending import PendingCommits
 from kvpool.client.reader import Reader
@@ -158,6 +159,7 @@ class Store:
         location_capacity: int = DEFAULT_LOCATION_CAPACITY,
         hot_cache_size: int | str = 0,
         write_mode: str = "wait",
+        metrics: bool = False,
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -184,6 +186,7 @@ class Store:
             location_capacity=location_capacity,
             write_mode=cast(WriteMode, write_mode),
             hot_cache_size=parse_size(hot_cache_size, name="hot_cache_size"),
+            metrics=metrics,
         )
         self._setup(config)
 
@@ -246,6 +249,7 @@ class Store:
             if config.write_mode == "nowait" and type(node.rpc) is RpcClient:
                 self._pending = PendingCommits(lambda: node.rpc)
                 self._writer.pending = self._pending
+            self._metrics = metered(self, config.metrics)  # kvpool.client.metrics
             self._control = Control(node, opened, tenant)
             if config.segment_size > 0:
                 self._mount(self._data, config.segment_size)
@@ -530,6 +534,11 @@ class Store:
         got = self._writer.put_one(check_key(key), value_view(value), config, upsert=False)
         want = 1 if config is None else config.replica_num
         return PutResult(got > 0, got, want)
+
+    @property
+    def metrics(self) -> StoreMetrics | None:
+        """This Store's counters (`Store(..., metrics=True)`), else None."""
+        return self._metrics
 
     @property
     def put_stats(self) -> PutStats:

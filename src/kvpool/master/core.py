@@ -79,6 +79,11 @@ _COMPLETE = ReplicaStatus.COMPLETE
 _MEMORY_KIND = ReplicaKind.MEMORY
 _PREEMPT = Claim.PREEMPT
 _FORGET_DEAD = Claim.FORGET_DEAD
+# Enum members read on the request paths are module constants: `Enum.MEMBER` goes through
+# EnumType.__getattr__ on Python 3.11 (about 900 instructions each; perf-master.md).
+_LOCAL_FIRST = AllocationStrategy.LOCAL_FIRST
+_PIN_ENABLE = SoftPinAction.ENABLE
+_PIN_DISABLE = SoftPinAction.DISABLE
 
 
 class MetadataObserver(Protocol):
@@ -155,6 +160,9 @@ class MetadataCore:
         self._release_timeout = config.put_start_release_timeout
         #: Told of every durable change (`durable.py`); None without a data directory.
         self.journal: Journal | None = None
+        #: (deadline on this clock, grace in seconds) of each segment being drained
+        #: (`drain.py`), logged, so a restarted or promoted master resumes it (`durable.py`).
+        self.draining: dict[SegmentName, tuple[float, float]] = {}
 
     def observe(self, observer: MetadataObserver) -> None:
         """Tell `observer` of removals, mounts, unmounts and expiries from now on."""
@@ -235,7 +243,11 @@ class MetadataCore:
         """The objects of a commit (indexed COMPLETE by `create_committed`) are announced to
         the hooks in one call, then their soft pins start (as at PutEnd); they are logged here,
         pins set (a commit always ends with this call)."""
-        self.hooks.on_replicas_complete(done)
+        if len(done) == 1:  # a PutCommit: the hooks' one-object form, no batch list
+            obj, replica = done[0]
+            self.hooks.on_replica_complete(obj, replica)
+        else:
+            self.hooks.on_replicas_complete(done)
         if pin_deadline is not None:
             for obj, _ in done:
                 obj.soft_pin_deadline = pin_deadline
@@ -305,10 +317,10 @@ class MetadataCore:
         obj.client_id = client_id
         obj.put_start_time = now
         obj.checksum = None
-        if action is SoftPinAction.ENABLE:
+        if action is _PIN_ENABLE:
             obj.soft_pin_ttl = soft_pin
             obj.soft_pin_deadline = None
-        elif action is SoftPinAction.DISABLE:
+        elif action is _PIN_DISABLE:
             obj.soft_pin_ttl = None
             obj.soft_pin_deadline = None
         self.clients.add_in_flight(obj)
@@ -468,7 +480,7 @@ class MetadataCore:
             if one is not None:
                 return (Replica(one[0], one[1], _PROCESSING),)
         host: HostId | None = None
-        if plan.same_node or self.placement.strategy is AllocationStrategy.LOCAL_FIRST:
+        if plan.same_node or self.placement.strategy is _LOCAL_FIRST:
             rec = self.clients.get(plan.client_id)
             host = rec.host_id if rec is not None else None
         got = self.placement.allocate(
@@ -587,7 +599,7 @@ class MetadataCore:
         placed by the master's strategy, else the largest free block down to `need`; never
         evicts anything."""
         host = None
-        if self.placement.strategy is AllocationStrategy.LOCAL_FIRST:
+        if self.placement.strategy is _LOCAL_FIRST:
             rec = self.clients.get(client_id)
             host = rec.host_id if rec is not None else None
         got = self.placement.allocate(self.segments, size, 1, local_host=host)

@@ -21,7 +21,13 @@ times a second, only while a drain runs) then walks each job through:
 nothing by observers; each tick checks `Segment.alive` (O(1)). Jobs are kept for `_KEEP_DONE`
 seconds after they end, for `DrainStatus`.
 
-Not logged (a restarted or failed-over master forgets a drain; the operator asks again).
+A drain survives a restart and a failover: its start is logged (`oplog.DrainRec`: the mount, the
+wall-clock end of its grace) into the data directory and the HA standbys' copies, and
+`MetadataCore.draining` holds the running ones. A master that loads such a state
+(`durable.build`: the segment comes back out of placement) has the drain's end in `draining`
+and no job: `adopt` (the first tick) starts the job again, scanning anew, to the same end. The
+moves that were under way on the old master are not in the log (tasks are not); the new job
+asks for them again. The progress counters start again from zero; `elapsed_s` does not.
 """
 
 from __future__ import annotations
@@ -95,7 +101,11 @@ class DrainTable:
 
     @property
     def active(self) -> bool:
-        return any(j.ended is None for j in self._jobs.values())
+        """A drain runs, or one restored from the log waits to be adopted."""
+        jobs = self._jobs
+        if any(j.ended is None for j in jobs.values()):
+            return True
+        return any(name not in jobs for name in self._core.draining)
 
     def jobs(self) -> list[DrainJob]:
         return list(self._jobs.values())
@@ -104,6 +114,7 @@ class DrainTable:
 
     def drain_segment(self, req: DrainSegment) -> DrainReply:
         now = self._core.clock()
+        self._adopt_pending(now)
         job = self._jobs.get(req.name)
         if job is not None and job.ended is None:
             return job.reply(now)
@@ -112,14 +123,45 @@ class DrainTable:
             return DrainReply(SEGMENT_NOT_FOUND)
         if req.grace_ms < 0:
             return DrainReply(INVALID_PARAMS)
-        self._core.segments.drain(seg)
+        core = self._core
+        core.segments.drain(seg)
         job = DrainJob(seg, now, req.grace_ms / 1000.0)
         job.scan = self._scan(job)
         self._jobs[req.name] = job
+        core.draining[req.name] = (job.deadline, job.grace)
+        if core.journal is not None:
+            core.journal.drain(seg, job.deadline, job.grace)
         log.info("draining segment %s (grace %.1f s)", req.name, job.grace)
         return job.reply(now)
 
+    def _adopt_pending(self, now: float) -> None:
+        if len(self._core.draining) > sum(1 for j in self._jobs.values() if j.ended is None):
+            self.adopt(now)
+
+    def adopt(self, now: float) -> None:
+        """Start a job for each drain the metadata holds without one (restored from the log
+        by a restart or a promotion: `durable.build`), ending when its grace was to end."""
+        core = self._core
+        for name, (deadline, grace) in list(core.draining.items()):
+            job = self._jobs.get(name)
+            if job is not None and job.ended is None:
+                continue
+            seg = core.segments.get(name)
+            if seg is None or not seg.draining:
+                del core.draining[name]
+                continue
+            job = DrainJob(seg, deadline - grace, grace)
+            job.scan = self._scan(job)
+            self._jobs[name] = job
+            log.info(
+                "resuming the drain of segment %s (%.1f s of its %.1f s grace left)",
+                name,
+                max(0.0, deadline - now),
+                grace,
+            )
+
     def drain_status(self, req: DrainStatus) -> DrainReply:
+        self._adopt_pending(self._core.clock())
         job = self._jobs.get(req.name)
         if job is None:
             return DrainReply(OBJECT_NOT_FOUND)
@@ -130,6 +172,7 @@ class DrainTable:
     def tick(self) -> None:
         """One step of every running drain (the server calls it while `active`)."""
         now = self._core.clock()
+        self._adopt_pending(now)
         for name, job in list(self._jobs.items()):
             if job.ended is not None:
                 if now - job.ended > _KEEP_DONE:
@@ -137,6 +180,10 @@ class DrainTable:
                 continue
             if not job.segment.alive:
                 self._end(job, "aborted", now)
+                continue
+            if job.segment.silent and now < job.deadline:
+                # Its owner is away (a drain resumed by a new leader before the node
+                # remounted, or a node that missed its pings): nothing can be copied out.
                 continue
             if job.state == "scanning":
                 assert job.scan is not None
@@ -193,7 +240,7 @@ class DrainTable:
             else:
                 job.moving += 1
         job.to_move = waiting
-        if waiting and job.moving == 0 and not self._core.segments.live:
+        if waiting and job.moving == 0 and not self._may_receive(job.segment):
             # Nowhere to move to (the last segment of the pool): waiting cannot help.
             job.failed += len(waiting)
             job.to_move = waiting = []
@@ -203,6 +250,14 @@ class DrainTable:
             job.failed += len(waiting)
             job.to_move = []
             job.state = "waiting_leases"
+
+    def _may_receive(self, seg: Segment) -> bool:
+        """Whether a segment other than `seg` serves, or may serve again soon (a silent one:
+        after a failover every node remounts within a few pings)."""
+        segments = self._core.segments
+        if segments.live:
+            return True
+        return any(s is not seg and s.silent and not s.draining for s in segments.mounted())
 
     def _on_done(self, job: DrainJob, obj: ObjectMeta, r: Replica) -> TaskDone:
         def done(ok: bool) -> None:
@@ -217,6 +272,8 @@ class DrainTable:
     def _end(self, job: DrainJob, state: str, now: float) -> None:
         job.state = state
         job.ended = now
+        if self._core.draining.get(job.segment.name) is not None:
+            del self._core.draining[job.segment.name]
         job.on_segment = []
         job.to_move = []
         log.info(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.oplog import (
+    DrainRec,
     FlightRec,
     GoneRec,
     Journal,
@@ -60,6 +61,8 @@ class Replay:
         self.objects: dict[tuple[str, str], tuple[ObjRec, list[tuple[int, int]]]] = {}
         self.parks: list[tuple[float, int, list[tuple[int, int]]]] = []
         self.flights: dict[tuple[str, str], tuple[float, int, list[tuple[int, int]]]] = {}
+        #: Drains under way by segment name (of the mount in `mounts` with their generation).
+        self.drains: dict[str, DrainRec] = {}
 
     def _resolve(self, ranges: list[Where]) -> list[tuple[int, int]]:
         out = []
@@ -91,10 +94,16 @@ class Replay:
                 return
             self.mount_no += 1
             self.mounts[rec.name] = (self.mount_no, rec)
+            self.drains.pop(rec.name, None)  # a new mount of the name is not draining
+        elif isinstance(rec, DrainRec):
+            m = self.mounts.get(rec.name)
+            if m is not None and m[1].generation == rec.generation:
+                self.drains[rec.name] = rec
         else:
             m = self.mounts.get(rec.name)
             if m is not None and m[1].generation == rec.generation:
                 del self.mounts[rec.name]
+                self.drains.pop(rec.name, None)
 
 
 class Durability:
@@ -241,6 +250,10 @@ def state_records(
     log after that point, so the snapshot followed by that log converges (records set state)."""
     for seg in core.segments.mounted():
         yield seg_rec(seg)
+    for seg in core.segments.mounted():
+        drain = core.draining.get(seg.name)
+        if drain is not None and seg.draining:
+            yield DrainRec(seg.name, seg.generation, to_wall(drain[0]), drain[1])
     for obj in core.index.snapshot():
         if obj.complete:
             yield obj_rec(obj, to_wall)
@@ -357,6 +370,12 @@ def build(core: MetadataCore, state: Replay, wall: float) -> None:
         rec.silent = True
     for seg in segs.values():
         core.segments.silence(seg)
+    for seg in segs.values():
+        drain = state.drains.get(seg.name)
+        if drain is not None and drain.generation == seg.generation:
+            # Resumed by the drain table's next tick (`DrainTable.adopt`), to the same end.
+            core.segments.drain(seg)
+            core.draining[seg.name] = (drain.until - wall + now, drain.grace)
 
 
 def _gaps(lo: int, hi: int, used: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:

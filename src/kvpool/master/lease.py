@@ -22,6 +22,12 @@ from kvpool.protocol.messages import ReplicateConfigMsg, SoftPinAction
 
 __all__ = ["grant_read_lease", "is_leased", "resolve_soft_pin"]
 
+# Every put resolves its soft pin: module constants, not `Enum.MEMBER` (a call through
+# EnumType.__getattr__ on Python 3.11; docs/parts/perf-master.md).
+_ENABLE = SoftPinAction.ENABLE
+_OK = ErrorCode.OK
+_INVALID = ErrorCode.INVALID_PARAMS
+
 
 def resolve_soft_pin(
     cfg: ReplicateConfigMsg, config: MasterConfig
@@ -29,19 +35,19 @@ def resolve_soft_pin(
     """(code, soft-pin TTL in seconds or None for no pin) of a put's config."""
     action = cfg.soft_pin_action
     ttl_ms = cfg.soft_pin_ttl_ms
-    if action is SoftPinAction.ENABLE:
+    if action is _ENABLE:
         if ttl_ms is None:
             ttl = config.default_kv_soft_pin_ttl
         elif ttl_ms < 0 or ttl_ms / 1000.0 > config.max_kv_soft_pin_ttl:
-            return ErrorCode.INVALID_PARAMS, None
+            return _INVALID, None
         else:
             ttl = ttl_ms / 1000.0
         # A zero TTL is an ordinary cache object (Mooncake: "0 means ordinary cache").
-        return ErrorCode.OK, (ttl if ttl > 0 else None)
+        return _OK, (ttl if ttl > 0 else None)
     if ttl_ms is not None:
         # PRESERVE and DISABLE carry no TTL; one given is a caller's mistake, not ignored.
-        return ErrorCode.INVALID_PARAMS, None
-    return ErrorCode.OK, None
+        return _INVALID, None
+    return _OK, None
 
 
 def grant_read_lease(obj: ObjectMeta, now: float, ttl: float) -> None:

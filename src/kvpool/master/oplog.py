@@ -14,7 +14,8 @@ one header instead of 128 (docs/parts/perf-ha.md has the numbers). A record desc
 its removal, `SegRec` / `UnmountRec` a segment's mount and unmount, `FlightRec` a PutStart in
 progress (its ranges the writer's until a wall-clock time, unless the key's next record ends
 it), `ParkRec` ranges someone may still use until a wall-clock time (a lent arena, a parked
-range). Replaying set-records is idempotent, so a snapshot followed by the log gives the same
+range), `DrainRec` a graceful drain of a segment under way (`drain.py`: a restarted or
+promoted master resumes it until its wall-clock end). Replaying set-records is idempotent, so a snapshot followed by the log gives the same
 state as the log alone.
 
 Durability: the records of a request are one `os.write` before its reply leaves, so they
@@ -41,6 +42,7 @@ from kvpool.master.segments import Segment
 from kvpool.protocol.messages import ReplicaStatus
 
 __all__ = [
+    "DrainRec",
     "FlightRec",
     "GoneRec",
     "Journal",
@@ -126,7 +128,17 @@ class FlightRec(msgspec.Struct, array_like=True, tag=6):
     ranges: list[Where]
 
 
-Rec = SegRec | UnmountRec | ObjRec | GoneRec | ParkRec | FlightRec
+class DrainRec(msgspec.Struct, array_like=True, tag=7):
+    """A graceful drain of mount (`name`, `generation`) began; it ends at wall-clock `until`
+    (its grace of `grace` seconds), or earlier with the segment's unmount (`UnmountRec`)."""
+
+    name: str
+    generation: int
+    until: float
+    grace: float
+
+
+Rec = SegRec | UnmountRec | ObjRec | GoneRec | ParkRec | FlightRec | DrainRec
 
 
 class OpLogCorrupt(InvalidParams):
@@ -415,6 +427,11 @@ class Journal:
 
     def unmount(self, seg: Segment) -> None:
         self._log.append(UnmountRec(seg.name, seg.generation))
+
+    def drain(self, seg: Segment, deadline: float, grace: float) -> None:
+        """A drain of `seg` began (written at once: it may start outside any request)."""
+        self._log.append(DrainRec(seg.name, seg.generation, self.to_wall(deadline), grace))
+        self._log.flush()
 
 
 def where(r: Replica) -> Where:

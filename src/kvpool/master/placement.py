@@ -18,6 +18,10 @@ from kvpool.master.config import AllocationStrategy
 from kvpool.master.segments import Segment, SegmentTable
 from kvpool.protocol.messages import HostId, SegmentName
 
+# Read per placement: module constants, not `Enum.MEMBER` (EnumType.__getattr__ on 3.11).
+_FREE_RATIO_FIRST = AllocationStrategy.FREE_RATIO_FIRST
+_LOCAL_FIRST = AllocationStrategy.LOCAL_FIRST
+
 __all__ = ["Placement"]
 
 
@@ -114,7 +118,7 @@ class Placement:
         n = len(live)
         start = int(self._random() * n)
         rotated = live[start:] + live[:start]
-        if strategy is AllocationStrategy.FREE_RATIO_FIRST:
+        if strategy is _FREE_RATIO_FIRST:
             return sorted(
                 rotated,
                 key=lambda s: (
@@ -123,7 +127,7 @@ class Placement:
                     else 0.0
                 ),
             )
-        if strategy is AllocationStrategy.LOCAL_FIRST and local_host:
+        if strategy is _LOCAL_FIRST and local_host:
             return [s for s in rotated if s.host_id == local_host] + [
                 s for s in rotated if s.host_id != local_host
             ]

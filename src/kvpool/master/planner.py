@@ -50,6 +50,13 @@ class Claim(Enum):
     """Take the key from `old`, an unfinished write past its discard timeout."""
 
 
+# What `claim` answers, as module constants (`Claim.X` is a call through EnumType.__getattr__
+# on Python 3.11).
+_EXISTS = Claim.EXISTS
+_FORGET_DEAD = Claim.FORGET_DEAD
+_PREEMPT = Claim.PREEMPT
+
+
 class PutPlan:
     """What a put request's config resolves to, computed once per request (batch: once)."""
 
@@ -185,7 +192,7 @@ class PutPlanner:
     def claim(self, old: ObjectMeta, now: float) -> Claim:
         """May a put at `now` take the key `old` holds? (module docstring)"""
         if not old.has_live_replica():
-            return Claim.FORGET_DEAD
+            return _FORGET_DEAD
         if old.complete or now - old.put_start_time < self._discard:
-            return Claim.EXISTS
-        return Claim.PREEMPT
+            return _EXISTS
+        return _PREEMPT

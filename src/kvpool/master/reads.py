@@ -123,6 +123,23 @@ class ReadPath:
                 sums.append(None)
                 places.append(empty)
                 continue
+            reps = obj.replicas
+            if len(reps) == 1:  # the common case: one memory replica, readable
+                r = reps[0]
+                seg = r.segment
+                if r.kind is _MEMORY and r.status is _COMPLETE and seg.serving:
+                    i = index.get(seg.name)
+                    if i is None:
+                        i = index[seg.name] = len(endpoints)
+                        endpoints.append(seg.endpoint)
+                    if obj.lease_deadline < deadline:  # noqa: PLR1730 (max() is a call)
+                        obj.lease_deadline = deadline
+                    on_access(obj)
+                    codes.append(OK)
+                    sizes.append(obj.size)
+                    sums.append(obj.checksum)
+                    places.append([i, r.offset])
+                    continue
             where: list[int] = []
             readable = False
             disk: list[Replica] | None = None
@@ -161,7 +178,8 @@ class ReadPath:
                 sums.append(None)
                 places.append(empty)
                 continue
-            obj.lease_deadline = max(obj.lease_deadline, deadline)
+            if obj.lease_deadline < deadline:  # noqa: PLR1730 (max() is a call)
+                obj.lease_deadline = deadline
             on_access(obj)
             codes.append(OK)
             sizes.append(obj.size)
@@ -175,13 +193,17 @@ class ReadPath:
         """The readable replicas of `obj`, granting a lease until `deadline` (now + ttl)."""
         size = obj.size
         descs: list[ReplicaDesc] = []
+        disk = False
         for r in obj.replicas:
             seg = r.segment
             if r.status is _COMPLETE and seg.serving:
+                kind = r.kind
+                if kind is not _MEMORY:
+                    disk = True
                 descs.append(
                     ReplicaDesc(
                         (seg.number << REPLICA_ID_SHIFT) | r.offset,
-                        r.kind,
+                        kind,
                         _COMPLETE,
                         seg.name,
                         r.offset,
@@ -194,11 +216,12 @@ class ReadPath:
                 return _NOT_READY_LIST
             self._core.forget_dead(obj)
             return _NOT_FOUND_LIST
-        if any(d.kind is not _MEMORY for d in descs):
+        if disk:
             descs.sort(key=lambda d: d.kind is not _MEMORY)  # memory first (stable)
             if descs[0].kind is not _MEMORY and self.on_disk_read is not None:
                 self.on_disk_read(obj)
-        obj.lease_deadline = max(obj.lease_deadline, deadline)
+        if obj.lease_deadline < deadline:  # noqa: PLR1730 (max() is a call per read)
+            obj.lease_deadline = deadline
         self._hooks.on_access(obj)
         return ReplicaListReply(OK, descs, size, obj.checksum, self._lease_ttl_ms)
 

@@ -188,9 +188,12 @@ class MasterServer:
             asyncio.create_task(self._monitor(), name="master-monitor"),
             asyncio.create_task(self._reclaim_ticks(), name="master-reclaim-tick"),
             asyncio.create_task(self._repair_ticks(), name="master-repair-tick"),
-            asyncio.create_task(self._durable_ticks(), name="master-oplog"),
             asyncio.create_task(self._drain_ticks(), name="master-drain-tick"),
         ]
+        if self.config.data_dir is not None:
+            # Without a data directory there is never a log to sync: no task waking a
+            # hundred times a second for nothing (docs/parts/perf-master.md).
+            self._tasks.append(asyncio.create_task(self._durable_ticks(), name="master-oplog"))
 
     async def close(self) -> None:
         """Stop the background tasks and the RPC server. Idempotent."""

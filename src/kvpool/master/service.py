@@ -48,6 +48,7 @@ from kvpool.master.repair import RepairQueue
 from kvpool.master.segments import SegmentTable
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tasks import TaskPath
+from kvpool.master.tier_config import OffloadPolicy
 from kvpool.master.tiers import TierManager
 from kvpool.master.writes import WritePath
 from kvpool.protocol.drain import DrainSegment, DrainStatus
@@ -135,7 +136,9 @@ class MasterService:
         self._reads = ReadPath(core)
         self._tiers = TierManager(core, self._tasks, self._config.tiers)
         self._reads.on_disk_read = self._tiers.note_read
-        core.on_complete = self._tiers.note_complete
+        if self._config.tiers.offload_policy is OffloadPolicy.EAGER:
+            # Only an eager offload wants each completed object (a call per put otherwise).
+            core.on_complete = self._tiers.note_complete
         core.retry_hint = self._tiers.retry_hint
         core.on_disk_free = self._tiers.note_disk_free
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)

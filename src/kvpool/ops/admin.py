@@ -16,6 +16,16 @@
     GET  /api/v1/segments/drain?segment=
                                     its progress
 
+With credentials (`kvpool master --auth-file`, docs/security.md) every path but `/metrics`,
+`/health`, `/role` and the dashboard page itself needs `Authorization: Bearer TOKEN` naming an
+`admin` token of the auth file: no token (or an unknown one) answers 401, a client or node
+token 403. The open paths reveal no key, client id, endpoint or tenant: Prometheus scrapes and
+liveness probes keep working without a secret. The dashboard page carries no data; it sends the
+token (typed into it, or given as `#token=...` in its URL, never sent in a query string) with
+each request it makes. The HTTP port has no TLS: serve it on loopback (the default) or behind
+a TLS proxy, or the token crosses the network in clear text. Without credentials everything is
+open, as before.
+
 Every handler reads the metadata on the loop that owns it; walks over all objects yield to the
 loop every `_STEP_SHARDS` shards, so a scrape or a page never stalls the RPC requests. Bad
 parameters answer 400 with `{"error": ...}`; an unknown key 404.
@@ -24,6 +34,7 @@ parameters answer 400 with `{"error": ...}`; an unknown key 404.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +45,14 @@ from kvpool.codes import SEGMENT_NOT_FOUND
 from kvpool.config import parse_duration
 from kvpool.errors import KVPoolError
 from kvpool.ops.dashboard import DASHBOARD_HTML
-from kvpool.ops.http import HttpError, HttpRequest, HttpServer, Response, json_response
+from kvpool.ops.http import (
+    Handler,
+    HttpError,
+    HttpRequest,
+    HttpServer,
+    Response,
+    json_response,
+)
 from kvpool.ops.metrics import MasterCollector, RequestCounters, op_name, reclaim_stats
 from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
 from kvpool.protocol.messages import (
@@ -46,6 +64,7 @@ from kvpool.protocol.messages import (
 if TYPE_CHECKING:
     from kvpool.master.metadata import ObjectMeta
     from kvpool.master.server import MasterServer
+    from kvpool.rpc.auth import TokenTable
 
 __all__ = ["MasterHttp", "start_master_http"]
 
@@ -64,22 +83,58 @@ class MasterHttp:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MasterCollector(server, self.counters))
         self.http = HttpServer(host, port)
+        creds = server.credentials
+        self._tokens: TokenTable | None = None if creds is None else creds.tokens
         for path, handler in (
             ("/metrics", self.metrics),
             ("/health", self.health),
             ("/role", self.role),
+        ):
+            self.http.route("GET", path, handler)
+        gated: tuple[tuple[str, Handler], ...] = (
             ("/query_key", self.query_key),
             ("/get_all_segments", self.all_segments),
             ("/api/v1/segments/status", self.segments_status),
             ("/get_all_keys", self.all_keys),
             ("/api/v1/tenants", self.tenants),
             ("/api/v1/stats", self.stats),
-        ):
-            self.http.route("GET", path, handler)
+            ("/api/v1/segments/drain", self.drain_status),
+        )
+        for path, admin_handler in gated:
+            self.http.route("GET", path, self._admin(admin_handler))
         self.http.route("GET", "/dashboard", self.dashboard)
         self.http.route("GET", "/", self.dashboard)
-        self.http.route("GET", "/api/v1/segments/drain", self.drain_status)
-        self.http.route("POST", "/api/v1/segments/drain", self.drain)
+        self.http.route("POST", "/api/v1/segments/drain", self._admin(self.drain))
+
+    def _admin(self, handler: Handler) -> Handler:
+        """`handler` for admin tokens only, when the master has credentials (module
+        docstring); without credentials `handler` itself."""
+        tokens = self._tokens
+        if tokens is None:
+            return handler
+
+        def admin_only(req: HttpRequest) -> Response | Awaitable[Response]:
+            scheme, _, token = req.headers.get("authorization", "").partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token:
+                raise HttpError(
+                    401,
+                    "this master has credentials: send 'Authorization: Bearer TOKEN' "
+                    "with an admin token",
+                    {"WWW-Authenticate": 'Bearer realm="kvpool"'},
+                )
+            principal = tokens.principal_of(token.encode())
+            if principal is None:
+                raise HttpError(
+                    401, "unknown token", {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+                )
+            if not principal.admin:
+                raise HttpError(
+                    403, f"{req.path} needs an admin token (this is a {principal.role.value} token)"
+                )
+            return handler(req)
+
+        return admin_only
 
     @property
     def address(self) -> tuple[str, int]:

@@ -6,6 +6,11 @@ No CDN and no library: plain DOM, inline SVG bars and a canvas chart. The page p
 ops/s, hit ratio and evictions/s draw live. Every element a test or an operator looks for has an
 id: `#objects`, `#capacity`, `#used`, `#segments` (one `tr.segment` per segment), `#clients`,
 `#tenants`, `#ops-chart`, `#ops-now`, `#hit-ratio`, `#evictions-now`, `#status`.
+
+A master with credentials answers the JSON paths to admin tokens only (`kvpool.ops.admin`): on
+a 401 or 403 the page shows `#auth` (a password field `#token`); the token typed there, or
+given as `#token=...` in the page's URL (a fragment: it never reaches a server or a log), is
+kept in the tab's sessionStorage and sent as `Authorization: Bearer` with every request.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ DASHBOARD_HTML = """<!doctype html>
   .legend span { margin-right: 12px; font-size: 12px; }
   .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; }
   #status.error { color: #ff8a8a; }
+  #auth { display: none; gap: 6px; align-items: baseline; }
+  #auth.shown { display: flex; }
 </style>
 </head>
 <body>
@@ -54,6 +61,11 @@ DASHBOARD_HTML = """<!doctype html>
   <span id="role" class="muted">-</span>
   <span id="uptime" class="muted">-</span>
   <span id="status" class="muted">connecting...</span>
+  <form id="auth">
+    <label for="token" class="muted">admin token</label>
+    <input id="token" type="password" autocomplete="off" size="24">
+    <button type="submit">use</button>
+  </form>
 </header>
 <main>
   <section>
@@ -212,8 +224,30 @@ function drawChart() {
   ctx.fillStyle = "#667"; ctx.font = "12px sans-serif";
   ctx.fillText(fmtRate(max) + "/s", 4, 14);
 }
+const TOKEN_KEY = "kvpool-admin-token";
+let token = sessionStorage.getItem(TOKEN_KEY) || "";
+{
+  const m = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+  if (m) {
+    token = decodeURIComponent(m[1]);
+    sessionStorage.setItem(TOKEN_KEY, token);
+    window.history.replaceState(null, "", location.pathname + location.search);
+  }
+}
+document.getElementById("auth").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  token = document.getElementById("token").value.trim();
+  sessionStorage.setItem(TOKEN_KEY, token);
+  document.getElementById("auth").classList.remove("shown");
+  tick(); tenants();
+});
 async function getJSON(path) {
-  const r = await fetch(path, {cache: "no-store"});
+  const headers = token ? {Authorization: "Bearer " + token} : {};
+  const r = await fetch(path, {cache: "no-store", headers});
+  if (r.status === 401 || r.status === 403) {
+    document.getElementById("auth").classList.add("shown");
+    throw new Error("an admin token is needed");
+  }
   if (!r.ok) throw new Error(path + ": HTTP " + r.status);
   return r.json();
 }

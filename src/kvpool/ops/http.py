@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
     "MAX_CONNECTIONS",
+    "Handler",
     "HttpError",
     "HttpRequest",
     "HttpServer",
@@ -43,6 +44,8 @@ MAX_CONNECTIONS = 64
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     409: "Conflict",
@@ -55,10 +58,12 @@ _REASONS = {
 class HttpError(Exception):
     """A request the server refuses: `status` (4xx) and a message for the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: Extra response headers (`WWW-Authenticate` of a 401).
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,8 @@ class HttpRequest:
     path: str
     query: dict[str, list[str]]
     body: bytes = b""
+    #: Request headers, names in lower case.
+    headers: dict[str, str] = field(default_factory=dict)
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """The single value of query parameter `name` (400 when it is given twice)."""
@@ -203,7 +210,8 @@ class HttpServer:
         body = await reader.readexactly(length) if length else b""
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         url = urlsplit(target)
-        request = HttpRequest(method, url.path, parse_qs(url.query, keep_blank_values=True), body)
+        query = parse_qs(url.query, keep_blank_values=True)
+        request = HttpRequest(method, url.path, query, body, headers)
         response = await self._dispatch(request)
         await _write(writer, response, keep, head_only=method == "HEAD")
         return keep
@@ -221,7 +229,9 @@ class HttpServer:
                 reply = await reply
             return reply
         except HttpError as exc:
-            return json_response({"error": exc.message}, exc.status)
+            refused = json_response({"error": exc.message}, exc.status)
+            refused.headers.update(exc.headers)
+            return refused
         except Exception:
             log.exception("HTTP handler failed on %s %s", request.method, request.path)
             return json_response({"error": "internal error"}, 500)

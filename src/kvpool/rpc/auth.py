@@ -102,6 +102,14 @@ class TokenTable:
         expected = auth_proof(token, nonce, cluster_id, client_name)
         return principal if hmac.compare_digest(expected, proof.mac) else None
 
+    def principal_of(self, token: bytes) -> Principal | None:
+        """The principal of the token itself (a Bearer token of the master's admin HTTP API,
+        `kvpool.ops.admin`), or None; compared in constant time."""
+        entry = self._by_id.get(token_key_id(token))
+        if entry is None or not hmac.compare_digest(entry[0], token):
+            return None
+        return entry[1]
+
     def first(self, role: Role) -> bytes | None:
         """A token of `role` (an HA master dials its leader with the first admin token)."""
         for token, principal in self._by_id.values():

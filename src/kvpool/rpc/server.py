@@ -226,6 +226,29 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self._seen = True
+        if self.handshaken and not self._backlog and not self._paused_for_inflight:
+            # The hot path (every lock-step request): one whole frame, served and answered
+            # here with one write, without the backlog's queue and loop (`_drain` does the
+            # same for anything else: several frames, a partial one, a broken stream).
+            try:
+                frames = self._decoder.feed(data)
+            except FrameError:
+                frames = []
+            if len(frames) == 1 and self._decoder.error is None:
+                request_id, payload = frames[0]
+                frame = self._serve(request_id, payload, self._server)
+                if frame is not None:
+                    out = self._out
+                    transport = self._transport
+                    if out or transport is None:
+                        out.append(frame)  # behind replies not yet written (keeps order)
+                        self._flush()
+                    else:
+                        transport.write(frame)
+                return
+            self._backlog.extend(frames)
+            self._drain()
+            return
         try:
             # Before the handshake one frame at a time: what a peer pipelines behind its Hello
             # is parsed only once the Hello was answered, under the handshaken frame limit.
@@ -252,7 +275,9 @@ class Connection(asyncio.Protocol):
                 with contextlib.suppress(FrameError):
                     backlog.extend(self._decoder.feed(b"", 0 if self.handshaken else 1))
                 continue
-            self._serve(request_id, payload, server)
+            frame = self._serve(request_id, payload, server)
+            if frame is not None:
+                self._out.append(frame)
         exc = self._decoder.error
         if exc is not None and not backlog and not refused and not self._closing:
             # Framing is lost: answer the frames that came before the break (done above),
@@ -372,38 +397,32 @@ class Connection(asyncio.Protocol):
         self._out.append(self._server._encoder.encode_error(request_id, code, message))
         self._closing = True
 
-    def _serve(self, request_id: int, payload: bytes, server: RpcServer) -> None:
+    def _serve(self, request_id: int, payload: bytes, server: RpcServer) -> bytes | None:
+        """The reply frame to one request, or None when its handler answered an awaitable
+        (a task then sends the frame when it finishes)."""
         if request_id & ERROR_FLAG or request_id == HANDSHAKE_REQUEST_ID:
-            self._out.append(
-                server._encoder.encode_error(
-                    request_id, ErrorCode.INVALID_PARAMS, f"request id {request_id} is reserved"
-                )
+            return server._encoder.encode_error(
+                request_id, ErrorCode.INVALID_PARAMS, f"request id {request_id} is reserved"
             )
-            return
         try:
             request = server._request_decoder.decode(payload)
         except msgspec.ValidationError as exc:
-            self._out.append(
-                server._encoder.encode_error(
-                    request_id, ErrorCode.INVALID_PARAMS, f"not a valid request: {exc}"
-                )
+            return server._encoder.encode_error(
+                request_id, ErrorCode.INVALID_PARAMS, f"not a valid request: {exc}"
             )
-            return
         except msgspec.DecodeError as exc:
-            self._out.append(
-                server._encoder.encode_error(
-                    request_id, ErrorCode.DESERIALIZE_FAIL, f"undecodable payload: {exc}"
-                )
+            return server._encoder.encode_error(
+                request_id, ErrorCode.DESERIALIZE_FAIL, f"undecodable payload: {exc}"
             )
-            return
         try:
             reply = server._handler(request, self)
         except Exception as exc:
-            self._out.append(server._handler_error(request_id, request, exc))
-            return
+            return server._handler_error(request_id, request, exc)
         if isinstance(reply, msgspec.Struct) or not inspect.isawaitable(reply):
-            self._out.append(server._encode_reply(request_id, reply))
-            return
+            try:
+                return server._encoder.encode(request_id, reply)
+            except Exception:  # too large, or not encodable: `_encode_reply` says which
+                return server._encode_reply(request_id, reply)
         task = asyncio.ensure_future(self._finish(request_id, request, reply))
         server._tasks.add(task)
         task.add_done_callback(server._tasks.discard)
@@ -413,6 +432,7 @@ class Connection(asyncio.Protocol):
             # its requests until some of its running ones finish.
             self._paused_for_inflight = True
             self._update_reading()
+        return None
 
     async def _finish(self, request_id: int, request: Any, pending: Awaitable[Any]) -> None:
         server = self._server

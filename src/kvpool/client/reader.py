@@ -34,6 +34,7 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.disk_files import DiskFiles
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
     digest_or_checksum,
@@ -81,7 +82,7 @@ class Reader:
     between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`; `verify`
     checks every read against the checksum recorded at PutEnd (`Store.verify_checksum`)."""
 
-    __slots__ = ("_node", "_opened", "tenant", "verify")
+    __slots__ = ("_disk", "_node", "_opened", "tenant", "verify")
 
     def __init__(
         self,
@@ -94,6 +95,12 @@ class Reader:
         self._opened = opened
         self.tenant = tenant
         self.verify = verify
+        self._disk = DiskFiles(node.host_id)
+        """Disk-tier files of this host, read with preadv (`kvpool.client.disk_files`)."""
+
+    def close(self) -> None:
+        """Close the disk-tier files this reader opened (idempotent)."""
+        self._disk.close()
 
     # ------------------------------------------------------------------ one value
 
@@ -136,7 +143,11 @@ class Reader:
         verify = self.verify and rl.checksum is not None
         for r in order:
             done: tuple[ErrorCode, int | None] | None = None
-            if verify and dest.nbytes >= CHUNKED_MIN:
+            if r.kind == ReplicaKind.LOCAL_DISK:
+                done = self._read_disk(dest, r, verify)
+            if done is not None:
+                pass
+            elif verify and dest.nbytes >= CHUNKED_MIN:
                 done = self._opened().copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
             elif dest.nbytes < CHUNKED_MIN:  # copied here when mapped, hashed while in cache
                 got, digests = self._opened().move_many(
@@ -161,6 +172,20 @@ class Reader:
             verify_lease(key, deadline)
             return
         raise failure or TransferError(f"{key!r}: every replica failed")
+
+    def _read_disk(
+        self, dest: memoryview, r: ReplicaDesc, verify: bool
+    ) -> tuple[ErrorCode, int | None] | None:
+        """A disk-tier replica on this host, read from its file (`DiskFiles`); None when it
+        cannot be read that way (another host, TCP forced, not resolvable)."""
+        data = self._opened()
+        if data.protocol == "tcp":
+            return None
+        try:
+            location = data.resolve(r.segment)
+        except KVPoolError:
+            return None
+        return self._disk.read(dest, location, r.offset, verify)
 
     # ------------------------------------------------------------------ batches
 

@@ -117,18 +117,20 @@ def tier_config(kwargs: dict[str, Any]) -> TierConfig:
 
 
 def node_tier_options(f: F) -> F:
-    """Add `--offload-dir` and `--offload-size` (keyword arguments offload_dir, offload_size)."""
+    """Add `--offload-dir` (repeatable) and `--offload-size` (keyword arguments offload_dir, a
+    tuple of directories, and offload_size)."""
     f = click.option(
         "--offload-size",
         type=Size(minimum=1 << 20),
         default="1GiB",
         show_default=True,
-        help="Bytes of the disk tier in --offload-dir (reserved up front).",
+        help="Bytes of the disk tier in each --offload-dir (reserved up front).",
     )(f)
     return click.option(
         "--offload-dir",
         type=click.Path(file_okay=False),
-        default=None,
+        multiple=True,
         help="A directory for this node's disk tier (objects offloaded from memory; they "
-        "survive a restart with the same directory).",
+        "survive a restart with the same directory). Repeat it for several disks: one file "
+        "of --offload-size in each.",
     )(f)

@@ -285,12 +285,13 @@ class TierManager:
 
     def _disk_for(self, obj: ObjectMeta, home: Segment) -> Segment | None:
         """A serving disk segment with room for `obj`, not holding it: the owner of `home`'s,
-        then one on `home`'s host, then any."""
+        then one on `home`'s host, then any; among equals the one with the most free bytes
+        (a node with several `--offload-dir` fills them evenly)."""
         aligned = self._core.aligned(obj.size)
         held = {r.segment for r in obj.replicas}
         clients = self._core.clients
         best: Segment | None = None
-        best_rank = 3
+        best_key = (3, 0)
         for seg in self._core.segments.disks:
             if seg in held or seg.allocator.largest_free() < aligned:
                 continue
@@ -298,8 +299,9 @@ class TierManager:
             if rec is None or rec.silent:
                 continue
             rank = 0 if seg.client_id == home.client_id else 1 if seg.host_id == home.host_id else 2
-            if rank < best_rank:
-                best, best_rank = seg, rank
+            key = (rank, -seg.allocator.free_bytes)
+            if key < best_key:
+                best, best_key = seg, key
         return best
 
     def _make_room(self, obj: ObjectMeta, home: Segment) -> Segment | None:

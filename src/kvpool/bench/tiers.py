@@ -14,8 +14,13 @@ the file system) plus a pure-client Store. Rows:
   straight from the page cache;
 * `kvpool`/`disk-tcp`: get by a client forced to TCP, streamed by the owner's transfer server;
 * `kvpool`/`disk-on-evict`: put with memory full, each put moving an older object to disk;
+* `kvpool`/`disk-local` and `disk-shm`, op `get_into`: the same reads into one registered
+  buffer (as the baseline preads into one buffer); a same-host disk replica is read with
+  `preadv` from the tier's file (`kvpool.client.disk_files`);
 * `metric: objects_beyond_ram_readable`: the fraction of objects read back exactly after
-  writing 8x the memory in 1 MiB objects.
+  writing 8x the memory in 1 MiB objects;
+* `metric: replica_tasks_failed`: offload tasks the owner failed during the run (a source
+  that did not match its checksum among them; 0 expected).
 """
 
 from __future__ import annotations
@@ -56,8 +61,10 @@ class Plan:
         return Plan(memory=256 * MiB, disk=3 << 30, reps={MiB: 64, 16 * MiB: 12})
 
 
-def _value(i: int, size: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"tiersbch") * (size // 16)
+def _value(i: int, size: int, tag: str = "tiersbch") -> bytes:
+    """Object `i`'s bytes; `tag` (8 bytes shown) tells the phases apart, so that bytes found
+    in a wrong place name the object they came from."""
+    return (i.to_bytes(8, "little") + tag.encode()[-8:].rjust(8, b".")) * (size // 16)
 
 
 def _row(path: str, system: str, op: str, size: int, times: list[float], **extra: Any) -> Row:
@@ -133,6 +140,16 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
             for size, n in plan.reps.items():
                 rows += _size_rows(owner, client, tcp, root, size, n, plan)
             rows.append(_capacity(client, plan))
+            tasks = owner.task_stats
+            rows.append(
+                {
+                    "system": "kvpool",
+                    "path": "disk",
+                    "metric": "replica_tasks_failed",
+                    "value": tasks.failed if tasks is not None else 0,
+                    "objects": tasks.succeeded if tasks is not None else 0,
+                }
+            )
         finally:
             tcp.close()
             client.close()
@@ -151,7 +168,7 @@ def _size_rows(  # noqa: PLR0917
     tag = f"s{size}"
     # Memory: the last objects written stay in memory.
     owner.remove_all(force=True)
-    mem_put = _timed(n, lambda i: client.put(f"{tag}-m{i}", _value(i, size)))
+    mem_put = _timed(n, lambda i: client.put(f"{tag}-m{i}", _value(i, size, f"{tag}m")))
     mem_get = _timed(n, lambda i: client.get(f"{tag}-m{i}"))
     rows = [
         _row("memory", "kvpool", "put", size, mem_put),
@@ -159,14 +176,14 @@ def _size_rows(  # noqa: PLR0917
     ]
     # Disk: written first, then pushed out of memory by filler (on-evict moves them to disk).
     for i in range(n):
-        client.put(f"{tag}-d{i}", _value(i, size))
+        client.put(f"{tag}-d{i}", _value(i, size, f"{tag}d"))
     # Checking touches the objects (an access, a lease): fill a memory's worth between checks.
     filler = 0
     fill_times: list[float] = []
     for _ in range(6):
         for _ in range(plan.memory // MiB):
             t = time.perf_counter()
-            client.put(f"{tag}-f{filler}", _value(filler, MiB))
+            client.put(f"{tag}-f{filler}", _value(filler, MiB, f"{tag}f"))
             fill_times.append(time.perf_counter() - t)
             filler += 1
         if all(_disk_only(client, f"{tag}-d{i}") for i in range(n)):
@@ -178,7 +195,7 @@ def _size_rows(  # noqa: PLR0917
 
     _settle(owner)
 
-    expected = [xxhash.xxh3_64_intdigest(_value(i, size)) for i in range(n)]
+    expected = [xxhash.xxh3_64_intdigest(_value(i, size, f"{tag}d")) for i in range(n)]
 
     def timed_gets(store: Store) -> list[float]:
         # Each value is checked and let go right after its timed get (outside the timing):
@@ -247,12 +264,12 @@ def _capacity(client: Store, plan: Plan) -> dict[str, Any]:
     n = 8 * plan.memory // MiB
     t = time.perf_counter()
     for i in range(n):
-        client.put(f"cap{i}", _value(i, MiB))
+        client.put(f"cap{i}", _value(i, MiB, "capacity"))
     put_s = time.perf_counter() - t
     exact = 0
     for i in range(n):
         with contextlib.suppress(KVPoolError):
-            exact += client.get(f"cap{i}") == _value(i, MiB)
+            exact += client.get(f"cap{i}") == _value(i, MiB, "capacity")
     return {
         "system": "kvpool",
         "path": "disk",
@@ -287,6 +304,9 @@ def command(*, quick: bool, json_path: str | None, directory: str | None) -> Non
     click.echo(render_table(_COLUMNS, [r for r in rows if isinstance(r, Row)]))
     for r in rows:
         if not isinstance(r, Row):
-            click.echo(f"{r['metric']}: {r['value']:.3f} ({r['objects']} objects)")
+            if r["metric"] == "replica_tasks_failed":
+                click.echo(f"replica_tasks_failed: {r['value']} (of {r['objects']} succeeded)")
+            else:
+                click.echo(f"{r['metric']}: {r['value']:.3f} ({r['objects']} objects)")
     if json_path:
         write_json(json_path, rows)

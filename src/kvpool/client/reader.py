@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import xxhash
 
+from kvpool.client import dfs
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
 from kvpool.client.disk_files import DiskFiles
 from kvpool.client.node import NodeRuntime
@@ -145,6 +146,8 @@ class Reader:
             done: tuple[ErrorCode, int | None] | None = None
             if r.kind == ReplicaKind.LOCAL_DISK:
                 done = self._read_disk(dest, r, verify)
+            elif r.kind == ReplicaKind.DFS:
+                done = dfs.read(r, dest, verify)
             if done is not None:
                 pass
             elif verify and dest.nbytes >= CHUNKED_MIN:
@@ -161,6 +164,8 @@ class Reader:
                 code, digest = self._opened().transfer([req])[0], None
             if code != ErrorCode.OK:
                 failure = error_for_code(code, f"{key!r}: reading replica on {r.segment} failed")
+                if r.kind == ReplicaKind.DFS and code == ErrorCode.OBJECT_NOT_FOUND:
+                    self._report_bad(key, r.segment, r.offset)  # its file vanished
                 continue
             if verify:
                 try:

@@ -22,7 +22,7 @@ from kvpool.protocol.messages import ReplicaKind
 
 __all__ = ["DiskLru"]
 
-_MEMORY = ReplicaKind.MEMORY
+_DISK = ReplicaKind.LOCAL_DISK
 
 
 class DiskLru:
@@ -39,7 +39,7 @@ class DiskLru:
     def add(self, obj: ObjectMeta) -> None:
         """`obj`'s disk replicas are (newly) complete: each goes to the back of its segment."""
         for r in obj.replicas:
-            if r.kind is not _MEMORY:
+            if r.kind is _DISK:
                 od = self._by_seg.setdefault(r.segment, OrderedDict())
                 od[r.offset] = obj
                 od.move_to_end(r.offset)
@@ -47,7 +47,7 @@ class DiskLru:
     def touch(self, obj: ObjectMeta) -> None:
         """A read of `obj` was served from disk: its disk replicas go to the back."""
         for r in obj.replicas:
-            if r.kind is not _MEMORY:
+            if r.kind is _DISK:
                 od = self._by_seg.get(r.segment)
                 if od is not None and od.get(r.offset) is obj:
                     od.move_to_end(r.offset)

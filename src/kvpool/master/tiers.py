@@ -38,6 +38,7 @@ from collections import deque
 from kvpool.codes import CLIENT_NOT_FOUND, INVALID_PARAMS, OK, SEGMENT_NOT_FOUND
 from kvpool.master.config import EvictionMode
 from kvpool.master.core import MetadataCore
+from kvpool.master.dfs import DfsTier
 from kvpool.master.disk_lru import DiskLru
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.segments import Segment
@@ -80,6 +81,10 @@ class TierManager:
         self.in_flight = 0
         self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
         self._lru = DiskLru()
+        self.dfs = (
+            DfsTier(core, config.dfs_root, config.dfs_check_per_round) if config.dfs_root else None
+        )
+        """The DFS tier (`--dfs-root`), or None."""
         #: Counters (stats, tests): offloaded, offload_failed, offload_dropped, moved_to_disk,
         #: promoted, promote_failed, disk_reads, registered, disk_evicted (replicas the disk
         #: LRU dropped), disk_full (offloads that found no room even so).
@@ -107,6 +112,8 @@ class TierManager:
 
     def note_complete(self, obj: ObjectMeta) -> None:
         """`obj` became readable from memory (PutEnd, PutCommit)."""
+        if self.dfs is not None:
+            self.dfs.on_complete(obj)
         if self.config.offload_policy is not OffloadPolicy.EAGER or not self.has_disks:
             return
         q = self._offload
@@ -137,6 +144,10 @@ class TierManager:
         """A disk-tier range was freed: its owner learns it with its next FetchTasks
         (bounded per client: past `offload_queue_limit` the oldest are forgotten, and such an
         object may come back from its node's journal after a restart)."""
+        dfs = self.dfs
+        if dfs is not None and seg is dfs.segment:
+            dfs.on_free(offset)
+            return
         self._lru.remove(seg, offset)
         q = self._freed.setdefault(seg.client_id, [])
         if len(q) >= self.config.offload_queue_limit:
@@ -154,6 +165,8 @@ class TierManager:
         cfg = self.config
         started = 0
         self._lru.prune()
+        if self.dfs is not None:
+            self.dfs.check()
         budget = min(cfg.offload_per_round, cfg.offload_max_in_flight - self.in_flight)
         q = self._offload
         while q and budget > 0:
@@ -209,6 +222,10 @@ class TierManager:
             if source is not None and self.move_to_disk(obj, source, None):
                 return 0
         return core.free_object(obj)
+
+    def dfs_replica(self, size: int) -> Replica | None:
+        """A put asked for a DFS copy: its PROCESSING DFS replica (None without a DFS tier)."""
+        return self.dfs.allocate(size) if self.dfs is not None else None
 
     def retry_hint(self) -> int:
         """Milliseconds a put refused for want of memory should wait and ask again: moves to
@@ -362,7 +379,9 @@ class TierManager:
         return alloc.largest_free() >= aligned
 
     def _promote_one(self, obj: ObjectMeta) -> bool:
-        source = next((r for r in obj.replicas if r.kind is not _MEMORY and r.readable()), None)
+        source = next(
+            (r for r in obj.replicas if r.kind is ReplicaKind.LOCAL_DISK and r.readable()), None
+        )
         if source is None:
             return False
         aligned = self._core.aligned(obj.size)

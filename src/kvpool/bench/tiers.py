@@ -14,6 +14,9 @@ the file system) plus a pure-client Store. Rows:
   straight from the page cache;
 * `kvpool`/`disk-tcp`: get by a client forced to TCP, streamed by the owner's transfer server;
 * `kvpool`/`disk-on-evict`: put with memory full, each put moving an older object to disk;
+* `kvpool`/`dfs`: put with `dfs_replica_num=1` (memory and the file in the master's
+  `--dfs-root`, in DIR), and get/get_into of such objects once the filler dropped their memory
+  replicas (read from the file with `preadv`);
 * `kvpool`/`disk-local` and `disk-shm`, op `get_into`: the same reads into one registered
   buffer (as the baseline preads into one buffer); a same-host disk replica is read with
   `preadv` from the tier's file (`kvpool.client.disk_files`);
@@ -39,6 +42,7 @@ import xxhash
 
 from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
+from kvpool.client.replicate import ReplicateConfig
 from kvpool.client.store import Store
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import ReplicaKind
@@ -46,6 +50,7 @@ from kvpool.protocol.messages import ReplicaKind
 __all__ = ["command", "run"]
 
 MiB = 1 << 20
+_DFS = ReplicateConfig(dfs_replica_num=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +114,12 @@ def _file_rows(directory: str, size: int, n: int) -> list[Row]:
     return [_row("file", "limit", "put", size, put), _row("file", "limit", "get", size, get)]
 
 
+def _only(store: Store, key: str, kind: ReplicaKind) -> bool:
+    return [ReplicaKind(r.kind) for r in store.get_replica_desc(key)] == [kind]
+
+
 def _disk_only(store: Store, key: str) -> bool:
-    return [ReplicaKind(r.kind) for r in store.get_replica_desc(key)] == [ReplicaKind.LOCAL_DISK]
+    return _only(store, key, ReplicaKind.LOCAL_DISK)
 
 
 def run(quick: bool = False, directory: str | None = None) -> list[Any]:
@@ -121,7 +130,13 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
         PoolSpec(
             segment_size=0,
             nodes=0,
-            master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"),
+            master_args=(
+                "--offload-policy",
+                "on-evict",
+                "--no-promotion-on-hit",
+                "--dfs-root",
+                os.path.join(root, "dfs"),
+            ),
         )
     )
     rows: list[Any] = []
@@ -177,6 +192,10 @@ def _size_rows(  # noqa: PLR0917
     # Disk: written first, then pushed out of memory by filler (on-evict moves them to disk).
     for i in range(n):
         client.put(f"{tag}-d{i}", _value(i, size, f"{tag}d"))
+    # DFS: written with a DFS copy (memory + the file); the filler then drops their memory
+    # replicas (a DFS copy keeps them readable), so they are read from the file.
+    dfs_put = _timed(n, lambda i: client.put(f"{tag}-x{i}", _value(i, size, f"{tag}x"), _DFS))
+    rows.append(_row("dfs", "kvpool", "put", size, dfs_put))
     # Checking touches the objects (an access, a lease): fill a memory's worth between checks.
     filler = 0
     fill_times: list[float] = []
@@ -186,7 +205,9 @@ def _size_rows(  # noqa: PLR0917
             client.put(f"{tag}-f{filler}", _value(filler, MiB, f"{tag}f"))
             fill_times.append(time.perf_counter() - t)
             filler += 1
-        if all(_disk_only(client, f"{tag}-d{i}") for i in range(n)):
+        if all(_disk_only(client, f"{tag}-d{i}") for i in range(n)) and all(
+            _only(client, f"{tag}-x{i}", ReplicaKind.DFS) for i in range(n)
+        ):
             break
     else:
         raise KVPoolError("objects did not move to the disk tier")
@@ -195,36 +216,40 @@ def _size_rows(  # noqa: PLR0917
 
     _settle(owner)
 
-    expected = [xxhash.xxh3_64_intdigest(_value(i, size, f"{tag}d")) for i in range(n)]
+    expected = {
+        p: [xxhash.xxh3_64_intdigest(_value(i, size, f"{tag}{p}")) for i in range(n)] for p in "dx"
+    }
 
-    def timed_gets(store: Store) -> list[float]:
+    def timed_gets(store: Store, phase: str = "d") -> list[float]:
         # Each value is checked and let go right after its timed get (outside the timing):
         # keeping them all would time the faulting-in of fresh pages for every result, which
-        # the memory row (and the baseline) does not pay.
-        # Checked by hash: comparing with a fresh expected value would allocate between the
-        # gets, and glibc would hand the next result pages that fault in again.
+        # the memory row (and the baseline) does not pay. Checked by hash: comparing with a
+        # fresh expected value would allocate between the gets, and glibc would hand the
+        # next result pages that fault in again.
         times: list[float] = []
+        want = expected[phase]
         for i in range(n):
             t = time.perf_counter()
-            got = store.get(f"{tag}-d{i}")
+            got = store.get(f"{tag}-{phase}{i}")
             times.append(time.perf_counter() - t)
-            if xxhash.xxh3_64_intdigest(got) != expected[i]:
-                raise KVPoolError(f"{tag}-d{i} read back wrong")
+            if xxhash.xxh3_64_intdigest(got) != want[i]:
+                raise KVPoolError(f"{tag}-{phase}{i} read back wrong")
             del got
         return times
 
-    def timed_gets_into(store: Store) -> list[float]:
+    def timed_gets_into(store: Store, phase: str = "d") -> list[float]:
         # Into one registered buffer, as the baseline preads into one buffer.
         buf = bytearray(size)
         store.register_buffer(buf)
         times: list[float] = []
+        want = expected[phase]
         try:
             for i in range(n):
                 t = time.perf_counter()
-                store.get_into(f"{tag}-d{i}", buf)
+                store.get_into(f"{tag}-{phase}{i}", buf)
                 times.append(time.perf_counter() - t)
-                if xxhash.xxh3_64_intdigest(buf) != expected[i]:
-                    raise KVPoolError(f"{tag}-d{i} read back wrong")
+                if xxhash.xxh3_64_intdigest(buf) != want[i]:
+                    raise KVPoolError(f"{tag}-{phase}{i} read back wrong")
         finally:
             store.unregister_buffer(buf)
         return times
@@ -235,6 +260,8 @@ def _size_rows(  # noqa: PLR0917
         _row("disk-tcp", "kvpool", "get", size, timed_gets(tcp)),
         _row("disk-local", "kvpool", "get_into", size, timed_gets_into(owner)),
         _row("disk-shm", "kvpool", "get_into", size, timed_gets_into(client)),
+        _row("dfs", "kvpool", "get", size, timed_gets(client, "x")),
+        _row("dfs", "kvpool", "get_into", size, timed_gets_into(client, "x")),
     ]
     for r in disk:
         r.ratio = r.bytes_per_s / file_get.bytes_per_s

@@ -74,6 +74,19 @@ def test_a_dfs_copy_is_written_by_the_client_and_outlives_every_node(
         assert s.get(f"d{i}") == value(i, (i + 1) * MiB // 2)
     wait_until(lambda: kinds(s, "d0") == [ReplicaKind.DFS], timeout=20, what="memory gone")
     assert s.get("d0") == value(0, MiB // 2)
+    got = s.batch_get([f"d{i}" for i in range(4)])
+    assert got == [value(i, (i + 1) * MiB // 2) for i in range(4)]
+    bufs = [bytearray(2 * MiB) for _ in range(2)]
+    for b in bufs:
+        s.register_buffer(b)
+    try:
+        sizes = s.batch_get_into(["d2", "d3"], bufs)
+        assert sizes == [3 * MiB // 2, 2 * MiB]
+        assert bufs[0][: sizes[0]] == value(2, sizes[0])
+        assert bufs[1] == value(3, 2 * MiB)
+    finally:
+        for b in bufs:
+            s.unregister_buffer(b)
     with pytest.raises(KVPoolError):
         s.get("plain")
     s.remove("d1")

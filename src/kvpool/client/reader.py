@@ -68,6 +68,7 @@ from kvpool.protocol.messages import (
     SegmentName,
     TenantId,
 )
+from kvpool.protocol.tiers import DFS_SEGMENT
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Reader"]
@@ -435,7 +436,9 @@ class Reader:
         descs = [
             ReplicaDesc(
                 0,
-                ReplicaKind.MEMORY,
+                # tiers: a DFS replica is a file, which the batch copy cannot read (so its
+                # failure there is no reason to skip it); `read` reads it.
+                ReplicaKind.DFS if loc.segments[p[k]] == DFS_SEGMENT else ReplicaKind.MEMORY,
                 ReplicaStatus.COMPLETE,
                 loc.segments[p[k]],
                 p[k + 1],
@@ -443,6 +446,8 @@ class Reader:
                 loc.endpoints[p[k]],
             )
             for k in range(0, len(p), 2)
-            if k != skip and 0 <= p[k] < len(loc.segments) and p[k + 1] >= 0
+            if 0 <= p[k] < len(loc.segments)
+            and p[k + 1] >= 0
+            and (k != skip or loc.segments[p[k]] == DFS_SEGMENT)
         ]
         return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)

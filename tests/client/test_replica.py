@@ -38,14 +38,15 @@ def test_without_a_local_replica_the_masters_order_is_kept() -> None:
     assert [r.replica_id for r in order_replicas(reps, lambda s: False)] == [1, 2]
 
 
-def test_incomplete_replicas_are_never_chosen_and_disk_comes_after_memory() -> None:
+def test_incomplete_replicas_are_never_chosen_and_memory_comes_before_dfs_before_disk() -> None:
     reps = [
         rep(1, "local", status=ReplicaStatus.PROCESSING),
         rep(2, "local", kind=ReplicaKind.LOCAL_DISK),
         rep(3, "remote"),
         rep(4, "remote", kind=ReplicaKind.DFS),
     ]
-    assert [r.replica_id for r in order_replicas(reps, lambda s: s == "local")] == [3, 2]
+    # Seed 000's order: memory, then DFS (a file in the shared directory), then a disk tier.
+    assert [r.replica_id for r in order_replicas(reps, lambda s: s == "local")] == [3, 4, 2]
     assert order_replicas([rep(1, "x", status=ReplicaStatus.PROCESSING)], lambda s: True) == []
 
 

@@ -22,7 +22,7 @@ from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.cli.tiers import node_tier_options
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
-from kvpool.client.disk import DiskTier
+from kvpool.client.disk import DiskTier, DiskTierSet
 from kvpool.client.drain import drain_node
 from kvpool.client.node import MIN_SEGMENT_SIZE, NodeRuntime
 from kvpool.client.tasks import TaskExecutor
@@ -233,7 +233,7 @@ def node(
     transfer_min_rate: int,
     drain_grace: float = 0.0,
     http_port: int | None = None,
-    offload_dir: str | None,
+    offload_dir: tuple[str, ...],
     offload_size: int,
     token_file: str | None,
 ) -> None:
@@ -288,7 +288,7 @@ def node(
     data = DataPath(runtime, "auto", DEFAULT_TRANSFER_TIMEOUT_S)
     executor: TaskExecutor | None = None
     http: NodeHttp | None = None
-    disk: DiskTier | None = None
+    disk: DiskTierSet | None = None
     try:
         try:
             runtime.start()
@@ -301,8 +301,11 @@ def node(
         except OSError as exc:  # the transfer server cannot bind --host
             raise click.ClickException(f"cannot serve on --host {host}: {exc.strerror}") from exc
         executor = TaskExecutor(runtime, data, poll_interval=poll)
-        if offload_dir is not None:
-            disk = open_disk_tier(runtime, data, offload_dir, offload_size)
+        if offload_dir:
+            # One tier per directory; `disk` owns those opened so far if a later one fails.
+            disk = DiskTierSet([])
+            for directory in offload_dir:
+                disk.tiers.append(open_disk_tier(runtime, data, directory, offload_size))
             executor.on_written = disk.on_task_written
             executor.on_disk_freed = disk.on_freed
         executor.start()

@@ -4,6 +4,7 @@ spellings of them) and `node_tier_options` for `kvpool node` (the disk tier)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -55,6 +56,13 @@ def master_tier_options(f: F) -> F:
             help=f"Reads of a disk-only object that promote it [default: "
             f"{_DEFAULTS.promotion_admission_threshold}].",
         ),
+        click.option(
+            "--dfs-root",
+            type=click.Path(file_okay=False),
+            default=None,
+            help="A directory every node and client sees (NFS, 3FS, a shared volume): puts "
+            "with dfs_replica_num=1 also write their object there; it survives every node.",
+        ),
         click.option("--enable_offload", is_flag=True, help="Mooncake: --offload-policy eager."),
         click.option(
             "--offload_on_evict", is_flag=True, help="Mooncake: --offload-policy on-evict."
@@ -89,6 +97,7 @@ _MASTER_KEYS = (
     "offload_on_evict",
     "promotion_on_hit_mc",
     "promotion_admission_threshold_mc",
+    "dfs_root",
 )
 
 
@@ -113,22 +122,25 @@ def tier_config(kwargs: dict[str, Any]) -> TierConfig:
         offload_queue_limit=v.get("offload_queue_limit", _DEFAULTS.offload_queue_limit),
         promotion_on_hit=_DEFAULTS.promotion_on_hit if on_hit is None else bool(on_hit),
         promotion_admission_threshold=threshold or _DEFAULTS.promotion_admission_threshold,
+        dfs_root=os.path.abspath(v["dfs_root"]) if v.get("dfs_root") else None,
     )
 
 
 def node_tier_options(f: F) -> F:
-    """Add `--offload-dir` and `--offload-size` (keyword arguments offload_dir, offload_size)."""
+    """Add `--offload-dir` (repeatable) and `--offload-size` (keyword arguments offload_dir, a
+    tuple of directories, and offload_size)."""
     f = click.option(
         "--offload-size",
         type=Size(minimum=1 << 20),
         default="1GiB",
         show_default=True,
-        help="Bytes of the disk tier in --offload-dir (reserved up front).",
+        help="Bytes of the disk tier in each --offload-dir (reserved up front).",
     )(f)
     return click.option(
         "--offload-dir",
         type=click.Path(file_okay=False),
-        default=None,
+        multiple=True,
         help="A directory for this node's disk tier (objects offloaded from memory; they "
-        "survive a restart with the same directory).",
+        "survive a restart with the same directory). Repeat it for several disks: one file "
+        "of --offload-size in each.",
     )(f)

@@ -80,7 +80,7 @@ def up(
     host: str,
     client_ttl: float | None,
     refresh: float,
-    offload_dir: str | None,
+    offload_dir: tuple[str, ...],
     offload_size: int,
 ) -> None:
     """Run a master and one node here until Ctrl-C."""
@@ -101,9 +101,10 @@ def up(
     signal.signal(signal.SIGTERM, on_signal)
     node_args: tuple[str, ...] = ()
     master_args: tuple[str, ...] = ()
-    if offload_dir is not None:
+    if offload_dir:
         # A disk tier: what reclaim takes out of memory moves there (docs/parts/tiers.md).
-        node_args = ("--offload-dir", offload_dir, "--offload-size", str(offload_size))
+        dirs = tuple(a for d in offload_dir for a in ("--offload-dir", d))
+        node_args = (*dirs, "--offload-size", str(offload_size))
         master_args = ("--offload-policy", "on-evict")
     pool = EmbeddedPool(
         PoolSpec(

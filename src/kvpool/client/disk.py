@@ -57,7 +57,7 @@ from kvpool.protocol.messages import (
 )
 from kvpool.transfer.memory import DISK_FILE_NAME, SegmentMemory
 
-__all__ = ["DATA_FILE", "JOURNAL_FILE", "DiskTier", "DiskTierStats"]
+__all__ = ["DATA_FILE", "JOURNAL_FILE", "DiskTier", "DiskTierSet", "DiskTierStats"]
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +389,29 @@ class DiskTier:
         for name in (DATA_FILE, JOURNAL_FILE, JOURNAL_FILE + ".tmp", LOCK_FILE):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.directory, name))
+
+
+class DiskTierSet:
+    """The disk tiers of one node (`kvpool node --offload-dir A --offload-dir B`: one file
+    per directory, each its own LOCAL_DISK segment; the master spreads offloads over them by
+    free space). The task executor's callbacks go to every tier, each keeping what names its
+    own segment."""
+
+    def __init__(self, tiers: list[DiskTier]) -> None:
+        self.tiers = list(tiers)
+
+    def on_task_written(self, task: ReplicaTask) -> None:
+        for tier in self.tiers:
+            tier.on_task_written(task)
+
+    def on_freed(self, ranges: list[tuple[SegmentName, int]]) -> None:
+        for tier in self.tiers:
+            tier.on_freed(ranges)
+
+    def close(self) -> None:
+        """Close every tier (idempotent)."""
+        for tier in self.tiers:
+            tier.close()
 
 
 def _record(op: int, e: DiskEntry) -> bytes:

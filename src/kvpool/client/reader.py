@@ -43,7 +43,9 @@ from collections.abc import Callable
 
 import xxhash
 
+from kvpool.client import dfs
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.disk_files import DiskFiles
 from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered
 from kvpool.client.node import NodeRuntime
@@ -78,6 +80,7 @@ from kvpool.protocol.messages import (
     SegmentName,
     TenantId,
 )
+from kvpool.protocol.tiers import DFS_SEGMENT
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Reader"]
@@ -93,7 +96,7 @@ class Reader:
     between calls; `opened` answers the Store's `DataPath`, or raises `StoreClosed`; `verify`
     checks every read against the checksum recorded at PutEnd (`Store.verify_checksum`)."""
 
-    __slots__ = ("_node", "_opened", "hot", "locations", "tenant", "verify")
+    __slots__ = ("_disk", "_node", "_opened", "hot", "locations", "tenant", "verify")
 
     def __init__(
         self,
@@ -110,6 +113,12 @@ class Reader:
         self.locations = locations
         #: The hot cache of remote values (cached mode with `hot_cache_size`), or None.
         self.hot: HotCache | None = None
+        self._disk = DiskFiles(node.host_id)
+        """Disk-tier files of this host, read with preadv (`kvpool.client.disk_files`)."""
+
+    def close(self) -> None:
+        """Close the disk-tier files this reader opened (idempotent)."""
+        self._disk.close()
 
     # ------------------------------------------------------------------ one value
 
@@ -282,7 +291,13 @@ class Reader:
         verify = self.verify and rl.checksum is not None
         for r in order:
             done: tuple[ErrorCode, int | None] | None = None
-            if verify and dest.nbytes >= CHUNKED_MIN:
+            if r.kind == ReplicaKind.LOCAL_DISK:
+                done = self._read_disk(dest, r, verify)
+            elif r.kind == ReplicaKind.DFS:
+                done = dfs.read(r, dest, verify)
+            if done is not None:
+                pass
+            elif verify and dest.nbytes >= CHUNKED_MIN:
                 done = self._opened().copy_hashing(TransferOp.READ, dest, r.segment, r.offset)
             elif dest.nbytes < CHUNKED_MIN:  # copied here when mapped, hashed while in cache
                 got, digests = self._opened().move_many(
@@ -296,6 +311,8 @@ class Reader:
                 code, digest = self._opened().transfer([req])[0], None
             if code != ErrorCode.OK:
                 failure = error_for_code(code, f"{key!r}: reading replica on {r.segment} failed")
+                if r.kind == ReplicaKind.DFS and code == ErrorCode.OBJECT_NOT_FOUND:
+                    self._report_bad(key, r.segment, r.offset)  # its file vanished
                 continue
             if verify:
                 try:
@@ -307,6 +324,20 @@ class Reader:
             verify_lease(key, deadline)
             return r
         raise failure or TransferError(f"{key!r}: every replica failed")
+
+    def _read_disk(
+        self, dest: memoryview, r: ReplicaDesc, verify: bool
+    ) -> tuple[ErrorCode, int | None] | None:
+        """A disk-tier replica on this host, read from its file (`DiskFiles`); None when it
+        cannot be read that way (another host, TCP forced, not resolvable)."""
+        data = self._opened()
+        if data.protocol == "tcp":
+            return None
+        try:
+            location = data.resolve(r.segment)
+        except KVPoolError:
+            return None
+        return self._disk.read(dest, location, r.offset, verify)
 
     # ------------------------------------------------------------------ batches
 
@@ -732,7 +763,9 @@ class Reader:
         descs = [
             ReplicaDesc(
                 0,
-                ReplicaKind.MEMORY,
+                # tiers: a DFS replica is a file, which the batch copy cannot read (so its
+                # failure there is no reason to skip it); `read` reads it.
+                ReplicaKind.DFS if loc.segments[p[k]] == DFS_SEGMENT else ReplicaKind.MEMORY,
                 ReplicaStatus.COMPLETE,
                 loc.segments[p[k]],
                 p[k + 1],
@@ -740,6 +773,8 @@ class Reader:
                 loc.endpoints[p[k]],
             )
             for k in range(0, len(p), 2)
-            if k != skip and 0 <= p[k] < len(loc.segments) and p[k + 1] >= 0
+            if 0 <= p[k] < len(loc.segments)
+            and p[k + 1] >= 0
+            and (k != skip or loc.segments[p[k]] == DFS_SEGMENT)
         ]
         return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)

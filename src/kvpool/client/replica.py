@@ -48,7 +48,8 @@ def order_replicas(
     replicas: Sequence[ReplicaDesc], is_local: Callable[[SegmentName], bool]
 ) -> list[ReplicaDesc]:
     """Readable replicas: memory ones first (the first local one first, then the rest in the
-    given order), then disk-tier (LOCAL_DISK) ones, the first local one first.
+    given order), then DFS ones (files in the shared directory, seed 000's memory -> DFS ->
+    disk order), then disk-tier (LOCAL_DISK) ones, the first local one first.
 
     `is_local(segment)` says whether a segment lives on this host. An empty result means no
     replica is readable (the caller answers REPLICA_IS_NOT_READY or INVALID_REPLICA).
@@ -61,7 +62,7 @@ def order_replicas(
     out: list[ReplicaDesc] = []
     for kind in _READABLE_KINDS:
         tier = [r for r in complete if r.kind == kind]
-        for i, r in enumerate(tier):
+        for i, r in enumerate(tier if kind != ReplicaKind.DFS else ()):  # DFS: no host
             if is_local(r.segment):
                 if i:
                     tier.insert(0, tier.pop(i))
@@ -70,7 +71,7 @@ def order_replicas(
     return out
 
 
-_READABLE_KINDS: Final = (ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK)
+_READABLE_KINDS: Final = (ReplicaKind.MEMORY, ReplicaKind.DFS, ReplicaKind.LOCAL_DISK)
 """Replica kinds a reader reads, in the order it prefers them."""
 
 

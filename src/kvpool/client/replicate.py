@@ -14,6 +14,8 @@ put). Fields and defaults follow Mooncake's `ReplicateConfig`:
 * `preferred_segments`: segment names tried first; `prefer_alloc_in_same_node`: prefer segments on
   this host.
 * `group_ids`: one group per key of a batch (annotation only; routing never depends on it).
+* `dfs_replica_num`: 1 for a copy in the shared DFS directory (`kvpool master --dfs-root`) as
+  well, written by this client (docs/parts/tiers.md); one-value puts only.
 
 Pins are enforced by the master's eviction; the client accepts and forwards them.
 """
@@ -52,6 +54,8 @@ class ReplicateConfig:
     """Prefer segments on this client's host."""
     group_ids: tuple[str, ...] | None = None
     """One group id per key (batch puts), or None."""
+    dfs_replica_num: int = 0
+    """Copies in the master's DFS directory (0 or 1)."""
     _msg: ReplicateConfigMsg | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +96,9 @@ class ReplicateConfig:
         )
         if self.group_ids is not None:
             object.__setattr__(self, "group_ids", _names("group_ids", self.group_ids))
+        dfs = self.dfs_replica_num
+        if isinstance(dfs, bool) or not isinstance(dfs, int) or dfs not in (0, 1):
+            raise InvalidParams(f"dfs_replica_num: expected 0 or 1, got {dfs!r}")
 
     def to_msg(self) -> ReplicateConfigMsg:
         """The wire form (built once per config and reused by every put that passes it)."""
@@ -105,6 +112,7 @@ class ReplicateConfig:
                 preferred_segments=[SegmentName(s) for s in self.preferred_segments],
                 prefer_alloc_in_same_node=self.prefer_alloc_in_same_node,
                 group_ids=list(self.group_ids) if self.group_ids is not None else None,
+                dfs_replica_num=self.dfs_replica_num,
             )
             object.__setattr__(self, "_msg", msg)
         return msg

@@ -352,6 +352,9 @@ class Store:
                 self._disk.close()
         if self._data is not None:
             self._data.close()
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.close()  # the disk-tier files it reads with preadv
 
     def __enter__(self) -> Store:
         return self

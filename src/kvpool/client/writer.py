@@ -62,6 +62,7 @@ from typing import Final
 
 import msgspec
 
+from kvpool.client import dfs
 from kvpool.client.arena import Arena, Arenas
 from kvpool.client.datapath import CHUNKED_MIN, DataPath
 from kvpool.client.locations import Locations
@@ -118,6 +119,7 @@ __all__ = ["Writer"]
 
 log = logging.getLogger(__name__)
 
+_DFS: Final = ReplicaKind.DFS
 _DEFAULT_MSG: Final = DEFAULT_CONFIG.to_msg()
 """The wire form of the default config (frozen), made once rather than on every put."""
 _MEMORY: Final = ReplicaKind.MEMORY
@@ -168,7 +170,12 @@ def _subset(cfg: ReplicateConfigMsg, picked: list[int]) -> ReplicateConfigMsg:
 
 def _arena_config(cfg: ReplicateConfigMsg) -> bool:
     """Whether a put with `cfg` may take an arena: one replica, placed by the master."""
-    return cfg.replica_num == 1 and not cfg.preferred_segments and not cfg.prefer_alloc_in_same_node
+    return (
+        cfg.replica_num == 1
+        and not cfg.preferred_segments
+        and not cfg.prefer_alloc_in_same_node
+        and not cfg.dfs_replica_num  # a DFS copy needs PutStart
+    )
 
 
 def _config_msg(config: object) -> ReplicateConfigMsg:
@@ -364,11 +371,13 @@ class Writer:
             # and hold its space. A PutEnd the master did carry out is not undone: the revoke
             # of a complete object is refused.
             self._revoke([key], token, park=True)
+            dfs.remove_failed(rep.replicas)
             raise
         if code != ErrorCode.OK:
             # A node may have taken part of the bytes and still write them (frozen, not
             # dead): the master keeps the ranges parked rather than handing them out at once.
             self._revoke([key], token, park=True)
+            dfs.remove_failed(rep.replicas)
             if code in _RETRYABLE and failed:
                 for seg in failed:
                     avoid[seg] = code
@@ -376,6 +385,7 @@ class Writer:
             raise error_for_code(code, f"{key!r}: writing its replicas failed; the put was revoked")
         if end != OK:
             self._revoke([key], token)
+            dfs.remove_failed(rep.replicas)  # a preempted put's master removed it before our rename
             if rpc.epoch != epoch:
                 # PutStart and PutEnd went to different leaders: the new one did not hold the
                 # put (not replicated to it); put_one starts it again there.
@@ -500,6 +510,11 @@ class Writer:
         code = _check_replicas(replicas, mv.nbytes)
         if code != ErrorCode.OK:
             return code, None, []
+        if replicas[-1].kind == _DFS:  # tiers: the master's DFS copy comes last, a file
+            code = dfs.write(replicas[-1], mv)
+            if code != ErrorCode.OK or len(replicas) == 1:
+                return code, checksum(mv) if code == ErrorCode.OK else None, []
+            replicas = replicas[:-1]
         csum: int | None = None
         codes: list[ErrorCode] = []
         if len(replicas) == 1 and mv.nbytes < CHUNKED_MIN:

@@ -141,6 +141,8 @@ class MasterService:
             core.on_complete = self._tiers.note_complete
         core.retry_hint = self._tiers.retry_hint
         core.on_disk_free = self._tiers.note_disk_free
+        if self._tiers.dfs is not None:
+            self._writes.dfs_replica = self._tiers.dfs_replica
         self._admin = AdminPath(core, self._tasks, self._arenas, self._repair)
         self._task_path = TaskPath(core, self._tasks, self._repair)
         self._arena_path = ArenaPath(core, planner, self._arenas)

@@ -45,6 +45,11 @@ class TierConfig:
     """Promotion tasks started per tick at most."""
     promotion_table_limit: int = 65536
     """Distinct objects whose reads are counted at once (the table is cleared past it)."""
+    dfs_root: str | None = None
+    """A directory every node and client sees (NFS, 3FS, a shared volume): puts asking for
+    `dfs_replica_num=1` also write their object there (None: no DFS tier)."""
+    dfs_check_per_round: int = 64
+    """DFS replicas whose file is looked for per tick (a vanished one is dropped)."""
 
     def __post_init__(self) -> None:
         try:
@@ -61,6 +66,7 @@ class TierConfig:
             "promotion_admission_threshold",
             "promotion_per_round",
             "promotion_table_limit",
+            "dfs_check_per_round",
         ):
             if getattr(self, name) < 1:
                 raise InvalidParams(f"{name} must be >= 1, got {getattr(self, name)}")

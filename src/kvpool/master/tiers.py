@@ -20,6 +20,13 @@ journals what it wrote (`kvpool.client.disk`) so that it can name it again after
   queues the object, and each tick starts up to `promotion_per_round` COPY tasks from its disk
   replica to a memory segment chosen by placement.
 
+* **the disk tier's LRU** (`disk_lru.py`): when an offload or a move finds no disk with room,
+  the oldest replicas of the best disk segment are dropped until the object fits (at most
+  `DISK_EVICT_SCAN` looked at): never a hard-pinned object's, nor one being read (lease) or
+  copied (task); in pool mode only a replica whose object stays readable from another one
+  (pool mode never loses an object). A disk replica that was the object's last takes the
+  object with it (cache mode).
+
 Everything runs on the master's loop; work is bounded per tick and by `offload_max_in_flight`.
 """
 
@@ -29,7 +36,10 @@ import logging
 from collections import deque
 
 from kvpool.codes import CLIENT_NOT_FOUND, INVALID_PARAMS, OK, SEGMENT_NOT_FOUND
+from kvpool.master.config import EvictionMode
 from kvpool.master.core import MetadataCore
+from kvpool.master.dfs import DfsTier
+from kvpool.master.disk_lru import DiskLru
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.segments import Segment
 from kvpool.master.task_table import TaskDone, TaskTable
@@ -52,6 +62,10 @@ _MEMORY = ReplicaKind.MEMORY
 RETRY_HINT_MS = 20
 """A put refused while memory moves to disk asks again after this long (within its window)."""
 _COMPLETE = ReplicaStatus.COMPLETE
+DISK_EVICT_SCAN = 64
+"""Disk replicas looked at, oldest first, to make room for one offload (a bound per call)."""
+_ROOM_HINT = 1 << 20
+"""Free bytes on a disk that count as room for a refused put's retry hint."""
 
 
 class TierManager:
@@ -66,8 +80,14 @@ class TierManager:
         self._hits: dict[ObjectMeta, int] = {}
         self.in_flight = 0
         self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
+        self._lru = DiskLru()
+        self.dfs = (
+            DfsTier(core, config.dfs_root, config.dfs_check_per_round) if config.dfs_root else None
+        )
+        """The DFS tier (`--dfs-root`), or None."""
         #: Counters (stats, tests): offloaded, offload_failed, offload_dropped, moved_to_disk,
-        #: promoted, promote_failed, disk_reads, registered.
+        #: promoted, promote_failed, disk_reads, registered, disk_evicted (replicas the disk
+        #: LRU dropped), disk_full (offloads that found no room even so).
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "offloaded",
@@ -78,6 +98,8 @@ class TierManager:
                 "promote_failed",
                 "disk_reads",
                 "registered",
+                "disk_evicted",
+                "disk_full",
             ),
             0,
         )
@@ -90,6 +112,8 @@ class TierManager:
 
     def note_complete(self, obj: ObjectMeta) -> None:
         """`obj` became readable from memory (PutEnd, PutCommit)."""
+        if self.dfs is not None:
+            self.dfs.on_complete(obj)
         if self.config.offload_policy is not OffloadPolicy.EAGER or not self.has_disks:
             return
         q = self._offload
@@ -101,6 +125,7 @@ class TierManager:
     def note_read(self, obj: ObjectMeta) -> None:
         """A read of `obj` was served with no readable memory replica (from disk)."""
         self.counters["disk_reads"] += 1
+        self._lru.touch(obj)
         cfg = self.config
         if not cfg.promotion_on_hit:
             return
@@ -119,6 +144,11 @@ class TierManager:
         """A disk-tier range was freed: its owner learns it with its next FetchTasks
         (bounded per client: past `offload_queue_limit` the oldest are forgotten, and such an
         object may come back from its node's journal after a restart)."""
+        dfs = self.dfs
+        if dfs is not None and seg is dfs.segment:
+            dfs.on_free(offset)
+            return
+        self._lru.remove(seg, offset)
         q = self._freed.setdefault(seg.client_id, [])
         if len(q) >= self.config.offload_queue_limit:
             del q[: len(q) // 2]
@@ -134,6 +164,9 @@ class TierManager:
         """Start due offload and promotion tasks (bounded); answers how many started."""
         cfg = self.config
         started = 0
+        self._lru.prune()
+        if self.dfs is not None:
+            self.dfs.check()
         budget = min(cfg.offload_per_round, cfg.offload_max_in_flight - self.in_flight)
         q = self._offload
         while q and budget > 0:
@@ -190,12 +223,38 @@ class TierManager:
                 return 0
         return core.free_object(obj)
 
+    def dfs_replica(self, size: int) -> Replica | None:
+        """A put asked for a DFS copy: its PROCESSING DFS replica (None without a DFS tier)."""
+        return self.dfs.allocate(size) if self.dfs is not None else None
+
     def retry_hint(self) -> int:
         """Milliseconds a put refused for want of memory should wait and ask again: moves to
-        disk (on-evict) are under way or can be started, so memory is coming; 0 otherwise."""
-        if self.config.offload_policy is OffloadPolicy.ON_EVICT and self.has_disks:
+        disk (on-evict) are under way or can be started, so memory is coming; 0 otherwise
+        (every disk full of what may not be dropped: the put fails now, NO_AVAILABLE_HANDLE,
+        rather than asking again for its whole window)."""
+        if self.config.offload_policy is not OffloadPolicy.ON_EVICT or not self.has_disks:
+            return 0
+        if self.in_flight or any(self._may_take(seg) for seg in self._core.segments.disks):
             return RETRY_HINT_MS
         return 0
+
+    def _may_take(self, seg: Segment) -> bool:
+        """Whether disk segment `seg` has room for a 1 MiB object, or can make some (one of
+        its oldest replicas may be dropped)."""
+        if seg.allocator.largest_free() >= _ROOM_HINT:
+            return True
+        core = self._core
+        now = core.clock()
+        pool = core.config.eviction_mode is EvictionMode.POOL
+        for offset, victim in self._lru.oldest(seg, DISK_EVICT_SCAN):
+            if victim.hard_pin or now < victim.lease_deadline or self._tasks.has_task(victim):
+                continue
+            if not pool or any(
+                r.readable() and not (r.segment is seg and r.offset == offset)
+                for r in victim.replicas
+            ):
+                return True
+        return False
 
     def _current(self, obj: ObjectMeta) -> bool:
         core = self._core
@@ -221,12 +280,19 @@ class TierManager:
     def _to_disk(
         self, obj: ObjectMeta, source: Replica, task_type: TaskType, on_done: TaskDone
     ) -> bool:
-        seg = self._disk_for(obj, source.segment)
+        seg = self._disk_for(obj, source.segment) or self._make_room(obj, source.segment)
         if seg is None:
             self.in_flight -= 1  # `_done` counted a task that never started
             return False
+        lru = self._lru
+
+        def done(ok: bool) -> None:
+            if ok:
+                lru.add(obj)
+            on_done(ok)
+
         task, code = self._tasks.start(
-            task_type, obj, source, [seg.name], on_done, repair=True, executor=seg.client_id
+            task_type, obj, source, [seg.name], done, repair=True, executor=seg.client_id
         )
         if task is None:
             self.in_flight -= 1
@@ -236,12 +302,13 @@ class TierManager:
 
     def _disk_for(self, obj: ObjectMeta, home: Segment) -> Segment | None:
         """A serving disk segment with room for `obj`, not holding it: the owner of `home`'s,
-        then one on `home`'s host, then any."""
+        then one on `home`'s host, then any; among equals the one with the most free bytes
+        (a node with several `--offload-dir` fills them evenly)."""
         aligned = self._core.aligned(obj.size)
         held = {r.segment for r in obj.replicas}
         clients = self._core.clients
         best: Segment | None = None
-        best_rank = 3
+        best_key = (3, 0)
         for seg in self._core.segments.disks:
             if seg in held or seg.allocator.largest_free() < aligned:
                 continue
@@ -249,12 +316,72 @@ class TierManager:
             if rec is None or rec.silent:
                 continue
             rank = 0 if seg.client_id == home.client_id else 1 if seg.host_id == home.host_id else 2
-            if rank < best_rank:
-                best, best_rank = seg, rank
+            key = (rank, -seg.allocator.free_bytes)
+            if key < best_key:
+                best, best_key = seg, key
         return best
 
+    def _make_room(self, obj: ObjectMeta, home: Segment) -> Segment | None:
+        """No disk has room for `obj`: drop the least recently used replicas of the disk
+        segments that could take it (ranked as in `_disk_for`) until one does; that segment,
+        or None (counted: disk_full)."""
+        aligned = self._core.aligned(obj.size)
+        held = {r.segment for r in obj.replicas}
+        clients = self._core.clients
+        ranked: list[tuple[int, Segment]] = []
+        for seg in self._core.segments.disks:
+            if seg in held or seg.size < aligned:
+                continue
+            rec = clients.get(seg.client_id)
+            if rec is None or rec.silent:
+                continue
+            rank = 0 if seg.client_id == home.client_id else 1 if seg.host_id == home.host_id else 2
+            ranked.append((rank, seg))
+        ranked.sort(key=lambda t: t[0])
+        for _, seg in ranked:
+            if self._evict_from(seg, aligned):
+                return seg
+        self.counters["disk_full"] += 1
+        return None
+
+    def _evict_from(self, seg: Segment, aligned: int) -> bool:
+        """Drop the oldest droppable replicas of disk segment `seg` (module docstring) until
+        a block of `aligned` bytes is free there; whether one is."""
+        core = self._core
+        now = core.clock()
+        pool = core.config.eviction_mode is EvictionMode.POOL
+        alloc = seg.allocator
+        for offset, victim in self._lru.oldest(seg, DISK_EVICT_SCAN):
+            if alloc.largest_free() >= aligned:
+                return True
+            replica = next(
+                (r for r in victim.replicas if r.segment is seg and r.offset == offset), None
+            )
+            if replica is None or core.index.get(victim.tenant, victim.key) is not victim:
+                self._lru.remove(seg, offset)  # stale: the range went another way
+                continue
+            if (
+                victim.hard_pin
+                or not victim.complete
+                or now < victim.lease_deadline
+                or self._tasks.has_task(victim)
+            ):
+                continue
+            others = any(r is not replica and r.readable() for r in victim.replicas)
+            if not others and pool:
+                continue  # pool mode never loses an object
+            if others:
+                core.drop_replica(victim, replica)
+            else:
+                core.free_object(victim)
+            self._lru.remove(seg, offset)
+            self.counters["disk_evicted"] += 1
+        return alloc.largest_free() >= aligned
+
     def _promote_one(self, obj: ObjectMeta) -> bool:
-        source = next((r for r in obj.replicas if r.kind is not _MEMORY and r.readable()), None)
+        source = next(
+            (r for r in obj.replicas if r.kind is ReplicaKind.LOCAL_DISK and r.readable()), None
+        )
         if source is None:
             return False
         aligned = self._core.aligned(obj.size)
@@ -318,6 +445,7 @@ class TierManager:
                 obj.checksum = e.checksum
                 core.index.add(t.shards[shard], obj)
             core.add_replicas(obj, (replica,))
+            self._lru.add(obj)
             count += 1
         self.counters["registered"] += count
         log.info("segment %s: %d disk replica(s) registered", seg.name, count)

@@ -23,6 +23,8 @@ Rules (Mooncake's; the protocol module docstring has the whole lifecycle):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvpool.codes import (
     ILLEGAL_CLIENT,
     INVALID_PARAMS,
@@ -36,7 +38,7 @@ from kvpool.codes import (
     TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.core import MetadataCore
-from kvpool.master.metadata import ObjectMeta, TenantShards
+from kvpool.master.metadata import ObjectMeta, Replica, TenantShards
 from kvpool.master.planner import Claim, PutPlan, PutPlanner
 from kvpool.master.task_table import TaskTable
 from kvpool.protocol.messages import (
@@ -76,6 +78,8 @@ class WritePath:
         self._index = core.index
         # The core's operations of the per-key paths, bound once.
         self._allocate = core.allocate
+        self.dfs_replica: Callable[[int], Replica | None] | None = None
+        """A put's DFS replica (the tier manager's), when the master has a DFS tier."""
         self._create = core.create_object
         self._complete = core.complete_object
         self._may_claim = planner.claim
@@ -85,7 +89,8 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else ""
-        reply = self._put_one(plan, req.key, req.size, group, self._clock())
+        dfs = req.config.dfs_replica_num > 0  # tiers: a copy in the DFS directory too
+        reply = self._put_one(plan, req.key, req.size, group, self._clock(), dfs)
         if plan.fresh_tenant:
             self._planner.finish(plan)
         return reply
@@ -120,7 +125,9 @@ class WritePath:
             if plan.fresh_tenant:
                 self._planner.finish(plan)
 
-    def _put_one(self, plan: PutPlan, key: str, size: int, group: str, now: float) -> PutStartReply:
+    def _put_one(  # noqa: PLR0917
+        self, plan: PutPlan, key: str, size: int, group: str, now: float, dfs: bool = False
+    ) -> PutStartReply:
         if not key or size <= 0:
             return PutStartReply(INVALID_PARAMS)
         t = plan.shards
@@ -142,6 +149,11 @@ class WritePath:
         replicas = self._allocate(size, plan)
         if not replicas:
             return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
+        short = len(replicas) < plan.replica_num
+        if dfs and self.dfs_replica is not None:  # tiers (docs/parts/tiers.md, the DFS tier)
+            extra = self.dfs_replica(size)
+            if extra is not None:
+                replicas = (*replicas, extra)
         if old is not None:
             self._core.clear_holder(old, verdict)
         obj = ObjectMeta(
@@ -158,7 +170,7 @@ class WritePath:
             plan.replica_num,
         )
         self._create(d, obj, plan.in_flight)
-        if len(replicas) < plan.replica_num:
+        if short:
             self._core.note_short(obj)  # best effort: repair copies it up later
         return PutStartReply(OK, [r.desc(size) for r in replicas])
 

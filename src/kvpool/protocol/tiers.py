@@ -7,7 +7,18 @@ from __future__ import annotations
 
 from kvpool.protocol.values import ClientId, Message, SegmentName, TenantId
 
-__all__ = ["DiskEntry", "RegisterDiskReplicas"]
+__all__ = ["DFS_DIR", "DFS_SEGMENT", "DiskEntry", "RegisterDiskReplicas", "dfs_file"]
+
+DFS_SEGMENT = SegmentName("kvpool-dfs")
+"""The segment name a DFS replica carries (`ReplicaDesc.segment`); its `offset` is the file's
+id and its `endpoint` the master's `--dfs-root` (docs/parts/tiers.md, "The DFS tier")."""
+DFS_DIR = "kvpool-dfs"
+"""The directory under the DFS root that holds the objects' files."""
+
+
+def dfs_file(root: str, file_id: int) -> str:
+    """The path of DFS file `file_id` under `root` (the temporary one adds `.tmp`)."""
+    return f"{root}/{DFS_DIR}/{file_id:016x}"
 
 
 class DiskEntry(Message):

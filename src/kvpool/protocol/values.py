@@ -160,6 +160,8 @@ class ReplicateConfigMsg(msgspec.Struct, tag=True, array_like=True, frozen=True)
     exclude_segments: list[SegmentName] = []
     """Segments that must get no replica of this put (a Store retrying a put whose write to
     them failed: their node died, and the master may not know yet)."""
+    dfs_replica_num: int = 0
+    """Replicas in the master's DFS directory (`--dfs-root`; 0 or 1), written by the client."""
 
 
 DEFAULT_REPLICATE_CONFIG = ReplicateConfigMsg()

@@ -1,0 +1,136 @@
+"""`DfsTier`: the master's side of the DFS tier, a directory every node and client sees
+(`kvpool master --dfs-root PATH`; docs/parts/tiers.md, "The DFS tier").
+
+A put asking for `dfs_replica_num=1` gets, beside its memory replicas, one replica of kind DFS
+on a segment that belongs to no node (`segment`, number 0, never in the segment table, so no
+unmount, expiry or placement ever sees it): its offset, allocated in a large virtual space, is
+the id of the object's file `<root>/kvpool-dfs/<id>`. The client writes that file itself
+(`<id>.tmp`, then a rename) before its PutEnd, and PutEnd makes the replica COMPLETE with the
+rest. The replica outlives every node; it goes with its object (Remove, overwrite, eviction of
+the object) or when its file is found gone:
+
+* freeing the replica (`on_free`, from `MetadataCore.on_disk_free`) removes both the file and
+  a temporary one left by a write that never finished; a put revoked or preempted while its
+  file was being written is freed the same way (its ranges parked first, while the writer may
+  still be writing), so it leaves no file: counted in `abandoned` when a file was found;
+* a reader that finds the file gone reports the replica bad (it is dropped when the object has
+  another readable replica), and `check` looks for the files of up to `per_round` complete
+  replicas per tick, round robin, dropping those whose file vanished (`vanished`).
+
+File operations are unlinks and stats of one path each, on the master's loop, bounded per tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from typing import Final
+
+from kvpool.master.core import MetadataCore
+from kvpool.master.metadata import ObjectMeta, Replica
+from kvpool.master.segments import Segment
+from kvpool.protocol.messages import ClientId, HostId, ReplicaKind, ReplicaStatus
+from kvpool.protocol.tiers import DFS_DIR, DFS_SEGMENT, dfs_file
+
+__all__ = ["DfsTier"]
+
+log = logging.getLogger(__name__)
+
+SPACE: Final = 1 << 44
+"""The virtual space DFS file ids are allocated in (replica ids keep 44 bits of offset)."""
+
+
+class DfsTier:
+    """The DFS replicas of one master (module docstring). Used on the master's loop only."""
+
+    def __init__(self, core: MetadataCore, root: str, per_round: int) -> None:
+        self._core = core
+        self.root = root
+        self.per_round = per_round
+        os.makedirs(os.path.join(root, DFS_DIR), exist_ok=True)
+        self.segment = Segment(
+            number=0,
+            name=DFS_SEGMENT,
+            size=SPACE,
+            client_id=ClientId(""),
+            host_id=HostId(""),
+            endpoint=root,
+            shm_path="",
+            alignment=core.config.alignment,
+            kind=ReplicaKind.DFS,
+        )
+        self._complete: OrderedDict[int, ObjectMeta] = OrderedDict()
+        self._next = 0
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("written", "removed", "abandoned", "vanished"), 0
+        )
+
+    def allocate(self, size: int) -> Replica | None:
+        """A PROCESSING DFS replica for a put of `size` bytes. Its file id (the offset) is taken
+        in increasing order, not the lowest free one: an id is not handed out again until the
+        space wrapped (16 TiB of DFS puts later), so a writer cleaning up after a failed put
+        never removes the file of a later put that got its id."""
+        seg = self.segment
+        aligned = self._core.aligned(size)
+        for _ in range(2):
+            if self._next + aligned > SPACE:
+                self._next = 0
+            offset = self._next
+            if seg.allocator.alloc_at(offset, aligned):
+                self._next = offset + aligned
+                seg.objects += 1
+                return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
+            self._next = SPACE  # taken: wrap and try once from the start
+        return None
+
+    def on_complete(self, obj: ObjectMeta) -> None:
+        """`obj` (with a DFS replica) became readable: its file is checked from now on."""
+        for r in obj.replicas:
+            if r.segment is self.segment:
+                self._complete[r.offset] = obj
+                self.counters["written"] += 1
+
+    def on_free(self, offset: int) -> None:
+        """The DFS replica of file id `offset` was freed: remove its file and a temporary one."""
+        self._complete.pop(offset, None)
+        path = dfs_file(self.root, offset)
+        for name, what in ((path, "removed"), (path + ".tmp", "abandoned")):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("DFS: cannot remove %s: %s", name, exc)
+                continue
+            self.counters[what] += 1
+
+    def check(self) -> int:
+        """Look for the files of up to `per_round` complete DFS replicas (round robin) and drop
+        the replicas whose file vanished; answers how many were dropped."""
+        core = self._core
+        dropped = 0
+        for _ in range(min(self.per_round, len(self._complete))):
+            offset, obj = self._complete.popitem(last=False)
+            replica = next(
+                (r for r in obj.replicas if r.segment is self.segment and r.offset == offset),
+                None,
+            )
+            if replica is None or core.index.get(obj.tenant, obj.key) is not obj:
+                continue  # gone another way (its free removed the file)
+            if os.path.exists(dfs_file(self.root, offset)):
+                self._complete[offset] = obj  # back at the end of the round
+                continue
+            self.drop_vanished(obj, replica)
+            dropped += 1
+        return dropped
+
+    def drop_vanished(self, obj: ObjectMeta, replica: Replica) -> None:
+        """`replica`'s file is gone: the replica goes (the object with it when it was its last
+        readable one; a reader would only get errors from it)."""
+        self._complete.pop(replica.offset, None)
+        self.counters["vanished"] += 1
+        log.warning(
+            "DFS: the file of %r (%x) vanished; its replica is dropped", obj.key, replica.offset
+        )
+        self._core.drop_replica(obj, replica)

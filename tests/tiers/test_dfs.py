@@ -1,0 +1,156 @@
+"""The DFS tier (`kvpool master --dfs-root`, `ReplicateConfig(dfs_replica_num=1)`;
+`kvpool.master.dfs`, `kvpool.client.dfs`): the client writes the object's file, readers go
+memory -> DFS -> disk, the copy survives SIGKILL of every node, an abandoned write leaves no
+file, and a file that vanished is dropped while the object stays readable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.client import Store, dfs
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.errors import KVPoolError
+from kvpool.protocol.messages import ReplicaKind
+from kvpool.protocol.tiers import DFS_DIR
+from kvtest.pool import PoolFactory, pool  # noqa: F401
+from kvtest.procs import wait_until
+
+MiB = 1 << 20
+DFS = ReplicateConfig(dfs_replica_num=1)
+
+
+def value(i: int, size: int = MiB) -> bytes:
+    return (i.to_bytes(8, "little") + b"dfs-tier") * (size // 16)
+
+
+def files(root: Path) -> list[str]:
+    return sorted(os.listdir(root / DFS_DIR))
+
+
+def kinds(s: Store, key: str) -> list[ReplicaKind]:
+    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
+
+
+@pytest.fixture
+def stores() -> Iterator[list[Store]]:
+    made: list[Store] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def _store(made: list[Store], address: str) -> Store:
+    s = Store(address, rpc_timeout=20.0)
+    made.append(s)
+    return s
+
+
+def test_a_dfs_copy_is_written_by_the_client_and_outlives_every_node(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=2,
+        segment_size="16MiB",
+        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
+    )
+    s = _store(stores, p.address)
+    for i in range(4):
+        assert s.put(f"d{i}", value(i, (i + 1) * MiB // 2), DFS)
+    assert s.put("plain", value(9))  # no DFS copy asked: no file
+    assert kinds(s, "d0") == [ReplicaKind.MEMORY, ReplicaKind.DFS]
+    assert kinds(s, "plain") == [ReplicaKind.MEMORY]
+    assert len(files(root)) == 4
+    assert not any(f.endswith(".tmp") for f in files(root))
+    p.kill_node(0)
+    p.kill_node(1)
+    for i in range(4):  # memory first, which is gone: read from the DFS file
+        assert s.get(f"d{i}") == value(i, (i + 1) * MiB // 2)
+    wait_until(lambda: kinds(s, "d0") == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    assert s.get("d0") == value(0, MiB // 2)
+    got = s.batch_get([f"d{i}" for i in range(4)])
+    assert got == [value(i, (i + 1) * MiB // 2) for i in range(4)]
+    bufs = [bytearray(2 * MiB) for _ in range(2)]
+    for b in bufs:
+        s.register_buffer(b)
+    try:
+        sizes = s.batch_get_into(["d2", "d3"], bufs)
+        assert sizes == [3 * MiB // 2, 2 * MiB]
+        assert bufs[0][: sizes[0]] == value(2, sizes[0])
+        assert bufs[1] == value(3, 2 * MiB)
+    finally:
+        for b in bufs:
+            s.unregister_buffer(b)
+    with pytest.raises(KVPoolError):
+        s.get("plain")
+    s.remove("d1")
+    wait_until(lambda: len(files(root)) == 3, what="the removed object's file gone")
+
+
+def test_a_vanished_dfs_file_is_dropped_and_the_object_read_from_memory(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
+    s = _store(stores, p.address)
+    for i in range(3):
+        assert s.put(f"v{i}", value(i), DFS)
+    for name in files(root):
+        os.unlink(root / DFS_DIR / name)
+    # The background check finds them (a read would too): the DFS replicas go, memory stays.
+    wait_until(
+        lambda: all(kinds(s, f"v{i}") == [ReplicaKind.MEMORY] for i in range(3)),
+        timeout=20,
+        what="vanished DFS replicas dropped",
+    )
+    for i in range(3):
+        assert s.get(f"v{i}") == value(i)
+
+
+def test_a_dfs_write_abandoned_mid_way_leaves_no_file(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=1,
+        segment_size="16MiB",
+        master_args=(
+            "--dfs-root",
+            str(root),
+            "--put-start-discard-timeout",
+            "1s",
+            "--put-start-release-timeout",
+            "1s",
+        ),
+    )
+    s = _store(stores, p.address)
+    real = dfs.write
+
+    def dies_mid_write(r: object, mv: memoryview) -> object:
+        path = dfs._path(r)  # type: ignore[arg-type]
+        assert path is not None
+        with open(path + ".tmp", "wb") as f:  # half of the value, then the writer is gone
+            f.write(mv[: mv.nbytes // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dfs, "write", dies_mid_write)
+    monkeypatch.setattr(dfs, "remove_failed", lambda replicas: None)  # the writer is gone
+    with pytest.raises(KeyboardInterrupt):
+        s.put("gone", value(1), DFS)
+    monkeypatch.setattr(dfs, "write", real)
+    assert any(f.endswith(".tmp") for f in files(root))  # left behind: the master removes it
+    wait_until(lambda: files(root) == [], timeout=20, what="the abandoned file removed")
+    assert s.put("gone", value(2), DFS)  # the key is free again
+    assert s.get("gone") == value(2)
+    assert len(files(root)) == 1

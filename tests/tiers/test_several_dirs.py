@@ -1,0 +1,71 @@
+"""A node with several `--offload-dir` (`DiskTierSet`): one tier file per directory, offloads
+spread over them by free space, and each directory's objects served again after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.client import Store
+from kvpool.client.disk import DATA_FILE
+from kvpool.protocol.messages import ReplicaKind
+from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
+from kvtest.procs import wait_until
+
+MiB = 1 << 20
+
+
+def value(i: int) -> bytes:
+    return (i.to_bytes(8, "little") + b"two-dirs") * (MiB // 16)
+
+
+@pytest.fixture
+def stores() -> Iterator[list[Store]]:
+    made: list[Store] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def _node(p: Pool, dirs: list[Path]) -> None:
+    args = [a for d in dirs for a in ("--offload-dir", str(d))]
+    p.add_node("8MiB", *args, "--offload-size", "16MiB")
+
+
+def _disk_segments(s: Store, n: int) -> dict[str, list[int]]:
+    """Disk segment name -> the objects with a replica there."""
+    out: dict[str, list[int]] = {}
+    for i in range(n):
+        for r in s.get_replica_desc(f"k{i}"):
+            if r.kind == ReplicaKind.LOCAL_DISK:
+                out.setdefault(str(r.segment), []).append(i)
+    return out
+
+
+def test_a_node_spreads_its_offloads_over_several_directories_and_serves_both_again(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"))
+    dirs = [tmp_path / "disk-a", tmp_path / "disk-b"]
+    _node(p, dirs)
+    assert p.nodes[0].output().count("disk tier") == 2
+    s = Store(p.address, rpc_timeout=30.0)
+    stores.append(s)
+    n = 24  # 3x the memory: most of it goes to disk
+    for i in range(n):
+        assert s.put(f"k{i}", value(i))
+    on_disk = wait_until(lambda: (d := _disk_segments(s, n)) and len(d) == 2 and d, timeout=20)
+    counts = sorted(len(v) for v in on_disk.values())
+    assert counts[0] >= counts[1] // 2, on_disk  # spread, not one full before the other
+    for d in dirs:
+        assert (d / DATA_FILE).stat().st_size == 16 * MiB
+    assert p.stop_node(0) == 0
+    _node(p, dirs)
+    back = [i for v in on_disk.values() for i in v]
+    wait_until(lambda: all(s.exists(f"k{i}") for i in back), timeout=20, what="both dirs back")
+    for i in back:
+        assert s.get(f"k{i}") == value(i)

@@ -136,8 +136,9 @@ class MasterService:
         self._reads = ReadPath(core)
         self._tiers = TierManager(core, self._tasks, self._config.tiers)
         self._reads.on_disk_read = self._tiers.note_read
-        if self._config.tiers.offload_policy is OffloadPolicy.EAGER:
-            # Only an eager offload wants each completed object (a call per put otherwise).
+        if self._config.tiers.offload_policy is OffloadPolicy.EAGER or self._tiers.dfs is not None:
+            # Only an eager offload and the DFS check want each completed object (a call per
+            # put otherwise).
             core.on_complete = self._tiers.note_complete
         core.retry_hint = self._tiers.retry_hint
         core.on_disk_free = self._tiers.note_disk_free

@@ -438,7 +438,10 @@ class NodeRuntime:
         with self._lock:
             self.check_open()
             if self._server is None:
-                self._server = TransferServer(host=self.host, port=0)
+                # With credentials, peers prove the key the master handed us (docs/security.md).
+                self._server = TransferServer(
+                    host=self.host, port=0, data_key=lambda: self.rpc.data_key
+                )
             server = self._server
             name = SegmentName(f"{server.endpoint}/{next(self._numbers)}")
             if path is None:

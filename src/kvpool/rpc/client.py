@@ -85,6 +85,7 @@ from kvpool.protocol.handshake import (
     is_abstract_unix_address,
     token_key_id,
 )
+from kvpool.rpc.auth import unwrap_data_key
 from kvpool.rpc.server import union_members
 
 __all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
@@ -255,6 +256,8 @@ class RpcClient:
         self.server_name = ""
         #: The tenant and role of the token the server accepted ("" without credentials).
         self.auth_tenant = self.auth_role = ""
+        #: The data-plane key the master handed this client (None: no credentials).
+        self.data_key: bytes | None = None
         #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
         self.server_term = 0
         #: The highest leader term seen (set by the caller from discovery too): a server whose
@@ -621,6 +624,7 @@ class RpcClient:
                 if not welcome.challenge:
                     break
                 proof = self._proof(welcome.challenge, where)
+                nonce = welcome.challenge
                 welcome = self._exchange(
                     sock,
                     decoder=decoder,
@@ -629,6 +633,11 @@ class RpcClient:
                     where=where,
                     message=proof,
                 )
+                if self.token is not None:  # the data-plane key (kvpool.rpc.auth)
+                    key = unwrap_data_key(
+                        welcome.data_key, self.token, nonce, self.cluster_id, self.client_name
+                    )
+                    self.data_key = key if key is not None else self.data_key
             else:
                 raise RpcError(f"{where} challenged the proof of its own challenge")
         except FrameError as exc:

@@ -336,18 +336,22 @@ class Connection(asyncio.Protocol):
             self._refuse(request_id, ErrorCode.UNAUTHENTICATED, "authentication failed")
             return False
         self.principal = principal
-        self._admitted(principal)
+        assert proof is not None
+        key = tokens.wrap_data_key(proof.key_id, nonce, server.cluster_id, self.client_name)
+        self._admitted(principal, key)
         return True
 
-    def _admitted(self, principal: Principal | None = None) -> None:
+    def _admitted(self, principal: Principal | None = None, data_key: bytes = b"") -> None:
         self.handshaken = True
         self._decoder.max_frame_bytes = self._server.max_frame_bytes
         if principal is None:
             self._welcome()
         else:
-            self._welcome(tenant=principal.tenant, role=principal.role.value)
+            self._welcome(tenant=principal.tenant, role=principal.role.value, data_key=data_key)
 
-    def _welcome(self, *, challenge: bytes = b"", tenant: str = "", role: str = "") -> None:
+    def _welcome(
+        self, *, challenge: bytes = b"", tenant: str = "", role: str = "", data_key: bytes = b""
+    ) -> None:
         server = self._server
         self._out.append(
             server._encoder.encode(
@@ -361,6 +365,7 @@ class Connection(asyncio.Protocol):
                     challenge,
                     tenant,
                     role,
+                    data_key,
                 ),
             )
         )

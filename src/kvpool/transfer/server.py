@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
 import logging
 import os
 import queue
@@ -45,6 +46,14 @@ from kvpool.fdlimit import connection_cap
 from kvpool.logs import RateLimitedLog
 from kvpool.transfer.limits import ServerLimits, default_limits
 from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.proof import (
+    CHALLENGE,
+    CHALLENGE_MAGIC,
+    NONCE_BYTES,
+    PROOF,
+    KeySource,
+    data_proof,
+)
 from kvpool.transfer.request import TransferOp
 from kvpool.transfer.wire import (
     MAX_NAME,
@@ -136,7 +145,16 @@ class _Conn:
     part of a request header it has sent so far (kept here, not in a worker, while it waits
     for the rest)."""
 
-    __slots__ = ("fd", "last_active", "partial", "partial_since", "peer", "served", "sock")
+    __slots__ = (
+        "fd",
+        "last_active",
+        "nonce",
+        "partial",
+        "partial_since",
+        "peer",
+        "served",
+        "sock",
+    )
 
     def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
         self.sock = sock
@@ -146,6 +164,8 @@ class _Conn:
         self.served = False  # has sent at least one byte
         self.partial = b""
         self.partial_since = 0.0  # when the incomplete header began (0: none)
+        #: The challenge sent and not yet proven (None: proven, or the server has no key).
+        self.nonce: bytes | None = None
 
 
 class ServeCounters:
@@ -153,7 +173,16 @@ class ServeCounters:
     only; `TransferServer.counters` sums them when metrics are read, so serving pays one
     integer add per count)."""
 
-    __slots__ = ("errors", "read_bytes", "reads", "refused", "stalls", "write_bytes", "writes")
+    __slots__ = (
+        "errors",
+        "read_bytes",
+        "reads",
+        "refused",
+        "stalls",
+        "unproven",
+        "write_bytes",
+        "writes",
+    )
 
     def __init__(self) -> None:
         self.reads = 0
@@ -166,6 +195,8 @@ class ServeCounters:
         """Connections closed for moving no byte within the stall timeout (or too slowly)."""
         self.errors = 0
         """Connections that ended on a socket error or a failure of the server."""
+        self.unproven = 0
+        """Connections closed because their first bytes were not a proof of the data key."""
 
     def add(self, other: ServeCounters) -> None:
         for f in ServeCounters.__slots__:
@@ -192,7 +223,9 @@ class TransferServer:
     """TCP server of the segments added with `add_segment`; listens from construction on.
 
     `limits` bounds what peers may hold (`ServerLimits`; the process default when None);
-    `max_connections`, when given, overrides its total cap (kept for callers of old)."""
+    `max_connections`, when given, overrides its total cap (kept for callers of old).
+    `data_key`, when it returns a key at accept, makes a connection prove that key before it
+    is served (`kvpool.transfer.proof`)."""
 
     def __init__(
         self,
@@ -201,6 +234,7 @@ class TransferServer:
         *,
         max_connections: int | None = None,
         limits: ServerLimits | None = None,
+        data_key: KeySource | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
@@ -208,6 +242,7 @@ class TransferServer:
         if max_connections is not None:
             limits = dataclasses.replace(limits, max_connections=max_connections)
         self.limits = limits
+        self._data_key = data_key
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
@@ -442,6 +477,9 @@ class TransferServer:
                 # send that moves nothing for stall_timeout ends the connection.
                 _kernel_timeout(sock, socket.SO_RCVTIMEO, self._tick)
                 _kernel_timeout(sock, socket.SO_SNDTIMEO, self.limits.stall_timeout)
+                if self._data_key is not None and self._data_key() is not None:
+                    conn.nonce = os.urandom(NONCE_BYTES)
+                    sock.send(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce), socket.MSG_DONTWAIT)
                 self._epoll.register(conn.fd, _IN)
             except (OSError, ValueError):
                 self._drop(conn)
@@ -588,12 +626,16 @@ class TransferServer:
         (a recv, or enough bytes queued)."""
         reader, out = w.reader, w.out
         while True:
-            if reader.buffered < self._wanted(reader):
+            if reader.buffered < self._wanted(reader, conn):
                 out.flush()
                 waited = self._await_request(conn, reader)
                 if waited is not None:
                     return waited
             conn.partial_since = 0.0
+            if conn.nonce is not None:
+                if not self._proven(conn, reader.take(PROOF.size), w.counts):
+                    return False  # not a byte for a connection that did not prove the key
+                continue
             magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
             if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
                 limited_log.warning(
@@ -646,11 +688,32 @@ class TransferServer:
                 counts.write_bytes += length
                 out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 
+    def _proven(self, conn: _Conn, proof: memoryview, counts: ServeCounters) -> bool:
+        """Whether `proof` answers the connection's challenge with the data key now in force."""
+        nonce, conn.nonce = conn.nonce, None
+        key = self._data_key() if self._data_key is not None else None
+        if (
+            key is not None
+            and nonce is not None
+            and hmac.compare_digest(data_proof(key, nonce), bytes(proof))
+        ):
+            return True
+        counts.unproven += 1
+        limited_log.warning(
+            "unproven",
+            "transfer server %s closing a connection from %s: it did not prove the data key",
+            self.endpoint,
+            conn.peer,
+        )
+        return False
+
     @staticmethod
-    def _wanted(reader: SocketReader) -> int:
+    def _wanted(reader: SocketReader, conn: _Conn) -> int:
         """Bytes of the next request that must be buffered before a worker commits to it: its
         header, and its segment name unless the header is malformed (then the header alone,
-        which is refused as it is)."""
+        which is refused as it is); the proof first on a connection not proven yet."""
+        if conn.nonce is not None:
+            return PROOF.size
         if reader.buffered < REQ.size:
             return REQ.size
         magic, op, _flags, name_len = _HEAD.unpack_from(reader.peek(_HEAD.size))
@@ -681,12 +744,12 @@ class TransferServer:
                     conn.partial = bytes(reader.take(reader.buffered))
                 return True
             try:
-                if not reader.fill(self._wanted(reader), between=True, partial=True):
+                if not reader.fill(self._wanted(reader, conn), between=True, partial=True):
                     return False
             except BlockingIOError:
                 quiet += 1
                 continue
-            if reader.buffered >= self._wanted(reader):
+            if reader.buffered >= self._wanted(reader, conn):
                 return None
 
     def _check(

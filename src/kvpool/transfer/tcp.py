@@ -44,6 +44,7 @@ from kvpool.override import override
 from kvpool.transfer.base import MemoryRegion, Transport
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.location import parse_endpoint
+from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, KeySource, data_proof
 from kvpool.transfer.request import TransferOp
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC, SocketReader, send_parts
 
@@ -154,8 +155,11 @@ class TcpTransport(Transport):
         io_timeout: float = 60.0,
         on_peer_failure: Callable[[str], None] | None = None,
         max_idle_age: float = 50.0,
+        data_key: KeySource | None = None,
     ) -> None:
         self.streams = max(1, streams)
+        #: The key a new connection proves when a server challenges (`kvpool.transfer.proof`).
+        self.data_key = data_key
         self.stripe_bytes = stripe_bytes
         self.chunk_bytes = max(1 << 16, chunk_bytes)
         self.window = max(1, window)
@@ -436,7 +440,32 @@ class TcpTransport(Transport):
         if not self._track(conn):
             conn.close()
             raise OSError(errno.ESHUTDOWN, "transport closed")
+        key = self.data_key() if self.data_key is not None else None
+        if key is not None:
+            try:
+                self._prove(conn, key)
+            except BaseException:
+                with self._lock:
+                    self._active.discard(conn)
+                conn.close()
+                raise
         return conn, False
+
+    @staticmethod
+    def _prove(conn: _Conn, key: bytes) -> None:
+        """Answer the server's challenge with the data key. A refusal by its caps is left
+        buffered for the first answer to report (`_receive`)."""
+        reader = conn.reader
+        if not reader.fill(len(CHALLENGE_MAGIC)):
+            raise ConnectionResetError(f"{conn.endpoint} closed the connection at once")
+        if bytes(reader.peek(len(RESP_MAGIC))) == RESP_MAGIC:
+            return
+        if not reader.fill(CHALLENGE.size):
+            raise ConnectionResetError(f"{conn.endpoint} closed the connection at once")
+        magic, nonce = CHALLENGE.unpack(reader.take(CHALLENGE.size))
+        if magic != CHALLENGE_MAGIC:
+            raise _ProtocolError(f"{conn.endpoint} sent no data-plane challenge ({magic!r})")
+        conn.sock.sendall(data_proof(key, nonce))
 
     def _track(self, conn: _Conn) -> bool:
         """Count `conn` as in use (close() aborts it); False when the transport closed."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 __all__ = [
@@ -164,8 +164,10 @@ class SocketReader:
             self._start = self._end = 0
         return view
 
-    def read_into(self, dst: memoryview) -> None:
-        """Fill `dst` completely: buffered bytes first, then straight from the socket."""
+    def read_into(self, dst: memoryview, give_up: Callable[[], bool] | None = None) -> int:
+        """Fill `dst` completely: buffered bytes first, then straight from the socket; returns
+        the bytes filled. With `give_up`, a stall (see the class docstring) after which it
+        returns True ends the read early, with the bytes filled so far."""
         n = dst.nbytes
         have = min(self._end - self._start, n)
         if have:
@@ -184,6 +186,8 @@ class SocketReader:
             try:
                 got = recv_into(dst[pos:])
             except BlockingIOError:
+                if give_up is not None and give_up():
+                    return pos
                 if not self.patience:
                     raise
                 stalls = self._stalled(stalls)
@@ -192,9 +196,13 @@ class SocketReader:
             if got == 0:
                 raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
             pos += got
+        return pos
 
-    def discard(self, n: int, scratch: memoryview) -> None:
-        """Read and drop `n` bytes (a refused write's payload)."""
+    def discard(
+        self, n: int, scratch: memoryview, give_up: Callable[[], bool] | None = None
+    ) -> int:
+        """Read and drop `n` bytes (a refused write's payload); returns how many are left to
+        drop: 0, or more when `give_up` ended it early (as in `read_into`)."""
         have = min(self._end - self._start, n)
         self._start += have
         if self._start == self._end:
@@ -210,6 +218,8 @@ class SocketReader:
             try:
                 got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
             except BlockingIOError:
+                if give_up is not None and give_up():
+                    return n
                 if not self.patience:
                     raise
                 stalls = self._stalled(stalls)
@@ -218,6 +228,7 @@ class SocketReader:
             if got == 0:
                 raise ConnectionError("peer closed the connection inside a payload")
             n -= got
+        return 0
 
 
 def send_parts(

@@ -43,6 +43,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -217,10 +218,13 @@ class RpcClient:
         idle_check_after: float = 0.1,
         unix: bool = True,
         token: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         #: The token proven when the server challenges (None: none; a challenge then fails).
         self.token = token
+        #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
@@ -491,7 +495,8 @@ class RpcClient:
                 # Nothing yet means alive. EOF, an error, or data although nothing is pending
                 # (a server's parting ErrorReply as it closes an idle connection; at worst a
                 # late reply to a call that timed out) means: start a fresh connection.
-                conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                # (socket.socket's recv: an SSLSocket takes no flags; raw bytes tell as well)
+                socket.socket.recv(conn.sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 closed = True
             except BlockingIOError:
                 closed = False
@@ -530,6 +535,11 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the TLS handshake, within the connect deadline
+                sock = self.tls.wrap_socket(sock, server_hostname=self._host)
+        except TimeoutError as exc:
+            sock.close()
+            raise RpcError(f"TLS with {self.address} timed out", ErrorCode.RPC_TIMEOUT) from exc
         except OSError as exc:
             sock.close()
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc

@@ -56,6 +56,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 import types
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, NewType, Union, cast, get_args, get_origin
@@ -521,6 +522,7 @@ class RpcServer:
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         term: Callable[[], int] | None = None,
         tokens: TokenTable | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -565,6 +567,8 @@ class RpcServer:
         self.tokens = tokens
         #: Connections refused for a missing or wrong proof since start.
         self.auth_failures = 0
+        #: TLS of the TCP listener (`kvpool.rpc.tls`; None: plain). The Unix socket stays plain.
+        self.tls = tls
         self.protocol_version = protocol_version
         self.max_frame_bytes = max_frame_bytes
         #: Whether `start()` also listens on an abstract Unix socket.
@@ -620,7 +624,12 @@ class RpcServer:
         # The kernel's queue of connections not yet accepted: asyncio's default (100) makes a
         # burst of connects (a flood, many clients starting at once) wait for SYN retransmits.
         self._server = await loop.create_server(
-            self._new_connection, self.host, self.port, backlog=LISTEN_BACKLOG
+            self._new_connection,
+            self.host,
+            self.port,
+            backlog=LISTEN_BACKLOG,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.handshake_timeout if self.tls is not None else None,
         )
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]

@@ -19,7 +19,7 @@ from kvpool.transfer import (
     TransferRequest,
     TransferServer,
 )
-from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, data_proof
+from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, HELLO, data_proof
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC
 from kvtest.procs import wait_until
 
@@ -114,11 +114,11 @@ def test_a_proof_of_another_key_or_a_replayed_one_is_closed(
     server, _ = served
     with _connect(server) as s:
         nonce = _challenge(s)
-        s.sendall(data_proof(OTHER_KEY, nonce) + _read_req(1))
+        s.sendall(HELLO + data_proof(OTHER_KEY, nonce) + _read_req(1))
         assert _read_all(s) == b""
     with _connect(server) as s:
         _challenge(s)
-        s.sendall(data_proof(KEY, nonce) + _read_req(1))  # the first connection's nonce
+        s.sendall(HELLO + data_proof(KEY, nonce) + _read_req(1))  # the first one's nonce
         assert _read_all(s) == b""
     assert server.counters().unproven == 2
 
@@ -129,7 +129,7 @@ def test_a_raw_client_that_proves_the_key_is_served(
     server, mem = served
     with _connect(server) as s:
         nonce = _challenge(s)
-        s.sendall(data_proof(KEY, nonce) + _read_req(7, 16))
+        s.sendall(HELLO + data_proof(KEY, nonce) + _read_req(7, 16))
         head = b""
         while len(head) < RESP.size + 16:
             head += s.recv(RESP.size + 16 - len(head))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -181,6 +182,7 @@ class TransferEngine:
         reap_interval: float = 1.0,
         extra_transports: Sequence[Transport] = (),
         data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if protocol not in ("auto", "shm", "tcp"):
             raise InvalidParams(f"protocol must be 'auto', 'shm' or 'tcp', got {protocol!r}")
@@ -210,6 +212,7 @@ class TransferEngine:
             io_timeout=min(stall_timeout, timeout),
             on_peer_failure=self._forget_endpoint,
             data_key=data_key,
+            tls=tls,
         )
         self._transports: list[Transport] = [self._shm, self._tcp, *extra_transports]
         self.registry = MemoryRegistry(self._transports)

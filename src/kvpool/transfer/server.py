@@ -36,6 +36,7 @@ import os
 import queue
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -49,6 +50,7 @@ from kvpool.transfer.memory import SegmentMemory
 from kvpool.transfer.proof import (
     CHALLENGE,
     CHALLENGE_MAGIC,
+    HELLO,
     NONCE_BYTES,
     PROOF,
     KeySource,
@@ -89,7 +91,9 @@ class TransferServer:
     `limits` bounds what peers may hold (`ServerLimits`; the process default when None);
     `max_connections`, when given, overrides its total cap (kept for callers of old).
     `data_key`, when it returns a key at accept, makes a connection prove that key before it
-    is served (`kvpool.transfer.proof`)."""
+    is served (`kvpool.transfer.proof`). `tls` (an `ssl.SSLContext` for servers) wraps every
+    connection; the first worker to serve one makes its TLS handshake (within
+    `stall_timeout`), and the challenge then goes inside TLS."""
 
     def __init__(
         self,
@@ -99,6 +103,7 @@ class TransferServer:
         max_connections: int | None = None,
         limits: ServerLimits | None = None,
         data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
@@ -107,6 +112,8 @@ class TransferServer:
             limits = dataclasses.replace(limits, max_connections=max_connections)
         self.limits = limits
         self._data_key = data_key
+        #: TLS of every connection (a server context, `kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
@@ -342,7 +349,9 @@ class TransferServer:
                 # send that moves nothing for stall_timeout ends the connection.
                 kernel_timeout(sock, socket.SO_RCVTIMEO, self._tick)
                 kernel_timeout(sock, socket.SO_SNDTIMEO, self.limits.stall_timeout)
-                if self._data_key is not None and self._data_key() is not None:
+                if self.tls is not None:
+                    conn.tls = True  # the handshake (and the challenge) in a worker
+                elif self._data_key is not None and self._data_key() is not None:
                     conn.nonce = os.urandom(NONCE_BYTES)
                     sock.send(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce), socket.MSG_DONTWAIT)
                 self._epoll.register(conn.fd, _IN)
@@ -411,7 +420,11 @@ class TransferServer:
                 self._workers.append(thread)
 
     def _rearm(self, conn: Conn) -> None:
-        """Give a quiet connection back to the poller."""
+        """Give a quiet connection back to the poller (or, when its TLS layer holds bytes
+        that epoll cannot see, straight back to the workers)."""
+        if isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+            self._dispatch(conn)
+            return
         conn.last_active = time.monotonic()
         with self._lock:
             if not self._closed and conn.fd in self._conns:
@@ -464,6 +477,8 @@ class TransferServer:
     def _serve_turn(self, conn: Conn, w: Worker) -> bool:
         """Serve `conn` until it is quiet (True: give it back) or ends (False: close it)."""
         conn.served = True
+        if conn.tls and not self._tls_accept(conn, w.counts):
+            return False
         w.reader.reset(conn.sock)
         if conn.partial:
             w.reader.preload(conn.partial)
@@ -507,7 +522,7 @@ class TransferServer:
                     return waited
             conn.partial_since = 0.0
             if conn.nonce is not None:
-                if not self._proven(conn, reader.take(PROOF.size), w.counts):
+                if not self._proven(conn, reader.take(len(HELLO) + PROOF.size), w.counts):
                     return False  # not a byte for a connection that did not prove the key
                 continue
             magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
@@ -594,6 +609,37 @@ class TransferServer:
         """Whether connections wait for a worker (a stalled payload then gives way)."""
         return self._ready.qsize() > 0
 
+    def _tls_accept(self, conn: Conn, counts: ServeCounters) -> bool:
+        """Make the TLS handshake of a new connection (False: it failed or took longer than
+        `stall_timeout`; nothing was served), then send the challenge inside TLS."""
+        assert self.tls is not None
+        conn.tls = False
+        deadline = time.monotonic() + self.limits.stall_timeout
+        try:
+            sock = self.tls.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            conn.sock = sock  # it owns the descriptor now
+            while True:
+                try:
+                    sock.do_handshake()
+                    break
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("TLS handshake too slow") from None
+            if self._data_key is not None and self._data_key() is not None:
+                conn.nonce = os.urandom(NONCE_BYTES)
+                sock.sendall(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce))
+        except (OSError, ValueError) as exc:
+            counts.unproven += 1
+            limited_log.warning(
+                "tls",
+                "transfer server %s closing a connection from %s: TLS handshake failed: %s",
+                self.endpoint,
+                conn.peer,
+                exc,
+            )
+            return False
+        return True
+
     def _proven(self, conn: Conn, proof: memoryview, counts: ServeCounters) -> bool:
         """Whether `proof` answers the connection's challenge with the data key now in force."""
         nonce, conn.nonce = conn.nonce, None
@@ -601,7 +647,7 @@ class TransferServer:
         if (
             key is not None
             and nonce is not None
-            and hmac.compare_digest(data_proof(key, nonce), bytes(proof))
+            and hmac.compare_digest(HELLO + data_proof(key, nonce), bytes(proof))
         ):
             return True
         counts.unproven += 1
@@ -619,7 +665,7 @@ class TransferServer:
         header, and its segment name unless the header is malformed (then the header alone,
         which is refused as it is); the proof first on a connection not proven yet."""
         if conn.nonce is not None:
-            return PROOF.size
+            return len(HELLO) + PROOF.size
         if reader.buffered < REQ.size:
             return REQ.size
         magic, op, _flags, name_len = _HEAD.unpack_from(reader.peek(_HEAD.size))

@@ -95,6 +95,7 @@ class Conn:
         "pending",
         "served",
         "sock",
+        "tls",
     )
 
     def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
@@ -110,6 +111,8 @@ class Conn:
         #: A WRITE whose payload is still coming, kept here while the connection waits in the
         #: poller (a peer that stops mid-payload holds no worker).
         self.pending: PendingWrite | None = None
+        #: The TLS handshake is still to be made (by the first worker that serves it).
+        self.tls = False
 
     def release_pending(self) -> None:
         """Let go of the segment a pending write holds (the connection ends)."""

@@ -31,6 +31,7 @@ import contextlib
 import errno
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -44,7 +45,7 @@ from kvpool.override import override
 from kvpool.transfer.base import MemoryRegion, Transport
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.location import parse_endpoint
-from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, KeySource, data_proof
+from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, HELLO, KeySource, data_proof
 from kvpool.transfer.request import TransferOp
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC, SocketReader, send_parts
 
@@ -156,8 +157,11 @@ class TcpTransport(Transport):
         on_peer_failure: Callable[[str], None] | None = None,
         max_idle_age: float = 50.0,
         data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.streams = max(1, streams)
+        #: TLS of every connection (a client context, `kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         #: The key a new connection proves when a server challenges (`kvpool.transfer.proof`).
         self.data_key = data_key
         self.stripe_bytes = stripe_bytes
@@ -435,7 +439,13 @@ class TcpTransport(Transport):
         host, port = parse_endpoint(endpoint)
         timeout = max(min(self.connect_timeout, deadline - time.monotonic()), 0.001)
         sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the handshake within the connect timeout
+                sock = self.tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
         conn = _Conn(sock, endpoint, self.io_timeout)
         if not self._track(conn):
             conn.close()
@@ -456,6 +466,7 @@ class TcpTransport(Transport):
         """Answer the server's challenge with the data key. A refusal by its caps is left
         buffered for the first answer to report (`_receive`)."""
         reader = conn.reader
+        conn.sock.sendall(HELLO)
         if not reader.fill(len(CHALLENGE_MAGIC)):
             raise ConnectionResetError(f"{conn.endpoint} closed the connection at once")
         if bytes(reader.peek(len(RESP_MAGIC))) == RESP_MAGIC:

@@ -20,6 +20,7 @@ the connection stays in step; a malformed header closes the connection.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,11 @@ RESP: Final = struct.Struct("<4siQQ")
 REQ_MAGIC: Final = b"KVT1"
 RESP_MAGIC: Final = b"KVR1"
 MAX_NAME: Final = 1024
+#: What a receive raises when a kernel receive timeout passed with nothing (a TLS socket's
+#: `SSLWantReadError` is that too: no whole record yet).
+_NOTHING_YET: Final = (BlockingIOError, ssl.SSLWantReadError)
+#: Parts up to this many bytes in all go out on a TLS socket joined, as one record.
+_TLS_JOIN_BYTES: Final = 256 << 10
 
 
 class SocketReader:
@@ -143,9 +149,9 @@ class SocketReader:
                 started = self._paced(started, self._end)
             try:
                 got = self.sock.recv_into(self._view[self._end :])
-            except BlockingIOError:
+            except _NOTHING_YET:
                 if (between and (partial or self._end == self._start)) or not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
@@ -185,11 +191,11 @@ class SocketReader:
                 started = self._paced(started, pos)
             try:
                 got = recv_into(dst[pos:])
-            except BlockingIOError:
+            except _NOTHING_YET:
                 if give_up is not None and give_up():
                     return pos
                 if not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
@@ -217,11 +223,11 @@ class SocketReader:
                 started = self._paced(started, total - n)
             try:
                 got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
-            except BlockingIOError:
+            except _NOTHING_YET:
                 if give_up is not None and give_up():
                     return n
                 if not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
@@ -245,6 +251,9 @@ def send_parts(
     that after a partial `sendmsg` moves less than `grace` s plus its bytes at `min_rate`
     fails with `TimeoutError` (a peer that reads a little now and then; see `SocketReader`).
     """
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS: records of joined parts
+        _send_tls(sock, parts, total)
+        return
     sent = sock.sendmsg(parts)
     if sent == total:
         return
@@ -267,3 +276,25 @@ def send_parts(
             moved += sent
             if min_rate and time.monotonic() - started > grace + moved / min_rate:
                 raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")
+
+
+def _send_tls(sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int) -> None:
+    """Send `parts` on a TLS socket: small ones joined (one record instead of many), large
+    ones each as they are (the encryption copies them anyway). A kernel send timeout raises
+    (`SSLWantWriteError`, an OSError), which ends the connection as a stalled send does."""
+    if total < 0:
+        total = sum(memoryview(p).nbytes for p in parts)
+    if total <= _TLS_JOIN_BYTES:
+        sock.sendall(b"".join(parts))
+        return
+    small: list[bytes | memoryview] = []
+    for part in parts:
+        if memoryview(part).nbytes < 4096:
+            small.append(part)
+            continue
+        if small:
+            sock.sendall(b"".join(small))
+            small.clear()
+        sock.sendall(part)
+    if small:
+        sock.sendall(b"".join(small))

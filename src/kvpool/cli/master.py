@@ -20,6 +20,7 @@ import click
 
 from kvpool.cli.params import Name
 from kvpool.cli.tiers import master_tier_options, tier_config
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.ha import EtcdUrl
@@ -382,6 +383,7 @@ def _ratio() -> click.FloatRange:
     help="Tenant quotas in Mooncake's format (version: 1, tenants: [{name, quota}]); a put "
     "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP.",
 )
+@tls_options
 @click.option(
     "--enable_multi_tenants",
     is_flag=True,
@@ -444,6 +446,9 @@ def master(
     http_port: int | None,
     auth_file: str | None,
     tenant_quota_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
     enable_multi_tenants: bool,
     tenant_quota_connector_type: str | None,
     tenant_quota_connector_uri: str | None,
@@ -469,6 +474,9 @@ def master(
         tenant_quota_file, tenant_quota_connector_type, tenant_quota_connector_uri
     )
     del enable_multi_tenants  # tenants are always on
+    tls = tls_config(tls_cert, tls_key, tls_ca)
+    if tls is not None and not tls.cert:
+        raise click.UsageError("--tls-ca: a master with TLS needs --tls-cert and --tls-key")
     try:
         config = MasterConfig(
             host=host,
@@ -508,6 +516,9 @@ def master(
             tiers=tier_config(tier_flags),
             auth_file=auth_file or "",
             tenant_quota_file=tenant_quota_file or "",
+            tls_cert=tls.cert if tls is not None else "",
+            tls_key=tls.key if tls is not None else "",
+            tls_ca=tls.ca if tls is not None else "",
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

@@ -92,6 +92,14 @@ class StoreConfig:
     "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
     token_file: str = ""
     """A file whose first line is the token (used when `token` is "")."""
+    tls_ca: str = ""
+    """PEM CA bundle: TLS on every TCP connection of this Store, servers verified with it
+    (`kvpool.rpc.tls`); "" reads $KVPOOL_TLS_CA; none: plain TCP."""
+    tls_cert: str = ""
+    """PEM certificate this Store presents (mutual TLS, and its segment's transfer server);
+    "" reads $KVPOOL_TLS_CERT."""
+    tls_key: str = ""
+    """The private key of `tls_cert`; "" reads $KVPOOL_TLS_KEY."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -117,7 +125,7 @@ class StoreConfig:
                     f"got {value!r:.80}"
                 )
         object.__setattr__(self, "cluster_id", check_master(self.master, self.cluster_id))
-        for name in ("token", "token_file"):
+        for name in ("token", "token_file", "tls_ca", "tls_cert", "tls_key"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):

@@ -218,6 +218,7 @@ class HaMasterServer(MasterServer):
             self.copy,
             self._leader_to_follow,
             token=None if self.credentials is None else self.credentials.first_admin_token(),
+            tls=self.tls.client_context() if self.tls is not None and self.tls.ca else None,
         )
         self.election.start()
         self.membership.start()

@@ -14,12 +14,18 @@ the index's own insert and discard, so usage equals the sum of the live objects'
 construction). A put is charged when it is admitted (PutStart, UpsertStart, PutCommit from an
 arena: the object is indexed, PROCESSING, from then on) and refunded when its object leaves the
 index for any reason (revoke, a failed or preempted write, remove, eviction, a lost segment).
-Replicas are not multiplied in: a quota bounds a tenant's logical bytes, and copy/move/repair
-targets are the pool's business. A put that would take its tenant past its quota fails with
-TENANT_QUOTA_EXCEEDED (-1700) and changes nothing; a put replacing an object of the same key
-is counted net of the bytes it replaces. A tenant not in the file has no limit (its usage is
-still shown). The file is reloaded on SIGHUP; a lower quota than the usage refuses new puts
-until removals bring the usage under it (nothing is evicted for it).
+Replicas are not multiplied in: a quota bounds a tenant's logical bytes, so copy, move and
+repair targets and a promotion from a disk tier (a new replica of an object already counted)
+charge nothing, and their failure refunds nothing; the pool's replication policy is not the
+tenant's spending. A put that would take its tenant past its quota first evicts that
+tenant's own coldest unpinned objects when the master runs reclaim in cache mode
+(`kvpool.master.reclaim.tenants`; never the object the put replaces), and otherwise, or when
+that is not enough, fails with TENANT_QUOTA_EXCEEDED (-1700) and changes nothing; a put
+replacing an object of the same key is counted net of the bytes it replaces. With quotas in
+force, reclaim for a full pool keeps the objects of tenants at or below their fair share
+while another tenant is above its own (same module). A tenant not in the file has no limit
+(its usage is still shown). The file is reloaded on SIGHUP; a lower quota than the usage
+refuses new puts until removals (or own evictions) bring the usage under it.
 """
 
 from __future__ import annotations

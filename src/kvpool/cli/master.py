@@ -14,6 +14,7 @@ import asyncio
 import re
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,6 +28,7 @@ from kvpool.ha import EtcdUrl
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
 from kvpool.master.ha import HaMasterServer
 from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.quota import ETCD_SOURCE
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.master.server import MasterServer
 from kvpool.ops.admin import MasterHttp, start_master_http
@@ -378,10 +380,11 @@ def _ratio() -> click.FloatRange:
 @click.option(
     "--tenant-quota-file",
     default=None,
-    type=click.Path(exists=True, dir_okay=False),
-    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    metavar="PATH|etcd",
     help="Tenant quotas in Mooncake's format (version: 1, tenants: [{name, quota}]); a put "
-    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP.",
+    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP. 'etcd' (with "
+    "--ha): the same YAML in the key /kvpool/<cluster>/quota, read every second.",
 )
 @tls_options
 @click.option(
@@ -473,6 +476,11 @@ def master(
     tenant_quota_file = _quota_file(
         tenant_quota_file, tenant_quota_connector_type, tenant_quota_connector_uri
     )
+    if tenant_quota_file == ETCD_SOURCE:
+        if ha_url is None:
+            raise click.UsageError("--tenant-quota-file etcd: needs --ha (the etcd to read)")
+    elif tenant_quota_file is not None and not Path(tenant_quota_file).is_file():
+        raise click.UsageError(f"--tenant-quota-file: {tenant_quota_file!r} is not a file")
     del enable_multi_tenants  # tenants are always on
     tls = tls_config(tls_cert, tls_key, tls_ca)
     if tls is not None and not tls.cert:

@@ -38,7 +38,11 @@ import yaml
 from kvpool.config import parse_size
 from kvpool.errors import InvalidParams, KVPoolError
 
-__all__ = ["TenantQuotas", "load_quota_file"]
+__all__ = ["ETCD_SOURCE", "TenantQuotas", "load_quota_file", "load_quota_text"]
+
+#: `--tenant-quota-file etcd`: the policy is the value of `/kvpool/<cluster>/quota` in the HA
+#: group's etcd (the same YAML), polled by every master (`kvpool.master.ha`).
+ETCD_SOURCE = "etcd"
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +50,17 @@ log = logging.getLogger(__name__)
 def load_quota_file(path: str | Path) -> dict[str, int]:
     """The quotas (bytes) of the policy file at `path` (InvalidParams naming the entry)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidParams(f"tenant quota file {path}: {exc}") from exc
+    return load_quota_text(text, path)
+
+
+def load_quota_text(text: str, path: str | Path) -> dict[str, int]:
+    """The quotas (bytes) of a policy's YAML `text`; `path` names it in errors."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise InvalidParams(f"tenant quota file {path}: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("version") != 1:
         raise InvalidParams(f"tenant quota file {path}: expected 'version: 1'")
@@ -76,14 +89,40 @@ class TenantQuotas:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self.limits: dict[str, int] = load_quota_file(self.path)
+        #: The etcd revision of the policy in force (`ETCD_SOURCE`; -1: none read yet).
+        self.revision = -1
+        self.limits: dict[str, int] = {} if self.etcd else load_quota_file(self.path)
+
+    @property
+    def etcd(self) -> bool:
+        """Whether the policy lives in etcd (`ETCD_SOURCE`) rather than in a file."""
+        return self.path == ETCD_SOURCE
+
+    def apply(self, text: bytes | None, revision: int, where: str) -> bool:
+        """Apply the policy read from etcd at `revision` (None: the key is absent, no quotas);
+        a policy that does not load is logged and the quotas in force stay."""
+        if revision == self.revision:
+            return False
+        try:
+            limits = {} if text is None else load_quota_text(text.decode(), where)
+        except (KVPoolError, UnicodeDecodeError) as exc:
+            log.error("tenant quotas in %s not applied, the previous stay: %s", where, exc)
+            self.revision = revision  # logged once per revision
+            return False
+        self.limits = limits
+        self.revision = revision
+        log.info("tenant quotas from %s (revision %d): %d tenants", where, revision, len(limits))
+        return True
 
     def limit(self, tenant: str) -> int | None:
         """The tenant's quota in bytes, None when it has none."""
         return self.limits.get(tenant)
 
     def reload(self) -> bool:
-        """Load the file again (SIGHUP); on any error keep the quotas in force and log it."""
+        """Load the file again (SIGHUP); on any error keep the quotas in force and log it.
+        A policy in etcd is watched instead (nothing to do here)."""
+        if self.etcd:
+            return False
         try:
             self.limits = load_quota_file(self.path)
         except KVPoolError as exc:

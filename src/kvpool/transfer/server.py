@@ -565,9 +565,27 @@ class TransferServer:
             else:
                 if reader.buffered < length:
                     out.flush()
-                write = PendingWrite(req_id, mem, offset, length, length, time.monotonic())
-                if not self._receive(conn, w, write):
+                # The common case in place (no PendingWrite): the whole payload arrives.
+                region = mem.mapping.view[offset : offset + length]
+                try:
+                    got = reader.read_into(region, self._others_wait)
+                except BaseException:
+                    region.release()  # the slice first: see `_receive`
+                    mem.mapping.release()
+                    raise
+                region.release()
+                if got < length:  # stalled while others wait: the rest in the poller
+                    now = time.monotonic()
+                    conn.pending = PendingWrite(
+                        req_id, mem, offset + got, length - got, length, now
+                    )
+                    conn.partial_since = now
+                    out.flush()
                     return True
+                mem.mapping.release()
+                counts.writes += 1
+                counts.write_bytes += length
+                out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 
     def _receive(self, conn: Conn, w: Worker, p: PendingWrite) -> bool:
         """Receive what is left of a WRITE's payload (into its segment, or dropped when the

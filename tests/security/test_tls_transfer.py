@@ -124,3 +124,79 @@ def test_a_raw_plain_request_gets_no_plain_answer(
             pass
     assert b"KVR1" not in got and b"KVC1" not in got  # at most a TLS alert
     wait_until(lambda: server.connection_count() == 0, timeout=5)
+
+
+def test_stalled_tls_handshakes_hold_no_worker_and_are_closed_at_the_stall_timeout(
+    pki: Pki,
+) -> None:
+    """Peers that send the start of a ClientHello and stop would hold a worker each for the
+    stall timeout; with `2 x workers` of them a real client waited that long. They now wait
+    in the poller, and are closed after the stall timeout."""
+    workers = 2
+    mem = SegmentMemory.create(NAME, 1 << 20)
+    server = TransferServer(
+        tls=TlsConfig(pki.cert, pki.key, pki.ca).server_context(),
+        limits=ServerLimits(workers=workers, stall_timeout=2.0),
+    )
+    held: list[socket.socket] = []
+    engine = None
+    try:
+        server.add_segment(mem)
+        for _ in range(2 * workers):
+            s = socket.create_connection((server.host, server.port), timeout=10)
+            s.sendall(b"\x16\x03\x01")  # a TLS record header, cut short
+            held.append(s)
+        time.sleep(0.3)  # every one of them reaches a worker
+        loc = SegmentLocation(NAME, 1 << 20, "another-host", server.endpoint, "")
+        engine = TransferEngine(
+            lambda _n: loc,
+            "tcp",
+            stall_timeout=5.0,
+            tls=TlsConfig(pki.cert, pki.key, pki.ca).client_context(),
+        )
+        out = bytearray(16)
+        t0 = time.monotonic()
+        engine.transfer([TransferRequest(TransferOp.READ, out, NAME, 0)])
+        assert time.monotonic() - t0 < 1.0
+        wait_until(lambda: server.connection_count() <= 1, timeout=8, what="the stalled ones")
+    finally:
+        for s in held:
+            s.close()
+        if engine is not None:
+            engine.close()
+        server.close()
+        mem.close()
+
+
+def test_idle_tls_connections_give_their_workers_back(pki: Pki) -> None:
+    """A TLS connection that goes quiet is handed back to the poller like a plain one (the
+    ssl module would otherwise wait inside a read for ever): more idle clients than workers
+    do not keep another client waiting."""
+    workers = 2
+    mem = SegmentMemory.create(NAME, 1 << 20)
+    server = TransferServer(
+        tls=TlsConfig(pki.cert, pki.key, pki.ca).server_context(),
+        limits=ServerLimits(workers=workers, stall_timeout=2.0),
+    )
+    engines: list[TransferEngine] = []
+    try:
+        server.add_segment(mem)
+        loc = SegmentLocation(NAME, 1 << 20, "another-host", server.endpoint, "")
+        for _ in range(2 * workers + 1):
+            engine = TransferEngine(
+                lambda _n: loc,
+                "tcp",
+                stall_timeout=5.0,
+                tls=TlsConfig(pki.cert, pki.key, pki.ca).client_context(),
+            )
+            engines.append(engine)
+            out = bytearray(16)
+            t0 = time.monotonic()
+            engine.transfer([TransferRequest(TransferOp.READ, out, NAME, 0)])
+            assert time.monotonic() - t0 < 1.5  # its connection stays open, idle, afterwards
+        assert server.connection_count() == 2 * workers + 1
+    finally:
+        for engine in engines:
+            engine.close()
+        server.close()
+        mem.close()

@@ -376,7 +376,13 @@ class TransferServer:
                 quiet = now - conn.last_active
                 pending = conn.pending
                 if conn.partial_since and now - conn.partial_since >= stall:
-                    what = "a write's payload" if pending else "a request header"
+                    what = (
+                        "a write's payload"
+                        if pending
+                        else "a TLS handshake"
+                        if conn.tls
+                        else "a request header"
+                    )
                     expired.append((conn, f"{what} stalled for {stall:g} s"))
                 elif pending and now - pending.started > stall + (
                     pending.total - pending.left
@@ -477,8 +483,10 @@ class TransferServer:
     def _serve_turn(self, conn: Conn, w: Worker) -> bool:
         """Serve `conn` until it is quiet (True: give it back) or ends (False: close it)."""
         conn.served = True
-        if conn.tls and not self._tls_accept(conn, w.counts):
-            return False
+        if conn.tls:
+            accepted = self._tls_accept(conn, w.counts)
+            if accepted is not True:
+                return accepted is None  # None: handed back mid-handshake
         w.reader.reset(conn.sock)
         if conn.partial:
             w.reader.preload(conn.partial)
@@ -627,22 +635,34 @@ class TransferServer:
         """Whether connections wait for a worker (a stalled payload then gives way)."""
         return self._ready.qsize() > 0
 
-    def _tls_accept(self, conn: Conn, counts: ServeCounters) -> bool:
-        """Make the TLS handshake of a new connection (False: it failed or took longer than
-        `stall_timeout`; nothing was served), then send the challenge inside TLS."""
+    def _tls_accept(self, conn: Conn, counts: ServeCounters) -> bool | None:
+        """Make (or go on with) the TLS handshake of a new connection, then send the challenge
+        inside TLS: True. False when it failed or took longer than `stall_timeout` from its
+        start (nothing was served). None when the peer went quiet mid-handshake while other
+        connections wait for a worker: it goes back to the poller (a handshake never holds a
+        worker that others need), whose sweep closes it at the same deadline."""
         assert self.tls is not None
-        conn.tls = False
-        deadline = time.monotonic() + self.limits.stall_timeout
         try:
-            sock = self.tls.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
-            conn.sock = sock  # it owns the descriptor now
+            sock = conn.sock
+            if not isinstance(sock, ssl.SSLSocket):
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                conn.sock = sock  # it owns the descriptor now
+                # Timeout mode, one tick per wait: on a blocking socket the ssl module retries
+                # a read that the kernel timeout ended, for ever (see `SocketReader`).
+                sock.settimeout(self._tick)
+                conn.partial_since = time.monotonic()
+            deadline = conn.partial_since + self.limits.stall_timeout
             while True:
                 try:
                     sock.do_handshake()
                     break
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, TimeoutError):
                     if time.monotonic() > deadline:
                         raise TimeoutError("TLS handshake too slow") from None
+                    if self._ready.qsize():
+                        return None
+            conn.tls = False
+            conn.partial_since = 0.0
             if self._data_key is not None and self._data_key() is not None:
                 conn.nonce = os.urandom(NONCE_BYTES)
                 sock.sendall(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce))

@@ -41,9 +41,11 @@ RESP: Final = struct.Struct("<4siQQ")
 REQ_MAGIC: Final = b"KVT1"
 RESP_MAGIC: Final = b"KVR1"
 MAX_NAME: Final = 1024
-#: What a receive raises when a kernel receive timeout passed with nothing (a TLS socket's
-#: `SSLWantReadError` is that too: no whole record yet).
+#: What a receive raises when a kernel receive timeout passed with nothing. A server's TLS
+#: socket waits in Python's timeout mode instead (its `recv_into` would otherwise retry inside
+#: the ssl module for ever), so for a reader with `patience` a `TimeoutError` is that too.
 _NOTHING_YET: Final = (BlockingIOError, ssl.SSLWantReadError)
+_NOTHING_YET_TLS: Final = (BlockingIOError, ssl.SSLWantReadError, TimeoutError)
 #: Parts up to this many bytes in all go out on a TLS socket joined, as one record.
 _TLS_JOIN_BYTES: Final = 256 << 10
 
@@ -68,7 +70,17 @@ class SocketReader:
     or waits, so a fast read never pays for it.
     """
 
-    __slots__ = ("_buf", "_end", "_start", "_view", "grace", "min_rate", "patience", "sock")
+    __slots__ = (
+        "_buf",
+        "_end",
+        "_quiet",
+        "_start",
+        "_view",
+        "grace",
+        "min_rate",
+        "patience",
+        "sock",
+    )
 
     def __init__(
         self,
@@ -84,6 +96,9 @@ class SocketReader:
         self._start = 0
         self._end = 0
         self.patience = patience
+        # With patience (a server's reader) a TLS socket's tick timeout is a quiet tick; a
+        # client's TimeoutError is its real timeout and reaches the caller.
+        self._quiet = _NOTHING_YET_TLS if patience else _NOTHING_YET
         self.min_rate = min_rate
         self.grace = grace
 
@@ -149,7 +164,7 @@ class SocketReader:
                 started = self._paced(started, self._end)
             try:
                 got = self.sock.recv_into(self._view[self._end :])
-            except _NOTHING_YET:
+            except self._quiet:
                 if (between and (partial or self._end == self._start)) or not self.patience:
                     raise BlockingIOError from None
                 stalls = self._stalled(stalls)
@@ -191,7 +206,7 @@ class SocketReader:
                 started = self._paced(started, pos)
             try:
                 got = recv_into(dst[pos:])
-            except _NOTHING_YET:
+            except self._quiet:
                 if give_up is not None and give_up():
                     return pos
                 if not self.patience:
@@ -223,7 +238,7 @@ class SocketReader:
                 started = self._paced(started, total - n)
             try:
                 got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
-            except _NOTHING_YET:
+            except self._quiet:
                 if give_up is not None and give_up():
                     return n
                 if not self.patience:
@@ -252,7 +267,7 @@ def send_parts(
     fails with `TimeoutError` (a peer that reads a little now and then; see `SocketReader`).
     """
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS: records of joined parts
-        _send_tls(sock, parts, total)
+        _send_tls(sock, parts, total, grace)
         return
     sent = sock.sendmsg(parts)
     if sent == total:
@@ -278,10 +293,25 @@ def send_parts(
                 raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")
 
 
-def _send_tls(sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int) -> None:
+def _send_tls(
+    sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int, grace: float
+) -> None:
     """Send `parts` on a TLS socket: small ones joined (one record instead of many), large
-    ones each as they are (the encryption copies them anyway). A kernel send timeout raises
-    (`SSLWantWriteError`, an OSError), which ends the connection as a stalled send does."""
+    ones each as they are (the encryption copies them anyway). A server's TLS socket waits in
+    timeout mode with a short tick (see `SocketReader`); a send may wait `grace` (the stall
+    timeout) for the peer to read, then raises `TimeoutError`, a stalled send."""
+    tick = sock.gettimeout()
+    if grace and tick is not None and tick < grace:
+        sock.settimeout(grace)
+        try:
+            _send_tls_parts(sock, parts, total)
+        finally:
+            sock.settimeout(tick)
+        return
+    _send_tls_parts(sock, parts, total)
+
+
+def _send_tls_parts(sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int) -> None:
     if total < 0:
         total = sum(memoryview(p).nbytes for p in parts)
     if total <= _TLS_JOIN_BYTES:

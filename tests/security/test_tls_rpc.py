@@ -4,16 +4,17 @@ refusal, not a hang. Clients stay on TCP here (``unix=False``): the Unix socket 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from kvpool.errors import InvalidParams, RpcError
+from kvpool.errors import ErrorCode, InvalidParams, RpcError
 from kvpool.rpc.client import RpcClient
 from kvpool.rpc.thread import ServerThread
 from kvpool.rpc.tls import TlsConfig
-from rpc.rpc_testkit import CLUSTER, Add, Response, Sum, server_thread
+from rpc.rpc_testkit import CLUSTER, Add, Response, Sleep, Sum, server_thread
 from security.pki import Pki
 
 
@@ -99,3 +100,41 @@ def test_the_config_is_validated(pki: Pki) -> None:
         TlsConfig(pki.cert, pki.key).client_context()  # a client needs a CA
     with pytest.raises(InvalidParams):
         TlsConfig(pki.key, pki.cert).server_context()  # swapped: does not load
+
+
+def test_a_call_over_tls_times_out_on_time(mutual: ServerThread, pki: Pki) -> None:
+    """A TLS socket must not wait inside the ssl module past the call's deadline (on a
+    blocking socket it retries a read that the kernel timeout ended, for ever)."""
+    with _client(mutual, TlsConfig(pki.cert, pki.key, pki.ca)) as c:
+        assert c.call(Add(1, 1)) == Sum(2)
+        t0 = time.monotonic()
+        with pytest.raises(RpcError) as info:
+            c.call(Sleep(3.0, 1), timeout=0.5)
+        assert info.value.code == ErrorCode.RPC_TIMEOUT
+        assert time.monotonic() - t0 < 2.0
+        assert c.call(Add(2, 2)) == Sum(4)  # the connection still serves
+
+
+def test_concurrent_calls_over_one_tls_connection_all_get_their_replies(
+    mutual: ServerThread, pki: Pki
+) -> None:
+    """Several threads send while one of them reads: every ssl call is made one at a time
+    (`TlsStream`). Reading and writing one TLS connection from two threads at once lost
+    replies under load (a Store's put waited its whole RPC timeout)."""
+    errors: list[BaseException] = []
+    with _client(mutual, TlsConfig(pki.cert, pki.key, pki.ca)) as c:
+
+        def work(base: int) -> None:
+            try:
+                for i in range(150):
+                    assert c.call(Add(base, i), timeout=10) == Sum(base + i)
+            except BaseException as exc:  # reported below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(1000 * t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+    assert errors == []

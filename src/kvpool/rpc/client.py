@@ -88,6 +88,7 @@ from kvpool.protocol.handshake import (
 )
 from kvpool.rpc.auth import unwrap_data_key
 from kvpool.rpc.server import union_members
+from kvpool.rpc.tls import TlsStream
 
 __all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
 
@@ -166,6 +167,7 @@ class _Conn:
         "send_lock",
         "sleepers",
         "sock",
+        "tls",
         "transport",
     )
 
@@ -178,9 +180,12 @@ class _Conn:
     ) -> None:
         # A blocking socket with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO) rather than
         # Python's settimeout(): in timeout mode CPython polls before every recv and send,
-        # a large share of a lock-step round trip (docs/parts/perf-rpc.md).
-        sock.settimeout(None)
-        _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
+        # a large share of a lock-step round trip (docs/parts/perf-rpc.md). TLS goes through a
+        # `TlsStream` instead: non-blocking, one ssl call at a time (`kvpool.rpc.tls`).
+        self.tls = TlsStream(sock) if isinstance(sock, ssl.SSLSocket) else None
+        if self.tls is None:
+            sock.settimeout(None)
+            _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
         self.sock = sock
         self.decoder = decoder
         self.transport: Transport = transport
@@ -740,7 +745,10 @@ class RpcClient:
     def _send(self, conn: _Conn, data: bytes) -> None:
         try:
             with conn.send_lock:
-                conn.sock.sendall(data)
+                if conn.tls is not None:
+                    conn.tls.sendall(data, self.timeout)
+                else:
+                    conn.sock.sendall(data)
         except OSError as exc:
             # A partial frame may have gone out: the stream is unusable either way.
             err = RpcError(f"sending to {self.address} failed: {exc}")
@@ -788,11 +796,18 @@ class RpcClient:
                     return
                 # Reset the kernel timeout only when it would wake us far too late or far too
                 # early, so the lock-step path usually makes no extra syscall.
-                if not remaining <= conn.recv_timeout <= remaining * 1.25 + 0.002:
+                tls = conn.tls
+                if tls is None and not remaining <= conn.recv_timeout <= remaining * 1.25 + 0.002:
                     _set_kernel_timeout(sock, socket.SO_RCVTIMEO, remaining)
                     conn.recv_timeout = remaining
                 try:
-                    data = sock.recv(_RECV_BYTES)
+                    if tls is not None:
+                        got = tls.recv(_RECV_BYTES, remaining)
+                        if got is None:
+                            continue  # nothing yet: the loop checks the deadline
+                        data = got
+                    else:
+                        data = sock.recv(_RECV_BYTES)
                     if not data:
                         raise ConnectionResetError("closed by the server")
                     frames = feed(data)

@@ -24,14 +24,17 @@ reach them). Precedence for a client's files: explicit arguments, then ``$KVPOOL
 
 from __future__ import annotations
 
+import select
 import ssl
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvpool.config import env
 from kvpool.errors import InvalidParams
 
-__all__ = ["TlsConfig"]
+__all__ = ["TlsConfig", "TlsStream"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,10 @@ class TlsConfig:
             raise InvalidParams("TLS: a server needs --tls-cert and --tls-key")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # No TLS 1.3 session tickets: clients keep their connections (nothing to resume), and
+        # a ticket arriving after the handshake makes a client's read write too, while another
+        # of its threads may be sending (the RPC client reads and sends from different threads).
+        ctx.num_tickets = 0
         self._load(ctx)
         if self.ca:
             ctx.verify_mode = ssl.CERT_REQUIRED
@@ -99,3 +106,57 @@ class TlsConfig:
                 ctx.load_verify_locations(cafile=self.ca)
         except (OSError, ssl.SSLError) as exc:
             raise InvalidParams(f"TLS files do not load: {exc}") from exc
+
+
+class TlsStream:
+    """One TLS connection used by several threads at once: the RPC client's reader and its
+    senders (`kvpool.rpc.client`).
+
+    OpenSSL does not allow one connection to be read and written by two threads at the same
+    time, and on a blocking socket the ssl module retries a read that a kernel timeout ended,
+    inside C, for ever. So the socket is made non-blocking, every ssl call is made under
+    `lock` (held only for the call, never while waiting), and waiting for the socket happens
+    outside it with poll(): a sender never waits behind a reader that waits for a reply.
+    """
+
+    __slots__ = ("_in", "_out", "lock", "sock")
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        sock.settimeout(0.0)
+        self.sock = sock
+        self.lock = threading.Lock()
+        self._in = select.poll()
+        self._in.register(sock.fileno(), select.POLLIN)
+        self._out = select.poll()
+        self._out.register(sock.fileno(), select.POLLOUT | select.POLLIN)
+
+    def recv(self, nbytes: int, timeout: float) -> bytes | None:
+        """Up to `nbytes` decrypted bytes; b"" at EOF; None when none came within `timeout`."""
+        sock = self.sock
+        if not sock.pending() and not self._in.poll(max(0, int(timeout * 1000))):
+            return None
+        with self.lock:
+            try:
+                return sock.recv(nbytes)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None  # a record not complete yet (or a protocol message): wait on
+
+    def sendall(self, data: bytes, timeout: float) -> None:
+        """Send all of `data` (the caller serializes whole frames); TimeoutError when the
+        peer takes none of it for `timeout` seconds."""
+        view = memoryview(data)
+        deadline = time.monotonic() + timeout
+        while view:
+            with self.lock:
+                try:
+                    n = self.sock.send(view)
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    n = 0
+            if n:
+                view = view[n:]
+                deadline = time.monotonic() + timeout
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the peer took no byte in {timeout:g} s")
+            self._out.poll(max(1, int(min(left, 0.05) * 1000)))

@@ -198,3 +198,33 @@ def test_a_server_without_a_key_serves_a_client_without_one() -> None:
     finally:
         server.close()
         mem.close()
+
+
+def test_random_bytes_in_place_of_the_proof_are_closed_and_the_server_serves_on(
+    served: tuple[TransferServer, SegmentMemory],
+) -> None:
+    """200 connections sending random garbage of every length (less than a proof, exactly
+    one, more) get nothing but the challenge; a proven client is served afterwards and no
+    connection is left open."""
+    import random
+
+    server, mem = served
+    rng = random.Random(15)
+    for i in range(200):
+        n = rng.choice([1, 7, len(HELLO), 43, 44, 45, 100, 4096])
+        with _connect(server) as s:
+            with contextlib.suppress(OSError):
+                s.sendall(rng.randbytes(n))
+            if n >= len(HELLO) + 36:
+                got = _read_all(s)
+                assert len(got) == CHALLENGE.size, (i, n)
+    wait_until(lambda: server.connection_count() == 0, timeout=10)
+    assert server.counters().reads == server.counters().writes == 0
+    with _connect(server) as s:
+        nonce = _challenge(s)
+        s.sendall(HELLO + data_proof(KEY, nonce) + _read_req(9, 8))
+        head = b""
+        while len(head) < RESP.size + 8:
+            head += s.recv(RESP.size + 8 - len(head))
+    assert RESP.unpack(head[: RESP.size])[1:3] == (0, 9)
+    assert head[RESP.size :] == bytes(mem.buffer[:8])

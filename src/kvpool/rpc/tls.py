@@ -133,7 +133,9 @@ class TlsStream:
     def recv(self, nbytes: int, timeout: float) -> bytes | None:
         """Up to `nbytes` decrypted bytes; b"" at EOF; None when none came within `timeout`."""
         sock = self.sock
-        if not sock.pending() and not self._in.poll(max(0, int(timeout * 1000))):
+        with self.lock:
+            buffered = sock.pending()
+        if not buffered and not self._in.poll(max(0, int(timeout * 1000))):
             return None
         with self.lock:
             try:

@@ -21,7 +21,7 @@ from kvpool.master.service import MasterService
 from kvpool.protocol import messages as m
 from kvpool.rpc import RpcClient
 from kvtest.procs import kvpool_proc, wait_until
-from master.conftest import Clock, MakeService
+from master.conftest import Clock, MakeService, mount
 
 E = ErrorCode
 KiB = 1 << 10
@@ -104,18 +104,27 @@ _op = st.one_of(
     st.tuples(st.just("upsert"), st.sampled_from(TENANTS), st.integers(0, 5), st.integers(1, 64)),
     st.tuples(st.just("remove"), st.sampled_from(TENANTS), st.integers(0, 5), st.just(0)),
     st.tuples(st.just("expire"), st.just("a"), st.just(0), st.just(0)),
+    st.tuples(st.just("get"), st.sampled_from(TENANTS), st.integers(0, 5), st.just(0)),
+    st.tuples(st.just("pinned"), st.sampled_from(TENANTS), st.integers(0, 5), st.integers(1, 48)),
 )
 
 
+@pytest.mark.parametrize("reclaim", [False, True], ids=["no-reclaim", "reclaim"])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=st.lists(_op, min_size=1, max_size=40))
 def test_usage_is_the_sum_of_live_objects_bytes_per_tenant_and_within_quota(
-    ops: list[tuple[str, str, int, int]], tmp_path: Path
+    ops: list[tuple[str, str, int, int]], tmp_path: Path, reclaim: bool
 ) -> None:
+    """With reclaim on, puts over quota evict their tenant's own objects, and reclaim for a
+    full pool (2 MiB: tenant c, without a quota, fills it) keeps tenants below their fair
+    share: usage stays exact and within quota through both."""
+    from kvpool.master.reclaim.adapter import MasterReclaimHooks
+
     clock = Clock()
-    svc = MasterService(MasterConfig(seed=7), clock=clock)
+    hooks = MasterReclaimHooks() if reclaim else None
+    svc = MasterService(MasterConfig(seed=7), clock=clock, hooks=hooks)
     for i in range(2):
         info = m.SegmentInfo(m.SegmentName(f"s{i}"), 1 * MiB, m.HostId("h"), f"127.0.0.1:{i}", "")
         assert svc.handle(m.MountSegment(m.ClientId("node"), m.HostId("h"), info)).code == 0
@@ -138,6 +147,12 @@ def test_usage_is_the_sum_of_live_objects_bytes_per_tenant_and_within_quota(
             svc.handle(m.UpsertStart(w, key, size, tenant=tenant))
         elif op == "remove":
             svc.handle(m.Remove(key, True, tenant=tenant))
+        elif op == "get":
+            svc.handle(m.GetReplicaList(key, tenant=tenant))
+        elif op == "pinned":
+            pin = m.ReplicateConfigMsg(with_hard_pin=True)
+            if svc.handle(m.PutStart(w, key, size, pin, tenant=tenant)).code == 0:
+                svc.handle(m.PutEnd(w, key, 1, tenant=tenant))
         else:
             clock.advance(31.0)
             svc.release_stale()
@@ -185,3 +200,114 @@ def test_a_master_with_mooncakes_quota_flags_reloads_on_sighup_and_status_shows_
                 check=True,
             ).stdout
             assert "TENANT" in table and "16.0 KiB" in table
+
+
+# ------------------------------------------------ own eviction and fair share (reclaim on)
+
+
+def _reclaiming(clock: Clock, size: int = 16 * MiB, **cfg: object) -> MasterService:
+    from kvpool.master.reclaim.adapter import MasterReclaimHooks
+
+    svc = MasterService(MasterConfig(seed=1, **cfg), clock=clock, hooks=MasterReclaimHooks())  # type: ignore[arg-type]
+    mount(svc, "s", size)
+    return svc
+
+
+def _put(svc: MasterService, w: m.ClientId, key: str, size: int, tenant: str, **cfg: object) -> int:
+    config = m.ReplicateConfigMsg(**cfg) if cfg else m.DEFAULT_REPLICATE_CONFIG  # type: ignore[arg-type]
+    reply = svc.handle(m.PutStart(w, key, size, config, tenant=m.TenantId(tenant)))
+    if reply.code != 0:
+        return int(reply.code)
+    return int(svc.handle(m.PutEnd(w, key, 1, tenant=m.TenantId(tenant))).code)
+
+
+def _keys(svc: MasterService, tenant: str) -> set[str]:
+    return {o.key for o in svc.index.snapshot() if o.tenant == tenant}
+
+
+def test_a_put_over_quota_evicts_its_tenants_own_coldest_unpinned_objects(
+    clock: Clock, tmp_path: Path
+) -> None:
+    svc = _reclaiming(clock)
+    svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": 100 * KiB})))
+    w = m.ClientId("w")
+    _register(svc, w)
+    assert _put(svc, w, "pinned", 30 * KiB, "a", with_hard_pin=True) == 0
+    assert _put(svc, w, "old", 30 * KiB, "a") == 0
+    assert _put(svc, w, "hot", 30 * KiB, "a") == 0
+    for _ in range(2):  # read twice: active
+        assert svc.handle(m.GetReplicaList("hot", tenant=m.TenantId("a"))).code == 0
+    assert _put(svc, w, "other", 60 * KiB, "b") == 0  # another tenant, no quota
+    clock.advance(10)  # past the read leases
+    # 90 KiB used; a 30 KiB put must free 20 KiB: the cold "old" goes, not "hot" nor "pinned".
+    assert _put(svc, w, "new", 30 * KiB, "a") == 0
+    assert _keys(svc, "a") == {"pinned", "hot", "new"}
+    assert _keys(svc, "b") == {"other"}
+    assert svc.index.tenant_bytes["a"] <= 100 * KiB
+    # The inactive "new" before the active "hot".
+    assert _put(svc, w, "newer", 30 * KiB, "a") == 0
+    assert _keys(svc, "a") == {"pinned", "hot", "newer"}
+    assert _put(svc, w, "huge", 101 * KiB, "a") == E.TENANT_QUOTA_EXCEEDED  # past it alone
+    assert _keys(svc, "a") == {"pinned", "hot", "newer"}  # nothing evicted for it
+    # An upsert never evicts the object it replaces: the active "hot" goes now.
+    assert svc.handle(m.UpsertStart(w, "newer", 70 * KiB, tenant=m.TenantId("a"))).code == 0
+    assert _keys(svc, "a") == {"pinned", "newer"}
+    assert svc.index.tenant_bytes["a"] == 100 * KiB
+    usage_matches_objects(svc)
+
+
+def test_without_reclaim_a_put_over_quota_still_fails(
+    make_service: MakeService, tmp_path: Path
+) -> None:
+    svc = make_service()
+    svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": 64 * KiB})))
+    w = m.ClientId("w")
+    _register(svc, w)
+    assert _put(svc, w, "k1", 40 * KiB, "a") == 0
+    assert _put(svc, w, "k2", 40 * KiB, "a") == E.TENANT_QUOTA_EXCEEDED
+    assert _keys(svc, "a") == {"k1"}
+
+
+def _fill_pool(svc: MasterService, w: m.ClientId, tenant: str, n: int, size: int) -> int:
+    """Puts of `tenant` until `n` succeeded; returns how many were refused."""
+    refused = 0
+    for i in range(n):
+        if _put(svc, w, f"{tenant}{i}", size, tenant) != 0:
+            refused += 1
+    return refused
+
+
+@pytest.mark.parametrize("with_quotas", [True, False], ids=["quotas", "no-quotas"])
+def test_one_tenant_filling_the_pool_does_not_evict_another_below_its_fair_share(
+    clock: Clock, tmp_path: Path, with_quotas: bool
+) -> None:
+    svc = _reclaiming(clock, size=4 * MiB)
+    if with_quotas:  # quotas far above the pool: fair share is the only rule at play
+        svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": 1 << 30, "b": 1 << 30})))
+    w = m.ClientId("w")
+    _register(svc, w)
+    assert _fill_pool(svc, w, "b", 16, 64 * KiB) == 0  # b: 1 MiB, a quarter of the pool
+    clock.advance(10)
+    # a writes three pools' worth: reclaim must make room again and again.
+    assert _fill_pool(svc, w, "a", 192, 64 * KiB) == 0
+    kept = len(_keys(svc, "b"))
+    if with_quotas:
+        assert kept == 16  # below its share (half of what is held): never evicted
+    else:
+        assert kept < 16  # plain LRU: b's older objects went first (as before quotas)
+    usage_matches_objects(svc)
+
+
+def test_a_tenant_above_its_fair_share_is_evicted_down_to_it(clock: Clock, tmp_path: Path) -> None:
+    svc = _reclaiming(clock, size=4 * MiB)
+    svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": 1 << 30})))
+    w = m.ClientId("w")
+    _register(svc, w)
+    assert _fill_pool(svc, w, "b", 48, 64 * KiB) == 0  # b: 3 MiB of 4
+    clock.advance(10)
+    assert _fill_pool(svc, w, "a", 128, 64 * KiB) == 0  # a writes 8 MiB
+    b_bytes = svc.index.tenant_bytes.get("b", 0)
+    a_bytes = svc.index.tenant_bytes.get("a", 0)
+    assert b_bytes < 3 * MiB  # b was above its share: reclaim took from it ...
+    assert b_bytes >= (a_bytes + b_bytes) / 2 - 64 * KiB  # ... down to about its share
+    usage_matches_objects(svc)

@@ -165,3 +165,39 @@ def test_hello_and_welcome_of_older_peers_still_decode() -> None:
     assert msgspec.msgpack.decode(old, type=Hello).auth == b""
     w = msgspec.msgpack.decode(msgspec.msgpack.encode(Welcome(1, CLUSTER)), type=Welcome)
     assert w.challenge == b"" and w.role == ""
+
+
+def test_the_data_key_follows_the_admin_tokens_and_the_cluster_only() -> None:
+    """The data key (docs/security.md, "Data plane") is derived from the admin tokens and the
+    cluster id: adding or removing client and node tokens on a reload keeps it, so nodes that
+    fetched it earlier still admit new clients; another admin token or cluster changes it."""
+    admin = (ADMIN, Principal("ops", Role.ADMIN))
+    alice = (ALICE, Principal("alice", Role.CLIENT))
+    node = (b"node-token-0123456789abcdef", Principal("alice", Role.NODE))
+    table = TokenTable([admin, alice])
+    key = table.data_key(CLUSTER)
+    assert len(key) == 32
+    table.replace([admin, alice, node])
+    assert table.data_key(CLUSTER) == key
+    table.replace([admin])
+    assert table.data_key(CLUSTER) == key
+    assert table.data_key("another-cluster") != key
+    table.replace([(b"other-admin-0123456789abcdef", Principal("ops", Role.ADMIN)), alice])
+    assert table.data_key(CLUSTER) != key
+    # Without admin tokens every token counts.
+    assert TokenTable([alice]).data_key(CLUSTER) != TokenTable([alice, node]).data_key(CLUSTER)
+
+
+def test_the_wrapped_data_key_opens_only_with_the_token_and_the_nonce() -> None:
+    from kvpool.protocol.handshake import token_key_id
+    from kvpool.rpc.auth import unwrap_data_key
+
+    table = TokenTable([(ALICE, Principal("alice", Role.CLIENT))])
+    nonce = b"n" * 32
+    wrapped = table.wrap_data_key(token_key_id(ALICE), nonce, CLUSTER, "c")
+    assert wrapped != table.data_key(CLUSTER)
+    assert unwrap_data_key(wrapped, ALICE, nonce, CLUSTER, "c") == table.data_key(CLUSTER)
+    assert unwrap_data_key(wrapped, ADMIN, nonce, CLUSTER, "c") != table.data_key(CLUSTER)
+    assert unwrap_data_key(wrapped, ALICE, b"m" * 32, CLUSTER, "c") != table.data_key(CLUSTER)
+    assert unwrap_data_key(b"", ALICE, nonce, CLUSTER, "c") is None  # an older server's Welcome
+    assert table.wrap_data_key(token_key_id(ADMIN), nonce, CLUSTER, "c") == b""

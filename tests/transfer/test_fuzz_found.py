@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvpool.errors import ErrorCode
 from kvpool.transfer import SegmentMemory, TransferServer
 from kvpool.transfer.limits import ServerLimits
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC
@@ -19,15 +20,20 @@ WORKERS = 4
 
 
 @pytest.fixture
-def server() -> Iterator[TransferServer]:
+def served() -> Iterator[tuple[TransferServer, SegmentMemory]]:
     mem = SegmentMemory.create(NAME.decode(), 1 << 20)
     srv = TransferServer(limits=ServerLimits(workers=WORKERS, stall_timeout=3.0))
     srv.add_segment(mem)
     try:
-        yield srv
+        yield srv, mem
     finally:
         srv.close()
         mem.close()
+
+
+@pytest.fixture
+def server(served: tuple[TransferServer, SegmentMemory]) -> TransferServer:
+    return served[0]
 
 
 def _connect(server: TransferServer) -> socket.socket:
@@ -115,17 +121,13 @@ def _gone(s: socket.socket) -> bool:
         return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transfer/server.py: a WRITE whose payload never comes holds its worker until the "
-    "stall timeout (`read_into` in the worker), so `2 x workers` such requests, renewed, make "
-    "every other client wait the stall timeout (the fuzz: a Store put failed after 5.0 s, its "
-    "own stall limit); fix: hand a stalled payload (write, refused-write drain, or a read the "
-    "peer does not take) back to the poller with its progress, as a half-sent header is",
-)
 def test_writes_without_payload_hold_no_worker_and_delay_no_other_request(
     server: TransferServer,
 ) -> None:
+    """A WRITE whose payload never came held its worker until the stall timeout (`read_into`
+    in the worker): `2 x workers` such requests, renewed, made every other client wait the
+    stall timeout (the fuzz: a Store put failed after 5.0 s, its own stall limit). A stalled
+    payload now waits in the poller with its progress while others wait for a worker."""
     held = [_connect(server) for _ in range(2 * WORKERS)]
     for s in held:
         s.sendall(REQ.pack(REQ_MAGIC, 2, 0, len(NAME), 7, 0, 4096) + NAME)
@@ -139,3 +141,74 @@ def test_writes_without_payload_hold_no_worker_and_delay_no_other_request(
     finally:
         for s in held:
             s.close()
+
+
+def _write(rid: int, offset: int, n: int, name: bytes = NAME) -> bytes:
+    return REQ.pack(REQ_MAGIC, 2, 0, len(name), rid, offset, n) + name
+
+
+def test_writes_that_stall_mid_payload_give_way_and_complete_when_the_rest_comes(
+    server: TransferServer,
+) -> None:
+    """Half a payload, a pause while another client is served, then the rest: each write is
+    resumed by whichever worker is free, its bytes land where they belong, and it is answered
+    in order before the connection's next request."""
+    n = 64 << 10
+    held = [_connect(server) for _ in range(2 * WORKERS)]
+    payloads = [bytes([i + 1]) * n for i in range(len(held))]
+    for i, s in enumerate(held):
+        s.sendall(_write(10 + i, i * n, n) + payloads[i][: n // 2])
+    time.sleep(0.3)  # every one of them stalls mid-payload in a worker
+    try:
+        with _connect(server) as s:
+            t0 = time.monotonic()
+            s.sendall(_request(1))
+            assert _answer(s)[:2] == (0, 1)
+            assert time.monotonic() - t0 < 1.0
+        for i, s in enumerate(held):
+            s.sendall(payloads[i][n // 2 :] + _request(50 + i, i * n, 16))
+        for i, s in enumerate(held):
+            assert _answer(s)[:2] == (0, 10 + i)
+            assert _answer(s) == (0, 50 + i, bytes([i + 1]) * 16)
+    finally:
+        for s in held:
+            s.close()
+    assert server.counters().writes == len(held)
+
+
+def test_refused_writes_without_payload_hold_no_worker_either(server: TransferServer) -> None:
+    held = [_connect(server) for _ in range(2 * WORKERS)]
+    for s in held:
+        s.sendall(_write(7, 0, 4096, b"no-such-segment"))
+    time.sleep(0.3)
+    try:
+        with _connect(server) as s:
+            t0 = time.monotonic()
+            s.sendall(_request(1))
+            assert _answer(s)[:2] == (0, 1)
+            assert time.monotonic() - t0 < 1.0
+        held[0].sendall(b"\0" * 4096)  # the drained payload, then the refusal
+        assert _answer(held[0])[:2] == (int(ErrorCode.SEGMENT_NOT_FOUND), 7)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_write_whose_payload_stops_is_closed_after_the_stall_timeout_and_lets_go(
+    served: tuple[TransferServer, SegmentMemory],
+) -> None:
+    """A pending write holds its segment's mapping; the sweep closes it and releases it."""
+    server, mem = served
+    others = [_connect(server) for _ in range(2 * WORKERS)]
+    with _connect(server) as s:
+        s.sendall(_write(3, 0, 4096) + b"x" * 100)
+        for o in others:  # others wait, so the stalled write gives way to the poller
+            o.sendall(_request(4))
+        t0 = time.monotonic()
+        assert _gone(s)
+        assert 2.0 < time.monotonic() - t0 < 7.0
+    for o in others:
+        assert _answer(o)[:2] == (0, 4)
+        o.close()
+    wait_until(lambda: server.connection_count() == 0, timeout=5)
+    assert mem.mapping.holders == 0

@@ -614,16 +614,19 @@ class Fuzz:
 
     def _fill_workers(self, target: Target) -> None:
         """Start every worker thread of the transfer server (a pool bounded by `workers` that
-        never shrinks): that many connections each holding one with a WRITE whose payload has
-        not come, until the thread count stops growing, then closed."""
+        never shrinks): that many connections each holding one with a READ of 16 MiB that it
+        never reads (its worker waits in the send), until the thread count stops growing, then
+        closed. (A WRITE whose payload does not come no longer holds a worker while others
+        wait: the server hands it back to its poller.)"""
         pid = target.child.pid
         socks = []
         name = self._segment.encode()
+        length = min(16 * MiB, self.plan.segment_size)
         try:
             for _ in range(ServerLimits().workers):
                 sock = connect(target.address, FUZZ_SOURCE)
                 socks.append(sock)
-                sock.sendall(transfer_request(2, name, self.plan.segment_size - TAIL, 8))
+                sock.sendall(transfer_request(1, name, 0, length))
             last, since = psutil.Process(pid).num_threads(), time.monotonic()
             while time.monotonic() - since < 1.0:
                 time.sleep(0.05)  # polling /proc; nothing to wait on

@@ -15,6 +15,7 @@ import time
 import click
 
 from kvpool.cli.params import Duration, MasterAddress, Name
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.codes import SEGMENT_NOT_FOUND
 from kvpool.errors import KVPoolError
 from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
@@ -22,6 +23,7 @@ from kvpool.protocol.messages import (
     Response,
     SegmentName,
 )
+from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 
 __all__ = ["drain", "format_progress"]
@@ -60,9 +62,30 @@ def format_progress(name: str, r: DrainReply, width: int = 30) -> str:
 )
 @click.option("--cluster-id", default="kvpool", show_default=True, type=Name())
 @click.option("--no-wait", is_flag=True, help="Start the drain and return at once.")
-def drain(*, address: str, segment: str, grace: float, cluster_id: str, no_wait: bool) -> None:
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the (admin) token to prove to a master with --auth-file "
+    "[default: $KVPOOL_AUTH_TOKEN].",
+)
+@tls_options
+def drain(
+    *,
+    address: str,
+    segment: str,
+    grace: float,
+    cluster_id: str,
+    no_wait: bool,
+    token_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+) -> None:
     """Drain SEGMENT: no new replicas, move pinned objects out, wait for leases, unmount."""
     name = SegmentName(segment)
+    tls = tls_config(tls_cert, tls_key, tls_ca)
     try:
         with RpcClient(
             address,
@@ -70,6 +93,8 @@ def drain(*, address: str, segment: str, grace: float, cluster_id: str, no_wait:
             cluster_id=cluster_id,
             timeout=10.0,
             client_name="kvpool-drain",
+            token=client_token(None, token_file),
+            tls=tls.client_context() if tls is not None else None,
         ) as rpc:
             reply = rpc.call_as(DrainSegment(name, int(grace * 1000)), DrainReply)
             if reply.code == SEGMENT_NOT_FOUND:

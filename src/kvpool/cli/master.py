@@ -14,18 +14,21 @@ import asyncio
 import re
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from kvpool.cli.params import Name
 from kvpool.cli.tiers import master_tier_options, tier_config
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.config import parse_duration, parse_size
 from kvpool.errors import KVPoolError
 from kvpool.ha import EtcdUrl
 from kvpool.master.config import AllocationStrategy, EvictionMode, MasterConfig
 from kvpool.master.ha import HaMasterServer
 from kvpool.master.hooks import ReclaimHooks
+from kvpool.master.quota import ETCD_SOURCE
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.master.server import MasterServer
 from kvpool.ops.admin import MasterHttp, start_master_http
@@ -377,11 +380,13 @@ def _ratio() -> click.FloatRange:
 @click.option(
     "--tenant-quota-file",
     default=None,
-    type=click.Path(exists=True, dir_okay=False),
-    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    metavar="PATH|etcd",
     help="Tenant quotas in Mooncake's format (version: 1, tenants: [{name, quota}]); a put "
-    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP.",
+    "past its tenant's quota fails TENANT_QUOTA_EXCEEDED. Reloaded on SIGHUP. 'etcd' (with "
+    "--ha): the same YAML in the key /kvpool/<cluster>/quota, read every second.",
 )
+@tls_options
 @click.option(
     "--enable_multi_tenants",
     is_flag=True,
@@ -444,6 +449,9 @@ def master(
     http_port: int | None,
     auth_file: str | None,
     tenant_quota_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
     enable_multi_tenants: bool,
     tenant_quota_connector_type: str | None,
     tenant_quota_connector_uri: str | None,
@@ -468,7 +476,15 @@ def master(
     tenant_quota_file = _quota_file(
         tenant_quota_file, tenant_quota_connector_type, tenant_quota_connector_uri
     )
+    if tenant_quota_file == ETCD_SOURCE:
+        if ha_url is None:
+            raise click.UsageError("--tenant-quota-file etcd: needs --ha (the etcd to read)")
+    elif tenant_quota_file is not None and not Path(tenant_quota_file).is_file():
+        raise click.UsageError(f"--tenant-quota-file: {tenant_quota_file!r} is not a file")
     del enable_multi_tenants  # tenants are always on
+    tls = tls_config(tls_cert, tls_key, tls_ca)
+    if tls is not None and not tls.cert:
+        raise click.UsageError("--tls-ca: a master with TLS needs --tls-cert and --tls-key")
     try:
         config = MasterConfig(
             host=host,
@@ -508,6 +524,9 @@ def master(
             tiers=tier_config(tier_flags),
             auth_file=auth_file or "",
             tenant_quota_file=tenant_quota_file or "",
+            tls_cert=tls.cert if tls is not None else "",
+            tls_key=tls.key if tls is not None else "",
+            tls_ca=tls.ca if tls is not None else "",
         )
     except KVPoolError as exc:
         raise click.UsageError(_with_flag_names(exc.message)) from exc

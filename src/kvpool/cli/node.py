@@ -20,6 +20,7 @@ import click
 
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.cli.tiers import node_tier_options
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier, DiskTierSet
@@ -215,6 +216,7 @@ def mount_with_progress(
     help="File whose first line is the token to prove to a master with --auth-file "
     "[default: $KVPOOL_AUTH_TOKEN].",
 )
+@tls_options
 def node(
     *,
     master: str,
@@ -236,6 +238,9 @@ def node(
     offload_dir: tuple[str, ...],
     offload_size: int,
     token_file: str | None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
 ) -> None:
     """Contribute a memory segment to the pool at MASTER until SIGINT/SIGTERM."""
     # -- transfer server limits: this process's default, and room for its connections --
@@ -280,6 +285,7 @@ def node(
             cluster_id=cluster_id,
             name="kvpool-node",
             token=client_token(None, token_file),
+            tls=tls_config(tls_cert, tls_key, tls_ca),
         )
     except KVPoolError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -18,12 +18,14 @@ import click
 import msgspec
 
 from kvpool.cli.params import Duration, MasterAddress, Name
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.client.leader import LeaderFollower, check_master, parse_master
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import HaStatus, HaStatusReply, Response, Stats, StatsReply
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.tls import TlsConfig
 
 __all__ = ["render_table", "stats_to_dict", "status"]
 
@@ -186,6 +188,7 @@ def render_table(address: str, reply: StatsReply) -> str:
     help="File whose first line is the token to prove to a master with --auth-file "
     "[default: $KVPOOL_AUTH_TOKEN].",
 )
+@tls_options
 def status(
     *,
     address: str,
@@ -195,10 +198,14 @@ def status(
     watch: bool = False,
     interval: float = 2.0,
     token_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
 ) -> None:
     """Show the segments, clients and objects of the pool whose master is at --master."""
+    tls = tls_config(tls_cert, tls_key, tls_ca)
     if not watch:
-        _show(address, cluster_id, as_json, timeout, token_file)
+        _show(address, cluster_id, as_json, timeout, token_file, tls=tls)
         return
     try:
         while True:
@@ -206,7 +213,7 @@ def status(
                 click.clear()
                 click.echo(f"{time.strftime('%H:%M:%S')}  every {interval:g}s (Ctrl-C stops)")
             try:
-                _show(address, cluster_id, as_json, timeout, token_file)
+                _show(address, cluster_id, as_json, timeout, token_file, tls=tls)
             except click.ClickException as exc:  # the master may come back: keep watching
                 click.echo(f"error: {exc.message}", err=True)
             sys.stdout.flush()
@@ -216,7 +223,13 @@ def status(
 
 
 def _show(
-    address: str, cluster_id: str, as_json: bool, timeout: float, token_file: str | None
+    address: str,
+    cluster_id: str,
+    as_json: bool,
+    timeout: float,
+    token_file: str | None,
+    *,
+    tls: TlsConfig | None = None,
 ) -> None:
     master = address
     try:
@@ -238,6 +251,7 @@ def _show(
             timeout=timeout,
             client_name="kvpool-status",
             token=client_token(None, token_file),
+            tls=tls.client_context() if tls is not None else None,
         ) as rpc:
             reply = rpc.call_as(Stats(), StatsReply)
             ha = rpc.call_as(HaStatus(), HaStatusReply)

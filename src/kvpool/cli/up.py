@@ -19,13 +19,16 @@ import click
 from kvpool.cli.params import Duration, Name, Size
 from kvpool.cli.status import render_table
 from kvpool.cli.tiers import node_tier_options
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.client.node import MIN_SEGMENT_SIZE
 from kvpool.client.validation import check_segment_size
 from kvpool.config import format_size
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import Response, Stats, StatsReply
+from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.tls import TlsConfig
 
 __all__ = ["status_line", "up"]
 
@@ -73,6 +76,23 @@ def status_line(address: str, reply: StatsReply) -> str:
     help="Status line refresh period.",
 )
 @node_tier_options
+@click.option(
+    "--auth-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="The master's tokens (as `kvpool master --auth-file`); the node and the status line "
+    "prove the token of --token-file.",
+)
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="File whose first line is the token (a node or admin one) the node and the status "
+    "line prove [default: $KVPOOL_AUTH_TOKEN].",
+)
+@tls_options
 def up(
     *,
     segment_size: int,
@@ -82,8 +102,27 @@ def up(
     refresh: float,
     offload_dir: tuple[str, ...],
     offload_size: int,
+    auth_file: str | None = None,
+    token_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
 ) -> None:
     """Run a master and one node here until Ctrl-C."""
+    # -- credentials and TLS: the master's files, the token and files its children prove
+    token = client_token(None, token_file)
+    if auth_file is not None and token is None:
+        raise click.UsageError(
+            "--auth-file: the node needs a token too (--token-file or $KVPOOL_AUTH_TOKEN)"
+        )
+    tls = tls_config(tls_cert, tls_key, tls_ca)
+    if tls is not None and not (tls.cert and tls.ca):
+        raise click.UsageError("TLS: kvpool up needs --tls-cert, --tls-key and --tls-ca")
+    secure: tuple[str, ...] = ()
+    if tls is not None:
+        secure = ("--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca)
+    auth_master = ("--auth-file", auth_file) if auth_file is not None else ()
+    auth_node = ("--token-file", token_file) if token_file is not None else ()
     try:
         size = check_segment_size(segment_size, "--segment-size")
     except KVPoolError as exc:
@@ -106,6 +145,8 @@ def up(
         dirs = tuple(a for d in offload_dir for a in ("--offload-dir", d))
         node_args = (*dirs, "--offload-size", str(offload_size))
         master_args = ("--offload-policy", "on-evict")
+    master_args += auth_master + secure
+    node_args += auth_node + secure
     pool = EmbeddedPool(
         PoolSpec(
             segment_size=size,
@@ -124,7 +165,7 @@ def up(
             raise click.ClickException(str(exc)) from exc
         click.echo(f'kvpool is up: connect with kvpool.Store(master="{address}")')
         click.echo(f"listening on {address}")
-        healthy = _watch(pool, address, period, stop)
+        healthy = _watch(pool, address, period, stop, token=token, tls=tls)
     finally:
         pool.close()
     if not healthy:
@@ -136,11 +177,25 @@ def _without_uptime(line: str) -> str:
     return re.sub(r"up \d+ s", "", line)
 
 
-def _watch(pool: EmbeddedPool, address: str, period: float, stop: threading.Event) -> bool:
+def _watch(
+    pool: EmbeddedPool,
+    address: str,
+    period: float,
+    stop: threading.Event,
+    *,
+    token: bytes | None = None,
+    tls: TlsConfig | None = None,
+) -> bool:
     """Redraw the status line until `stop`; False when a process of the pool died."""
     tty = sys.stdout.isatty()
     last = ""
-    with RpcClient(address, response_type=Response, timeout=max(period, 2.0)) as rpc:
+    with RpcClient(
+        address,
+        response_type=Response,
+        timeout=max(period, 2.0),
+        token=token,
+        tls=tls.client_context() if tls is not None else None,
+    ) as rpc:
         while not stop.wait(period):
             if not pool.alive():
                 return False

@@ -119,6 +119,14 @@ class StoreConfig:
     `flush()` or `close()`: `kvpool.client.pending`)."""
     metrics: bool = False
     """Count hits, misses, bytes and latency by path (`kvpool.client.metrics`; off: no cost)."""
+    tls_ca: str = ""
+    """PEM CA bundle: TLS on every TCP connection of this Store, servers verified with it
+    (`kvpool.rpc.tls`); "" reads $KVPOOL_TLS_CA; none: plain TCP."""
+    tls_cert: str = ""
+    """PEM certificate this Store presents (mutual TLS, and its segment's transfer server);
+    "" reads $KVPOOL_TLS_CERT."""
+    tls_key: str = ""
+    """The private key of `tls_cert`; "" reads $KVPOOL_TLS_KEY."""
 
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
@@ -150,7 +158,7 @@ class StoreConfig:
                     f"got {value!r:.80}"
                 )
         object.__setattr__(self, "cluster_id", check_master(self.master, self.cluster_id))
-        for name in ("token", "token_file"):
+        for name in ("token", "token_file", "tls_ca", "tls_cert", "tls_key"):
             if not isinstance(getattr(self, name), str):
                 raise InvalidParams(f"{name}: expected a str")
         if not isinstance(self.verify_checksum, bool):

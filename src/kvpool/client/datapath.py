@@ -376,7 +376,12 @@ class DataPath:
         self._resolving: dict[str, _Resolve] = {}
         """Names being asked of the master now, each by one thread (see `resolve`)."""
         self._loc_lock = threading.Lock()  # guards both dicts
-        self.engine = TransferEngine(self.resolve, protocol=protocol)
+        self.engine = TransferEngine(
+            self.resolve,
+            protocol=protocol,
+            data_key=lambda: node.rpc.data_key,
+            tls=node.tls_client,
+        )
         self._helper = _CopyHelper()
 
     def close(self) -> None:

@@ -79,6 +79,7 @@ from kvpool.protocol.messages import (
     UnmountSegment,
 )
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.tls import TlsConfig
 from kvpool.transfer.hostid import host_id
 from kvpool.transfer.memory import SegmentMemory
 from kvpool.transfer.server import TransferServer
@@ -266,9 +267,15 @@ class NodeRuntime:
         name: str = "kvpool-client",
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         token: bytes | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         url = parse_master(master)
         self._token = token
+        #: TLS of this process's TCP connections (`kvpool.rpc.tls`; None: plain): the client
+        #: side of the RPC and the transfers, and the server side of its transfer server.
+        self.tls = tls
+        self.tls_client = tls.client_context() if tls is not None else None
+        self._tls_server = tls.server_context() if tls is not None and tls.cert else None
         cluster_id = check_master(master, cluster_id)
         self.master = master
         self.host = host
@@ -327,6 +334,7 @@ class NodeRuntime:
                 client_name=self.name,
                 timeout=self._rpc_timeout,
                 token=self._token,
+                tls=self.tls_client,
             )
         return RpcClient(
             self.master,
@@ -335,6 +343,7 @@ class NodeRuntime:
             client_name=self.name,
             timeout=self._rpc_timeout,
             token=self._token,
+            tls=self.tls_client,
         )
 
     # -------------------------------------------------------------- lifecycle
@@ -438,7 +447,15 @@ class NodeRuntime:
         with self._lock:
             self.check_open()
             if self._server is None:
-                self._server = TransferServer(host=self.host, port=0)
+                # With credentials, peers prove the key the master handed us (docs/security.md).
+                if self.tls is not None and self._tls_server is None:
+                    raise InvalidParams("TLS: serving a segment needs tls_cert and tls_key")
+                self._server = TransferServer(
+                    host=self.host,
+                    port=0,
+                    data_key=lambda: self.rpc.data_key,
+                    tls=self._tls_server,
+                )
             server = self._server
             name = SegmentName(f"{server.endpoint}/{next(self._numbers)}")
             if path is None:

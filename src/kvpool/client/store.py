@@ -77,6 +77,7 @@ from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply, TenantId
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.tls import TlsConfig
 
 __all__ = [
     "DEFAULT_TRANSFER_TIMEOUT_S",
@@ -127,7 +128,8 @@ class Store:
     `protocol` ("auto", "shm" or "tcp"), `verify_checksum`, `rpc_timeout`, `transfer_timeout`,
     `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout` (seconds),
     `token` / `token_file` (the credential for a master with an auth file; else
-    $KVPOOL_AUTH_TOKEN).
+    $KVPOOL_AUTH_TOKEN), `tls_ca` / `tls_cert` / `tls_key` (TLS on every TCP connection;
+    else $KVPOOL_TLS_*).
     `master` is "host:port", or `etcd://HOST:PORT[,...]/CLUSTER_ID` to follow the leader of a
     highly available cluster (`kvpool.client.leader`). `Store.from_config`
     takes a `StoreConfig` instead.
@@ -160,6 +162,9 @@ class Store:
         hot_cache_size: int | str = 0,
         write_mode: str = "wait",
         metrics: bool = False,
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         self._closed = True  # until fully set up, so close() from a failed __init__ is safe
         config = StoreConfig(
@@ -187,6 +192,9 @@ class Store:
             write_mode=cast(WriteMode, write_mode),
             hot_cache_size=parse_size(hot_cache_size, name="hot_cache_size"),
             metrics=metrics,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._setup(config)
 
@@ -219,6 +227,7 @@ class Store:
             name="kvpool-store",
             failover_timeout=config.failover_timeout,
             token=client_token(config.token, config.token_file),
+            tls=TlsConfig.resolve(config.tls_cert, config.tls_key, config.tls_ca),
         )
         try:
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)

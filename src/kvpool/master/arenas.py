@@ -240,7 +240,7 @@ class ArenaPath:
                     out.append(OBJECT_ALREADY_EXISTS)
                     continue
             if plan.quota is not None and not admits(
-                plan, size, old.size if old is not None else 0
+                plan, size, old.size if old is not None else 0, old
             ):
                 out.append(TENANT_QUOTA_EXCEEDED)
                 continue

@@ -168,6 +168,13 @@ class MasterConfig:
     tenant_quota_file: str = ""
     """Mooncake-format tenant quota policy (`kvpool.master.quota`; reloaded on SIGHUP); "":
     no quotas."""
+    tls_cert: str = ""
+    """PEM certificate of the TCP listener (`kvpool.rpc.tls`); "": plain TCP."""
+    tls_key: str = ""
+    """The private key of `tls_cert`."""
+    tls_ca: str = ""
+    """PEM CA bundle: clients must present a certificate it signed (mutual TLS); an HA
+    standby verifies its leader with it."""
 
     tiers: TierConfig = field(default_factory=TierConfig)
     """Offload to node disk tiers and promotion on hit (`tier_config.py`)."""

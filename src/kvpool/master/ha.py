@@ -112,6 +112,8 @@ NO_WAIT: frozenset[type[Any]] = frozenset(
     }
 )
 _TICK_S = 0.01
+#: How often a master with `--tenant-quota-file etcd` reads the policy (`_poll_quotas`).
+_QUOTA_POLL_S = 1.0
 
 
 class InSyncRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -186,6 +188,7 @@ class HaMasterServer(MasterServer):
         self._published: frozenset[str] | None = None
         self._publishing = False
         self._ineligible_logged = float("-inf")
+        self._quota_due = 0.0  # when `_poll_quotas` reads etcd next
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -218,6 +221,7 @@ class HaMasterServer(MasterServer):
             self.copy,
             self._leader_to_follow,
             token=None if self.credentials is None else self.credentials.first_admin_token(),
+            tls=self.tls.client_context() if self.tls is not None and self.tls.ca else None,
         )
         self.election.start()
         self.membership.start()
@@ -325,6 +329,27 @@ class HaMasterServer(MasterServer):
         if self._source is not None:
             self._source.tick()
             await self._publish_in_sync()
+        await self._poll_quotas()
+
+    async def _poll_quotas(self) -> None:
+        """`--tenant-quota-file etcd`: read `/kvpool/<cluster>/quota` at most once a second
+        and apply a new revision (`kvpool.master.quota.TenantQuotas.apply`)."""
+        quotas, gateway, keys = self.quotas, self._gateway, self._keys
+        now = time.monotonic()
+        if quotas is None or not quotas.etcd or gateway is None or keys is None:
+            return
+        if now < self._quota_due:
+            return
+        self._quota_due = now + _QUOTA_POLL_S
+        key = keys.prefix + b"quota"
+        try:
+            kv, _ = await asyncio.to_thread(gateway.get, key)
+        except (KVPoolError, OSError) as exc:
+            log.debug("tenant quotas: etcd read failed: %s", exc)
+            return
+        quotas.apply(
+            None if kv is None else kv.value, 0 if kv is None else kv.mod_revision, key.decode()
+        )
 
     # ------------------------------------------------------------------ the in-sync record
 

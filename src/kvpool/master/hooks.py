@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from kvpool.master.config import MasterConfig
     from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+    from kvpool.master.quota import TenantQuotas
 
 __all__ = ["NoopReclaimHooks", "ReclaimHooks", "ReclaimTarget"]
 
@@ -132,6 +133,11 @@ class ReclaimTarget(Protocol):
         """Bytes of the largest free block of any serving segment (what a move can take)."""
         ...
 
+    @property
+    def quotas(self) -> TenantQuotas | None:
+        """The tenant quotas in force (None: none); fair share applies only with them."""
+        ...
+
 
 class ReclaimHooks(Protocol):
     """What the service tells reclaim; see the module docstring for when each is called."""
@@ -158,6 +164,12 @@ class ReclaimHooks(Protocol):
 
     def reclaim_for(self, bytes_needed: int) -> int:
         """Free at least `bytes_needed` if possible; answer the bytes actually freed."""
+        ...
+
+    def reclaim_tenant(self, tenant: str, bytes_needed: int, keep: ObjectMeta | None) -> int:
+        """A put over its tenant's quota: evict that tenant's own unpinned objects (never
+        `keep`) until `bytes_needed` of its usage is freed, if possible; answer the usage
+        freed (`kvpool.master.reclaim.tenants`)."""
         ...
 
     def reclaim_range(self, size: int) -> int:
@@ -196,6 +208,9 @@ class NoopReclaimHooks:
         pass
 
     def reclaim_for(self, bytes_needed: int) -> int:
+        return 0
+
+    def reclaim_tenant(self, tenant: str, bytes_needed: int, keep: ObjectMeta | None) -> int:
         return 0
 
     def reclaim_range(self, size: int) -> int:

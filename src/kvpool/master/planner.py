@@ -25,6 +25,7 @@ knows its own claim succeeds, so a refused request leaves everything as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 from kvpool.codes import INVALID_PARAMS, OK
@@ -131,7 +132,7 @@ class PutPlan:
 class PutPlanner:
     """Validates puts and rules on claims; changes nothing."""
 
-    __slots__ = ("_clients", "_config", "_discard", "_index", "_random", "quotas")
+    __slots__ = ("_clients", "_config", "_discard", "_index", "_random", "quotas", "reclaim_tenant")
 
     def __init__(
         self,
@@ -147,6 +148,9 @@ class PutPlanner:
         self._discard = config.put_start_discard_timeout
         #: The tenant quotas in force (None: none; `kvpool.master.quota`).
         self.quotas: TenantQuotas | None = None
+        #: Evicts a tenant's own objects for a put over its quota (`ReclaimHooks.reclaim_tenant`;
+        #: None: the put is refused at once).
+        self.reclaim_tenant: Callable[[str, int, ObjectMeta | None], int] | None = None
 
     def plan(
         self, client_id: ClientId, tenant: TenantId, cfg: ReplicateConfigMsg, n: int
@@ -174,14 +178,22 @@ class PutPlanner:
                 plan.quota = self.quotas.limit(tenant)
         return plan
 
-    def admits(self, plan: PutPlan, size: int, replaces: int = 0) -> bool:
-        """Whether a put of `size` bytes (replacing an object of `replaces` bytes) keeps its
-        tenant within its quota; callers test `plan.quota is not None` first."""
+    def admits(
+        self, plan: PutPlan, size: int, replaces: int = 0, keep: ObjectMeta | None = None
+    ) -> bool:
+        """Whether a put of `size` bytes (replacing an object of `replaces` bytes, `keep`)
+        keeps its tenant within its quota, after evicting the tenant's own objects when
+        reclaim can (`reclaim_tenant`); callers test `plan.quota is not None` first."""
         quota = plan.quota
         if quota is None:
             return True
-        used = self._index.tenant_bytes.get(plan.tenant, 0)
-        return used - replaces + size <= quota
+        over = self._index.tenant_bytes.get(plan.tenant, 0) - replaces + size - quota
+        if over <= 0:
+            return True
+        if self.reclaim_tenant is None or size - replaces > quota:
+            return False
+        self.reclaim_tenant(plan.tenant, over, keep)
+        return self._index.tenant_bytes.get(plan.tenant, 0) - replaces + size <= quota
 
     def finish(self, plan: PutPlan) -> None:
         """After the request of `plan`: a tenant made for it that holds nothing is dropped

@@ -69,6 +69,7 @@ from kvpool.protocol.messages import (
     SegmentName,
 )
 from kvpool.rpc.server import Connection, RpcServer
+from kvpool.rpc.tls import TlsConfig
 
 __all__ = ["MasterServer"]
 
@@ -102,6 +103,12 @@ class MasterServer:
         durable = self.service.durable
         #: The auth file's tokens (None: no credentials; every request is served as before).
         self.credentials = Credentials(self.config.auth_file) if self.config.auth_file else None
+        #: TLS of the TCP listener (None: plain; `kvpool.rpc.tls`).
+        self.tls = (
+            TlsConfig(self.config.tls_cert, self.config.tls_key, self.config.tls_ca)
+            if self.config.tls_cert
+            else None
+        )
         #: Segment ownership checks made with or without credentials (`kvpool.master.guard`).
         self.guard = SegmentGuard(lambda: self.service.segments)
         handler = self.guard.guard(self._rpc_handler())
@@ -126,6 +133,7 @@ class MasterServer:
             max_connections_per_peer=self.config.rpc_max_connections_per_peer,
             term=term,
             tokens=None if self.credentials is None else self.credentials.tokens,
+            tls=self.tls.server_context() if self.tls is not None else None,
         )
         del durable
         self._tasks: list[asyncio.Task[None]] = []

@@ -132,6 +132,8 @@ class MasterService:
         planner = self._planner = PutPlanner(
             self._config, core.index, core.clients, core.placement.strategy
         )
+        # A put over quota first evicts its tenant's own objects (cache mode, reclaim on).
+        planner.reclaim_tenant = self._hooks.reclaim_tenant
         self._writes = WritePath(core, planner, self._tasks)
         self._reads = ReadPath(core)
         self._tiers = TierManager(core, self._tasks, self._config.tiers)
@@ -348,6 +350,11 @@ class MasterService:
 
     def stats(self, req: Stats) -> StatsReply:
         return self._admin.stats(req)
+
+    @property
+    def quotas(self) -> TenantQuotas | None:
+        """The tenant quotas in force (None: none)."""
+        return self._planner.quotas
 
     def set_quotas(self, quotas: TenantQuotas | None) -> None:
         """Apply `quotas` to every put from now on (None: no limits); `kvpool.master.quota`."""

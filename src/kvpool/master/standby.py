@@ -20,6 +20,7 @@ import asyncio
 import gc
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -230,9 +231,12 @@ class Follower:
         poll_ms: int = 500,
         timeout: float = 5.0,
         token: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         #: The token proven to a leader that has credentials (the first admin token).
         self.token = token
+        #: TLS to the leader's listener (`kvpool.rpc.tls`; None: plain).
+        self.tls = tls
         self.member_id = member_id
         self.cluster_id = cluster_id
         self.copy = copy
@@ -284,6 +288,7 @@ class Follower:
                 client_name=f"standby-{self.member_id}",
                 timeout=self._timeout,
                 token=self.token,
+                tls=self.tls,
             )
             self._address = address
         return self._client

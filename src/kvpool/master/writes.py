@@ -143,7 +143,7 @@ class WritePath:
         # object) of the key as it was. Clearing it frees nothing that allocating could use:
         # a preempted write's ranges stay parked, a dead object's sit on unmounted segments.
         if plan.quota is not None and not self._planner.admits(
-            plan, size, old.size if old is not None else 0
+            plan, size, old.size if old is not None else 0, old
         ):
             return PutStartReply(TENANT_QUOTA_EXCEEDED)
         replicas = self._allocate(size, plan)
@@ -226,7 +226,7 @@ class WritePath:
             # its owner cannot be written now, and the old bytes there must not come back
             # under the new checksum.)
             fresh = None
-        elif plan.quota is not None and not self._planner.admits(plan, size, obj.size):
+        elif plan.quota is not None and not self._planner.admits(plan, size, obj.size, obj):
             return PutStartReply(TENANT_QUOTA_EXCEEDED)
         else:
             # Case C (and a same-size rewrite under a live read lease, which must not write

@@ -101,6 +101,8 @@ class Welcome(msgspec.Struct, tag=True, frozen=True):
     #: The tenant and role of the token the connection proved ("" without credentials).
     tenant: _Name = ""
     role: _Name = ""
+    #: The data-plane key, wrapped for this connection (`kvpool.rpc.auth.wrap_data_key`).
+    data_key: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class Proof(msgspec.Struct, tag=True, frozen=True):

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Any, Final, TypeVar, Union, cast
 
@@ -181,10 +182,13 @@ class AsyncRpcClient:
         protocol_version: int = PROTOCOL_VERSION,
         unix: bool = True,
         token: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         #: The token proven when the server challenges (None: none; a challenge then fails).
         self.token = token
+        #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
         #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
@@ -410,7 +414,11 @@ class AsyncRpcClient:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await loop.create_connection(
-                lambda: _Protocol(self, loop), self._host, self._port
+                lambda: _Protocol(self, loop),
+                self._host,
+                self._port,
+                ssl=self.tls,
+                server_hostname=self._host if self.tls is not None else None,
             )
         except OSError as exc:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc

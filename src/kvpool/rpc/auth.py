@@ -8,10 +8,20 @@ table's contents in one assignment (a reload on SIGHUP): connections already pro
 principal they proved, new ones meet the new tokens.
 
 `client_token` reads the token a client presents, with the precedence explicit > file > env.
+
+The data key (docs/security.md, "Data plane"): the secret a node's transfer server makes every
+connection prove (`kvpool.transfer.proof`). Each master derives it from its table
+(`TokenTable.data_key`: an HMAC over the admin tokens, or over every token when none is
+admin, bound to the cluster id), so the masters of an HA group, which read one auth file,
+agree on it. The server hands it to every proven connection in its second `Welcome`, wrapped
+(`wrap_data_key`: XOR with an HMAC of the connection's token and nonce, so it never crosses
+the wire in clear and a recorded Welcome is worthless without the token); the client unwraps
+it (`unwrap_data_key`) and proves it to transfer servers; a node's server checks it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
@@ -31,10 +41,13 @@ __all__ = [
     "Role",
     "TokenTable",
     "client_token",
+    "unwrap_data_key",
 ]
 
 #: The environment variable a client reads its token from when given none otherwise.
 TOKEN_ENV: Final = "KVPOOL_AUTH_TOKEN"
+_DATA_KEY_DOMAIN: Final = b"kvpool-data-key-v1\0"
+_DATA_WRAP_DOMAIN: Final = b"kvpool-data-wrap-v1"
 #: Shortest token accepted: a token is a shared secret, and a short one is guessed offline
 #: from one recorded proof.
 MIN_TOKEN_BYTES: Final = 16
@@ -83,6 +96,24 @@ class TokenTable:
                 raise InvalidParams(f"a token of tenant {principal.tenant!r} is listed twice")
             table[kid] = (token, Principal(principal.tenant, principal.role, kid.hex()[:12]))
         self._by_id = table
+        admins = sorted(t for t, p in table.values() if p.role is Role.ADMIN)
+        material = admins or sorted(t for t, _ in table.values())
+        self._data_secret = hashlib.sha256(b"\0".join([_DATA_KEY_DOMAIN, *material])).digest()
+
+    def data_key(self, cluster_id: str) -> bytes:
+        """The data-plane key of `cluster_id` (see the module docstring): the same for every
+        table of the same admin tokens (or, without admins, of the same tokens)."""
+        return hmac.new(self._data_secret, cluster_id.encode(), hashlib.sha256).digest()
+
+    def wrap_data_key(
+        self, key_id: bytes, nonce: bytes, cluster_id: str, client_name: str
+    ) -> bytes:
+        """The data key as the connection that proved token `key_id` for `nonce` gets it."""
+        entry = self._by_id.get(key_id)
+        if entry is None:
+            return b""
+        pad = _wrap_pad(entry[0], nonce, cluster_id, client_name)
+        return bytes(a ^ b for a, b in zip(self.data_key(cluster_id), pad, strict=True))
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -135,3 +166,19 @@ def client_token(
         return text.splitlines()[0].strip().encode()
     value = (env("AUTH_TOKEN") or "").strip()  # TOKEN_ENV
     return value.encode() if value else None
+
+
+def _wrap_pad(token: bytes, nonce: bytes, cluster_id: str, client_name: str) -> bytes:
+    msg = b"\0".join((_DATA_WRAP_DOMAIN, nonce, cluster_id.encode(), client_name.encode()))
+    return hmac.new(token, msg, hashlib.sha256).digest()
+
+
+def unwrap_data_key(
+    wrapped: bytes, token: bytes, nonce: bytes, cluster_id: str, client_name: str
+) -> bytes | None:
+    """The data key a `Welcome` carried (`TokenTable.wrap_data_key`), or None when it carried
+    none (a server without credentials, or of an older version)."""
+    if len(wrapped) != hashlib.sha256().digest_size:
+        return None
+    pad = _wrap_pad(token, nonce, cluster_id, client_name)
+    return bytes(a ^ b for a, b in zip(wrapped, pad, strict=True))

@@ -43,6 +43,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -87,7 +88,9 @@ from kvpool.protocol.handshake import (
     token_key_id,
 )
 from kvpool.protocol.invalidation import PUSH_REQUEST_ID
+from kvpool.rpc.auth import unwrap_data_key
 from kvpool.rpc.server import union_members
+from kvpool.rpc.tls import TlsStream
 
 __all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
 
@@ -166,6 +169,7 @@ class _Conn:
         "send_lock",
         "sleepers",
         "sock",
+        "tls",
         "transport",
     )
 
@@ -178,9 +182,12 @@ class _Conn:
     ) -> None:
         # A blocking socket with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO) rather than
         # Python's settimeout(): in timeout mode CPython polls before every recv and send,
-        # a large share of a lock-step round trip (docs/parts/perf-rpc.md).
-        sock.settimeout(None)
-        _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
+        # a large share of a lock-step round trip (docs/parts/perf-rpc.md). TLS goes through a
+        # `TlsStream` instead: non-blocking, one ssl call at a time (`kvpool.rpc.tls`).
+        self.tls = TlsStream(sock) if isinstance(sock, ssl.SSLSocket) else None
+        if self.tls is None:
+            sock.settimeout(None)
+            _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
         self.sock = sock
         self.decoder = decoder
         self.transport: Transport = transport
@@ -234,10 +241,13 @@ class RpcClient:
         idle_check_after: float = 0.1,
         unix: bool = True,
         token: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         #: The token proven when the server challenges (None: none; a challenge then fails).
         self.token = token
+        #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         self._host, self._port = parse_address(address)
         self.timeout = float(_check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
@@ -273,6 +283,8 @@ class RpcClient:
         self.server_name = ""
         #: The tenant and role of the token the server accepted ("" without credentials).
         self.auth_tenant = self.auth_role = ""
+        #: The data-plane key the master handed this client (None: no credentials).
+        self.data_key: bytes | None = None
         #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
         self.server_term = 0
         #: The highest leader term seen (set by the caller from discovery too): a server whose
@@ -451,7 +463,13 @@ class RpcClient:
             conn.reading = True
         try:
             try:
-                data = conn.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+                if conn.tls is not None:  # (an SSLSocket takes no recv flags)
+                    got = conn.tls.recv(_RECV_BYTES, 0.0)
+                    if got is None:
+                        return
+                    data = got
+                else:
+                    data = conn.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
                 if not data:
                     raise ConnectionResetError("closed by the server")
                 frames = conn.decoder.feed(data)
@@ -594,7 +612,8 @@ class RpcClient:
                 # Nothing yet means alive. EOF, an error, or data although nothing is pending
                 # (a server's parting ErrorReply as it closes an idle connection; at worst a
                 # late reply to a call that timed out) means: start a fresh connection.
-                conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                # (socket.socket's recv: an SSLSocket takes no flags; raw bytes tell as well)
+                socket.socket.recv(conn.sock, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 closed = True
             except BlockingIOError:
                 closed = False
@@ -633,6 +652,11 @@ class RpcClient:
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the TLS handshake, within the connect deadline
+                sock = self.tls.wrap_socket(sock, server_hostname=self._host)
+        except TimeoutError as exc:
+            sock.close()
+            raise RpcError(f"TLS with {self.address} timed out", ErrorCode.RPC_TIMEOUT) from exc
         except OSError as exc:
             sock.close()
             raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
@@ -727,6 +751,7 @@ class RpcClient:
                 if not welcome.challenge:
                     break
                 proof = self._proof(welcome.challenge, where)
+                nonce = welcome.challenge
                 welcome = self._exchange(
                     sock,
                     decoder=decoder,
@@ -735,6 +760,11 @@ class RpcClient:
                     where=where,
                     message=proof,
                 )
+                if self.token is not None:  # the data-plane key (kvpool.rpc.auth)
+                    key = unwrap_data_key(
+                        welcome.data_key, self.token, nonce, self.cluster_id, self.client_name
+                    )
+                    self.data_key = key if key is not None else self.data_key
             else:
                 raise RpcError(f"{where} challenged the proof of its own challenge")
         except FrameError as exc:
@@ -827,7 +857,10 @@ class RpcClient:
     def _send(self, conn: _Conn, data: bytes) -> None:
         try:
             with conn.send_lock:
-                conn.sock.sendall(data)
+                if conn.tls is not None:
+                    conn.tls.sendall(data, self.timeout)
+                else:
+                    conn.sock.sendall(data)
         except OSError as exc:
             # A partial frame may have gone out: the stream is unusable either way.
             err = RpcError(f"sending to {self.address} failed: {exc}")
@@ -875,11 +908,18 @@ class RpcClient:
                     return
                 # Reset the kernel timeout only when it would wake us far too late or far too
                 # early, so the lock-step path usually makes no extra syscall.
-                if not remaining <= conn.recv_timeout <= remaining * 1.25 + 0.002:
+                tls = conn.tls
+                if tls is None and not remaining <= conn.recv_timeout <= remaining * 1.25 + 0.002:
                     _set_kernel_timeout(sock, socket.SO_RCVTIMEO, remaining)
                     conn.recv_timeout = remaining
                 try:
-                    data = sock.recv(_RECV_BYTES)
+                    if tls is not None:
+                        got = tls.recv(_RECV_BYTES, remaining)
+                        if got is None:
+                            continue  # nothing yet: the loop checks the deadline
+                        data = got
+                    else:
+                        data = sock.recv(_RECV_BYTES)
                     if not data:
                         raise ConnectionResetError("closed by the server")
                     frames = feed(data)

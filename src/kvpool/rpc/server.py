@@ -56,6 +56,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 import types
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, NewType, Union, cast, get_args, get_origin
@@ -361,18 +362,22 @@ class Connection(asyncio.Protocol):
             self._refuse(request_id, ErrorCode.UNAUTHENTICATED, "authentication failed")
             return False
         self.principal = principal
-        self._admitted(principal)
+        assert proof is not None
+        key = tokens.wrap_data_key(proof.key_id, nonce, server.cluster_id, self.client_name)
+        self._admitted(principal, key)
         return True
 
-    def _admitted(self, principal: Principal | None = None) -> None:
+    def _admitted(self, principal: Principal | None = None, data_key: bytes = b"") -> None:
         self.handshaken = True
         self._decoder.max_frame_bytes = self._server.max_frame_bytes
         if principal is None:
             self._welcome()
         else:
-            self._welcome(tenant=principal.tenant, role=principal.role.value)
+            self._welcome(tenant=principal.tenant, role=principal.role.value, data_key=data_key)
 
-    def _welcome(self, *, challenge: bytes = b"", tenant: str = "", role: str = "") -> None:
+    def _welcome(
+        self, *, challenge: bytes = b"", tenant: str = "", role: str = "", data_key: bytes = b""
+    ) -> None:
         server = self._server
         self._out.append(
             server._encoder.encode(
@@ -386,6 +391,7 @@ class Connection(asyncio.Protocol):
                     challenge,
                     tenant,
                     role,
+                    data_key,
                 ),
             )
         )
@@ -549,6 +555,7 @@ class RpcServer:
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         term: Callable[[], int] | None = None,
         tokens: TokenTable | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -593,6 +600,8 @@ class RpcServer:
         self.tokens = tokens
         #: Connections refused for a missing or wrong proof since start.
         self.auth_failures = 0
+        #: TLS of the TCP listener (`kvpool.rpc.tls`; None: plain). The Unix socket stays plain.
+        self.tls = tls
         self.protocol_version = protocol_version
         self.max_frame_bytes = max_frame_bytes
         #: Whether `start()` also listens on an abstract Unix socket.
@@ -648,7 +657,12 @@ class RpcServer:
         # The kernel's queue of connections not yet accepted: asyncio's default (100) makes a
         # burst of connects (a flood, many clients starting at once) wait for SYN retransmits.
         self._server = await loop.create_server(
-            self._new_connection, self.host, self.port, backlog=LISTEN_BACKLOG
+            self._new_connection,
+            self.host,
+            self.port,
+            backlog=LISTEN_BACKLOG,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.handshake_timeout if self.tls is not None else None,
         )
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]

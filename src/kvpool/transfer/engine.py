@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ from kvpool.transfer.memory import (
     open_peer_mapping,
     retry_quarantined,
 )
+from kvpool.transfer.proof import KeySource
 from kvpool.transfer.registration import MemoryRegistry, byte_view, view_at
 from kvpool.transfer.request import TransferOp, TransferRequest
 from kvpool.transfer.shm import ShmTransport
@@ -179,6 +181,8 @@ class TransferEngine:
         liveness_interval: float = 0.1,
         reap_interval: float = 1.0,
         extra_transports: Sequence[Transport] = (),
+        data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if protocol not in ("auto", "shm", "tcp"):
             raise InvalidParams(f"protocol must be 'auto', 'shm' or 'tcp', got {protocol!r}")
@@ -207,6 +211,8 @@ class TransferEngine:
             # peer fails a request in seconds; `timeout` still bounds each request as a whole.
             io_timeout=min(stall_timeout, timeout),
             on_peer_failure=self._forget_endpoint,
+            data_key=data_key,
+            tls=tls,
         )
         self._transports: list[Transport] = [self._shm, self._tcp, *extra_transports]
         self.registry = MemoryRegistry(self._transports)

@@ -17,7 +17,7 @@ Threads, bounded whatever peers do (docs/parts/limits.md):
 
 A request that moves no byte for ``stall_timeout`` ends its connection: a frozen or vanished
 client holds a worker for seconds. A request header that arrives in part never holds one: its
-bytes go back to the poller with the connection (`_Conn.partial`) until the rest comes, and the
+bytes go back to the poller with the connection (`Conn.partial`) until the rest comes, and the
 connection is closed once the header is incomplete for ``stall_timeout`` (slowloris). Every request is checked against the bounds of a segment
 mounted here and refused otherwise (SEGMENT_NOT_FOUND / INVALID_PARAMS) without serving a byte.
 A malformed header, a peer that half-closes or dies mid-payload ends only that connection;
@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
 import logging
 import os
 import queue
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -45,7 +47,17 @@ from kvpool.fdlimit import connection_cap
 from kvpool.logs import RateLimitedLog
 from kvpool.transfer.limits import ServerLimits, default_limits
 from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.proof import (
+    CHALLENGE,
+    CHALLENGE_MAGIC,
+    HELLO,
+    NONCE_BYTES,
+    PROOF,
+    KeySource,
+    data_proof,
+)
 from kvpool.transfer.request import TransferOp
+from kvpool.transfer.serving import Conn, PendingWrite, ServeCounters, Worker, kernel_timeout
 from kvpool.transfer.wire import (
     MAX_NAME,
     REQ,
@@ -53,7 +65,6 @@ from kvpool.transfer.wire import (
     RESP,
     RESP_MAGIC,
     SocketReader,
-    send_parts,
 )
 
 __all__ = ["ServeCounters", "TransferServer"]
@@ -69,130 +80,20 @@ _WRITE: Final = int(TransferOp.WRITE)
 _LINGER_S: Final = 0.5
 _TICK_S: Final = 0.02
 _IN: Final = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
-_TIMEVAL: Final = struct.Struct("@ll")
 #: The start of a request header: magic, op, flags, name length.
 _HEAD: Final = struct.Struct("<4sBBH")
 _REFUSED: Final = RESP.pack(RESP_MAGIC, int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS), 0, 0)
-
-
-def _kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
-    whole = int(seconds)
-    sock.setsockopt(
-        socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1_000_000))
-    )
-
-
-class _Replies:
-    """Answers not sent yet, and the segments their READ payloads hold."""
-
-    __slots__ = ("bytes", "grace", "held", "min_rate", "parts", "sock")
-
-    MAX_BYTES: Final = 1 << 20
-    MAX_PARTS: Final = 128
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.parts: list[bytes | memoryview] = []
-        self.held: list[SegmentMemory] = []
-        self.bytes = 0
-        self.min_rate = 0  # the pace rule of `send_parts` (0: none)
-        self.grace = 0.0
-
-    def add(
-        self, header: bytes, payload: memoryview | None = None, mem: SegmentMemory | None = None
-    ) -> None:
-        self.parts.append(header)
-        self.bytes += len(header)
-        if payload is not None:
-            self.parts.append(payload)
-            self.bytes += payload.nbytes
-        if mem is not None:
-            self.held.append(mem)
-        if self.bytes >= self.MAX_BYTES or len(self.parts) >= self.MAX_PARTS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.parts:
-            return
-        try:
-            send_parts(self.sock, self.parts, self.bytes, self.min_rate, self.grace)
-        finally:
-            self.drop()
-
-    def drop(self) -> None:
-        """Forget unsent answers and release what they held (also when the peer is gone)."""
-        for part in self.parts:
-            if isinstance(part, memoryview):
-                part.release()
-        self.parts.clear()
-        self.bytes = 0
-        for mem in self.held:
-            mem.mapping.release()
-        self.held.clear()
-
-
-class _Conn:
-    """One accepted connection: its socket, its peer's IP, when it was last active, and the
-    part of a request header it has sent so far (kept here, not in a worker, while it waits
-    for the rest)."""
-
-    __slots__ = ("fd", "last_active", "partial", "partial_since", "peer", "served", "sock")
-
-    def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.peer = peer
-        self.last_active = now
-        self.served = False  # has sent at least one byte
-        self.partial = b""
-        self.partial_since = 0.0  # when the incomplete header began (0: none)
-
-
-class ServeCounters:
-    """What one worker thread served since it started (plain ints, written by that thread
-    only; `TransferServer.counters` sums them when metrics are read, so serving pays one
-    integer add per count)."""
-
-    __slots__ = ("errors", "read_bytes", "reads", "refused", "stalls", "write_bytes", "writes")
-
-    def __init__(self) -> None:
-        self.reads = 0
-        self.read_bytes = 0
-        self.writes = 0
-        self.write_bytes = 0
-        self.refused = 0
-        """Requests answered with an error (no such segment, out of bounds, malformed)."""
-        self.stalls = 0
-        """Connections closed for moving no byte within the stall timeout (or too slowly)."""
-        self.errors = 0
-        """Connections that ended on a socket error or a failure of the server."""
-
-    def add(self, other: ServeCounters) -> None:
-        for f in ServeCounters.__slots__:
-            setattr(self, f, getattr(self, f) + getattr(other, f))
-
-
-class _Worker:
-    """What one worker thread reuses for every connection it serves (one buffer each, not
-    one per connection: an idle connection holds no buffer)."""
-
-    __slots__ = ("counts", "out", "reader", "scratch")
-
-    def __init__(self, sock: socket.socket, patience: int, limits: ServerLimits) -> None:
-        grace = limits.stall_timeout
-        self.reader = SocketReader(sock, patience=patience, min_rate=limits.min_rate, grace=grace)
-        self.out = _Replies(sock)
-        self.out.min_rate = limits.min_rate
-        self.out.grace = grace
-        self.scratch: memoryview | None = None  # only a refused write needs it
-        self.counts = ServeCounters()
 
 
 class TransferServer:
     """TCP server of the segments added with `add_segment`; listens from construction on.
 
     `limits` bounds what peers may hold (`ServerLimits`; the process default when None);
-    `max_connections`, when given, overrides its total cap (kept for callers of old)."""
+    `max_connections`, when given, overrides its total cap (kept for callers of old).
+    `data_key`, when it returns a key at accept, makes a connection prove that key before it
+    is served (`kvpool.transfer.proof`). `tls` (an `ssl.SSLContext` for servers) wraps every
+    connection; the first worker to serve one makes its TLS handshake (within
+    `stall_timeout`), and the challenge then goes inside TLS."""
 
     def __init__(
         self,
@@ -201,6 +102,8 @@ class TransferServer:
         *,
         max_connections: int | None = None,
         limits: ServerLimits | None = None,
+        data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidParams(f"TransferServer: port {port!r} outside 0..65535")
@@ -208,20 +111,23 @@ class TransferServer:
         if max_connections is not None:
             limits = dataclasses.replace(limits, max_connections=max_connections)
         self.limits = limits
+        self._data_key = data_key
+        #: TLS of every connection (a server context, `kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
         # request); replaced as a whole under the lock, read without it.
         self._by_wire_name: dict[bytes, tuple[SegmentMemory, int]] = {}
         self._lock = threading.Lock()
-        self._conns: dict[int, _Conn] = {}  # every open connection, by fd
-        self._idle: dict[int, _Conn] = {}  # those registered in the epoll (poller's own)
+        self._conns: dict[int, Conn] = {}  # every open connection, by fd
+        self._idle: dict[int, Conn] = {}  # those registered in the epoll (poller's own)
         self._per_peer: dict[str, int] = {}
         self._accepted = 0
         self._refused = 0
         self._counts: list[ServeCounters] = []  # one per worker that served (appended only)
         self._closed = False
-        self._ready: queue.SimpleQueue[_Conn | None] = queue.SimpleQueue()
+        self._ready: queue.SimpleQueue[Conn | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._waiting_workers = 0  # workers blocked on _ready (under _lock)
         self._tick = min(_TICK_S, limits.stall_timeout)
@@ -327,6 +233,7 @@ class TransferServer:
             self._idle.clear()
             self._per_peer.clear()
         for conn in left:
+            conn.release_pending()
             with contextlib.suppress(OSError):
                 conn.sock.close()
         self._epoll.close()
@@ -423,7 +330,7 @@ class TransferServer:
                     why = f"too many connections from {peer} ({n})"
                 else:
                     why = ""
-                    conn = _Conn(sock, peer, now)
+                    conn = Conn(sock, peer, now)
                     self._per_peer[peer] = n + 1
                     self._conns[conn.fd] = conn
                     self._idle[conn.fd] = conn
@@ -440,8 +347,13 @@ class TransferServer:
                 # Kernel timeouts, not settimeout(): no poll() before every call. A receive
                 # wakes every tick (to hand a quiet connection back, or to count a stall); a
                 # send that moves nothing for stall_timeout ends the connection.
-                _kernel_timeout(sock, socket.SO_RCVTIMEO, self._tick)
-                _kernel_timeout(sock, socket.SO_SNDTIMEO, self.limits.stall_timeout)
+                kernel_timeout(sock, socket.SO_RCVTIMEO, self._tick)
+                kernel_timeout(sock, socket.SO_SNDTIMEO, self.limits.stall_timeout)
+                if self.tls is not None:
+                    conn.tls = True  # the handshake (and the challenge) in a worker
+                elif self._data_key is not None and self._data_key() is not None:
+                    conn.nonce = os.urandom(NONCE_BYTES)
+                    sock.send(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce), socket.MSG_DONTWAIT)
                 self._epoll.register(conn.fd, _IN)
             except (OSError, ValueError):
                 self._drop(conn)
@@ -457,13 +369,25 @@ class TransferServer:
     def _sweep(self, now: float) -> None:
         """Close idle connections past their first-request or idle limit."""
         first, idle = self.limits.first_request_timeout, self.limits.idle_timeout
-        expired: list[tuple[_Conn, str]] = []
+        expired: list[tuple[Conn, str]] = []
         stall = self.limits.stall_timeout
         with self._lock:
             for conn in self._idle.values():
                 quiet = now - conn.last_active
+                pending = conn.pending
                 if conn.partial_since and now - conn.partial_since >= stall:
-                    expired.append((conn, f"a request header incomplete for {stall:g} s"))
+                    what = (
+                        "a write's payload"
+                        if pending
+                        else "a TLS handshake"
+                        if conn.tls
+                        else "a request header"
+                    )
+                    expired.append((conn, f"{what} stalled for {stall:g} s"))
+                elif pending and now - pending.started > stall + (
+                    pending.total - pending.left
+                ) / max(1, self.limits.min_rate):
+                    expired.append((conn, "a write's payload slower than the minimum rate"))
                 elif not conn.served and quiet >= first:
                     expired.append((conn, f"no request in {first:g} s"))
                 elif conn.served and quiet >= idle:
@@ -480,7 +404,7 @@ class TransferServer:
             )
             self._drop(conn)
 
-    def _dispatch(self, conn: _Conn) -> None:
+    def _dispatch(self, conn: Conn) -> None:
         """Hand a readable connection to a worker, starting one if none is free."""
         self._ready.put(conn)
         with self._lock:
@@ -501,8 +425,12 @@ class TransferServer:
                     return
                 self._workers.append(thread)
 
-    def _rearm(self, conn: _Conn) -> None:
-        """Give a quiet connection back to the poller."""
+    def _rearm(self, conn: Conn) -> None:
+        """Give a quiet connection back to the poller (or, when its TLS layer holds bytes
+        that epoll cannot see, straight back to the workers)."""
+        if isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+            self._dispatch(conn)
+            return
         conn.last_active = time.monotonic()
         with self._lock:
             if not self._closed and conn.fd in self._conns:
@@ -514,7 +442,7 @@ class TransferServer:
                     self._idle.pop(conn.fd, None)
         self._drop(conn)
 
-    def _drop(self, conn: _Conn) -> None:
+    def _drop(self, conn: Conn) -> None:
         """Forget and close a connection (idempotent)."""
         with self._lock:
             if self._conns.get(conn.fd) is conn:
@@ -528,13 +456,14 @@ class TransferServer:
                 if not self._closed:
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(conn.fd)
+        conn.release_pending()
         with contextlib.suppress(OSError):
             conn.sock.close()
 
     # ---- workers -------------------------------------------------------------------------
 
     def _work(self) -> None:
-        state: _Worker | None = None
+        state: Worker | None = None
         while True:
             with self._lock:
                 self._waiting_workers += 1
@@ -544,16 +473,20 @@ class TransferServer:
             if conn is None:
                 return
             if state is None:
-                state = _Worker(conn.sock, self._patience, self.limits)
+                state = Worker(conn.sock, self._patience, self.limits)
                 self._counts.append(state.counts)
             if self._serve_turn(conn, state):
                 self._rearm(conn)
             else:
                 self._drop(conn)
 
-    def _serve_turn(self, conn: _Conn, w: _Worker) -> bool:
+    def _serve_turn(self, conn: Conn, w: Worker) -> bool:
         """Serve `conn` until it is quiet (True: give it back) or ends (False: close it)."""
         conn.served = True
+        if conn.tls:
+            accepted = self._tls_accept(conn, w.counts)
+            if accepted is not True:
+                return accepted is None  # None: handed back mid-handshake
         w.reader.reset(conn.sock)
         if conn.partial:
             w.reader.preload(conn.partial)
@@ -581,19 +514,25 @@ class TransferServer:
             w.out.drop()
         return False
 
-    def _serve(self, conn: _Conn, w: _Worker) -> bool:
+    def _serve(self, conn: Conn, w: Worker) -> bool:
         """Serve requests until the peer closes (False) or goes quiet (True). Answers to
         requests that arrived together are sent together: they wait in `out` while the next
         request is already buffered, and go out in one `sendmsg` before anything could block
         (a recv, or enough bytes queued)."""
         reader, out = w.reader, w.out
+        if conn.pending is not None and not self._receive(conn, w, conn.pending):
+            return True
         while True:
-            if reader.buffered < self._wanted(reader):
+            if reader.buffered < self._wanted(reader, conn):
                 out.flush()
                 waited = self._await_request(conn, reader)
                 if waited is not None:
                     return waited
             conn.partial_since = 0.0
+            if conn.nonce is not None:
+                if not self._proven(conn, reader.take(len(HELLO) + PROOF.size), w.counts):
+                    return False  # not a byte for a connection that did not prove the key
+                continue
             magic, op, _flags, name_len, req_id, offset, length = REQ.unpack(reader.take(REQ.size))
             if magic != REQ_MAGIC or op not in (_READ, _WRITE) or name_len > MAX_NAME:
                 limited_log.warning(
@@ -611,13 +550,15 @@ class TransferServer:
                     return False
             code, mem = self._check(bytes(reader.take(name_len)), offset, length)
             if mem is None:
-                if op == _WRITE:
+                w.counts.refused += 1
+                if op == _WRITE and length:
+                    # Its payload is drained so the stream stays in step, then it is refused.
                     if reader.buffered < length:
                         out.flush()
-                    if w.scratch is None:
-                        w.scratch = memoryview(bytearray(1 << 16))
-                    reader.discard(length, w.scratch)
-                w.counts.refused += 1
+                    drain = PendingWrite(req_id, None, 0, length, length, time.monotonic(), code)
+                    if not self._receive(conn, w, drain):
+                        return True
+                    continue
                 out.add(RESP.pack(RESP_MAGIC, int(code), req_id, 0))
                 continue
             counts = w.counts
@@ -630,27 +571,139 @@ class TransferServer:
                     mem,
                 )
             else:
-                region: memoryview | None = None
+                if reader.buffered < length:
+                    out.flush()
+                # The common case in place (no PendingWrite): the whole payload arrives.
+                region = mem.mapping.view[offset : offset + length]
                 try:
-                    if reader.buffered < length:
-                        out.flush()
-                    region = mem.mapping.view[offset : offset + length]
-                    reader.read_into(region)
-                finally:
-                    # The slice goes first, also when the peer died mid-payload: a live slice
-                    # makes the last release's unmap fail and leaves the mapping quarantined.
-                    if region is not None:
-                        region.release()
+                    got = reader.read_into(region, self._others_wait)
+                except BaseException:
+                    region.release()  # the slice first: see `_receive`
                     mem.mapping.release()
+                    raise
+                region.release()
+                if got < length:  # stalled while others wait: the rest in the poller
+                    now = time.monotonic()
+                    conn.pending = PendingWrite(
+                        req_id, mem, offset + got, length - got, length, now
+                    )
+                    conn.partial_since = now
+                    out.flush()
+                    return True
+                mem.mapping.release()
                 counts.writes += 1
                 counts.write_bytes += length
                 out.add(RESP.pack(RESP_MAGIC, 0, req_id, 0))
 
+    def _receive(self, conn: Conn, w: Worker, p: PendingWrite) -> bool:
+        """Receive what is left of a WRITE's payload (into its segment, or dropped when the
+        write was refused) and queue its answer: True. False when the peer stopped sending
+        while other connections wait for a worker: the write waits in `conn.pending`, with
+        the connection, in the poller (the sweep closes it after `stall_timeout` without a
+        byte, or below `min_rate`), and the next worker resumes it."""
+        conn.pending = p  # its owner from now on: a connection that ends releases the mapping
+        reader = w.reader
+        if p.mem is None:
+            if w.scratch is None:
+                w.scratch = memoryview(bytearray(1 << 16))
+            left = reader.discard(p.left, w.scratch, self._others_wait)
+            p.left = left
+        else:
+            region = p.mem.mapping.view[p.offset : p.offset + p.left]
+            try:
+                got = reader.read_into(region, self._others_wait)
+            finally:
+                # The slice goes first, also when the peer died mid-payload: a live slice
+                # makes the last release's unmap fail and leaves the mapping quarantined.
+                region.release()
+            p.offset += got
+            p.left -= got
+        if p.left:
+            conn.partial_since = time.monotonic()  # the sweep's stall clock: the last byte
+            w.out.flush()
+            return False
+        conn.pending = None
+        conn.partial_since = 0.0
+        if p.mem is not None:
+            p.mem.mapping.release()
+            w.counts.writes += 1
+            w.counts.write_bytes += p.total
+        w.out.add(RESP.pack(RESP_MAGIC, int(p.code), p.req_id, 0))
+        return True
+
+    def _others_wait(self) -> bool:
+        """Whether connections wait for a worker (a stalled payload then gives way)."""
+        return self._ready.qsize() > 0
+
+    def _tls_accept(self, conn: Conn, counts: ServeCounters) -> bool | None:
+        """Make (or go on with) the TLS handshake of a new connection, then send the challenge
+        inside TLS: True. False when it failed or took longer than `stall_timeout` from its
+        start (nothing was served). None when the peer went quiet mid-handshake while other
+        connections wait for a worker: it goes back to the poller (a handshake never holds a
+        worker that others need), whose sweep closes it at the same deadline."""
+        assert self.tls is not None
+        try:
+            sock = conn.sock
+            if not isinstance(sock, ssl.SSLSocket):
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                conn.sock = sock  # it owns the descriptor now
+                # Timeout mode, one tick per wait: on a blocking socket the ssl module retries
+                # a read that the kernel timeout ended, for ever (see `SocketReader`).
+                sock.settimeout(self._tick)
+                conn.partial_since = time.monotonic()
+            deadline = conn.partial_since + self.limits.stall_timeout
+            while True:
+                try:
+                    sock.do_handshake()
+                    break
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, TimeoutError):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("TLS handshake too slow") from None
+                    if self._ready.qsize():
+                        return None
+            conn.tls = False
+            conn.partial_since = 0.0
+            if self._data_key is not None and self._data_key() is not None:
+                conn.nonce = os.urandom(NONCE_BYTES)
+                sock.sendall(CHALLENGE.pack(CHALLENGE_MAGIC, conn.nonce))
+        except (OSError, ValueError) as exc:
+            counts.unproven += 1
+            limited_log.warning(
+                "tls",
+                "transfer server %s closing a connection from %s: TLS handshake failed: %s",
+                self.endpoint,
+                conn.peer,
+                exc,
+            )
+            return False
+        return True
+
+    def _proven(self, conn: Conn, proof: memoryview, counts: ServeCounters) -> bool:
+        """Whether `proof` answers the connection's challenge with the data key now in force."""
+        nonce, conn.nonce = conn.nonce, None
+        key = self._data_key() if self._data_key is not None else None
+        if (
+            key is not None
+            and nonce is not None
+            and hmac.compare_digest(HELLO + data_proof(key, nonce), bytes(proof))
+        ):
+            return True
+        counts.unproven += 1
+        limited_log.warning(
+            "unproven",
+            "transfer server %s closing a connection from %s: it did not prove the data key",
+            self.endpoint,
+            conn.peer,
+        )
+        return False
+
     @staticmethod
-    def _wanted(reader: SocketReader) -> int:
+    def _wanted(reader: SocketReader, conn: Conn) -> int:
         """Bytes of the next request that must be buffered before a worker commits to it: its
         header, and its segment name unless the header is malformed (then the header alone,
-        which is refused as it is)."""
+        which is refused as it is); the proof first on a connection not proven yet."""
+        if conn.nonce is not None:
+            return len(HELLO) + PROOF.size
         if reader.buffered < REQ.size:
             return REQ.size
         magic, op, _flags, name_len = _HEAD.unpack_from(reader.peek(_HEAD.size))
@@ -658,7 +711,7 @@ class TransferServer:
             return REQ.size
         return REQ.size + int(name_len)
 
-    def _await_request(self, conn: _Conn, reader: SocketReader) -> bool | None:
+    def _await_request(self, conn: Conn, reader: SocketReader) -> bool | None:
         """Wait for the next request's header and name: None once buffered, True to hand the
         connection back to the poller (quiet for the linger, or others wait for a worker; a
         partial header goes with it in `conn.partial`), False when the peer closed.
@@ -681,12 +734,12 @@ class TransferServer:
                     conn.partial = bytes(reader.take(reader.buffered))
                 return True
             try:
-                if not reader.fill(self._wanted(reader), between=True, partial=True):
+                if not reader.fill(self._wanted(reader, conn), between=True, partial=True):
                     return False
             except BlockingIOError:
                 quiet += 1
                 continue
-            if reader.buffered >= self._wanted(reader):
+            if reader.buffered >= self._wanted(reader, conn):
                 return None
 
     def _check(

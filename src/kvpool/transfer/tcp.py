@@ -31,6 +31,7 @@ import contextlib
 import errno
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -44,6 +45,7 @@ from kvpool.override import override
 from kvpool.transfer.base import MemoryRegion, Transport
 from kvpool.transfer.future import TransferFuture
 from kvpool.transfer.location import parse_endpoint
+from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC, HELLO, KeySource, data_proof
 from kvpool.transfer.request import TransferOp
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC, SocketReader, send_parts
 
@@ -154,8 +156,14 @@ class TcpTransport(Transport):
         io_timeout: float = 60.0,
         on_peer_failure: Callable[[str], None] | None = None,
         max_idle_age: float = 50.0,
+        data_key: KeySource | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.streams = max(1, streams)
+        #: TLS of every connection (a client context, `kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
+        #: The key a new connection proves when a server challenges (`kvpool.transfer.proof`).
+        self.data_key = data_key
         self.stripe_bytes = stripe_bytes
         self.chunk_bytes = max(1 << 16, chunk_bytes)
         self.window = max(1, window)
@@ -431,12 +439,44 @@ class TcpTransport(Transport):
         host, port = parse_endpoint(endpoint)
         timeout = max(min(self.connect_timeout, deadline - time.monotonic()), 0.001)
         sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:  # the handshake within the connect timeout
+                sock = self.tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
         conn = _Conn(sock, endpoint, self.io_timeout)
         if not self._track(conn):
             conn.close()
             raise OSError(errno.ESHUTDOWN, "transport closed")
+        key = self.data_key() if self.data_key is not None else None
+        if key is not None:
+            try:
+                self._prove(conn, key)
+            except BaseException:
+                with self._lock:
+                    self._active.discard(conn)
+                conn.close()
+                raise
         return conn, False
+
+    @staticmethod
+    def _prove(conn: _Conn, key: bytes) -> None:
+        """Answer the server's challenge with the data key. A refusal by its caps is left
+        buffered for the first answer to report (`_receive`)."""
+        reader = conn.reader
+        conn.sock.sendall(HELLO)
+        if not reader.fill(len(CHALLENGE_MAGIC)):
+            raise ConnectionResetError(f"{conn.endpoint} closed the connection at once")
+        if bytes(reader.peek(len(RESP_MAGIC))) == RESP_MAGIC:
+            return
+        if not reader.fill(CHALLENGE.size):
+            raise ConnectionResetError(f"{conn.endpoint} closed the connection at once")
+        magic, nonce = CHALLENGE.unpack(reader.take(CHALLENGE.size))
+        if magic != CHALLENGE_MAGIC:
+            raise _ProtocolError(f"{conn.endpoint} sent no data-plane challenge ({magic!r})")
+        conn.sock.sendall(data_proof(key, nonce))
 
     def _track(self, conn: _Conn) -> bool:
         """Count `conn` as in use (close() aborts it); False when the transport closed."""

@@ -20,9 +20,10 @@ the connection stays in step; a malformed header closes the connection.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 __all__ = [
@@ -40,6 +41,13 @@ RESP: Final = struct.Struct("<4siQQ")
 REQ_MAGIC: Final = b"KVT1"
 RESP_MAGIC: Final = b"KVR1"
 MAX_NAME: Final = 1024
+#: What a receive raises when a kernel receive timeout passed with nothing. A server's TLS
+#: socket waits in Python's timeout mode instead (its `recv_into` would otherwise retry inside
+#: the ssl module for ever), so for a reader with `patience` a `TimeoutError` is that too.
+_NOTHING_YET: Final = (BlockingIOError, ssl.SSLWantReadError)
+_NOTHING_YET_TLS: Final = (BlockingIOError, ssl.SSLWantReadError, TimeoutError)
+#: Parts up to this many bytes in all go out on a TLS socket joined, as one record.
+_TLS_JOIN_BYTES: Final = 256 << 10
 
 
 class SocketReader:
@@ -62,7 +70,17 @@ class SocketReader:
     or waits, so a fast read never pays for it.
     """
 
-    __slots__ = ("_buf", "_end", "_start", "_view", "grace", "min_rate", "patience", "sock")
+    __slots__ = (
+        "_buf",
+        "_end",
+        "_quiet",
+        "_start",
+        "_view",
+        "grace",
+        "min_rate",
+        "patience",
+        "sock",
+    )
 
     def __init__(
         self,
@@ -78,6 +96,9 @@ class SocketReader:
         self._start = 0
         self._end = 0
         self.patience = patience
+        # With patience (a server's reader) a TLS socket's tick timeout is a quiet tick; a
+        # client's TimeoutError is its real timeout and reaches the caller.
+        self._quiet = _NOTHING_YET_TLS if patience else _NOTHING_YET
         self.min_rate = min_rate
         self.grace = grace
 
@@ -143,9 +164,9 @@ class SocketReader:
                 started = self._paced(started, self._end)
             try:
                 got = self.sock.recv_into(self._view[self._end :])
-            except BlockingIOError:
+            except self._quiet:
                 if (between and (partial or self._end == self._start)) or not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
@@ -164,8 +185,10 @@ class SocketReader:
             self._start = self._end = 0
         return view
 
-    def read_into(self, dst: memoryview) -> None:
-        """Fill `dst` completely: buffered bytes first, then straight from the socket."""
+    def read_into(self, dst: memoryview, give_up: Callable[[], bool] | None = None) -> int:
+        """Fill `dst` completely: buffered bytes first, then straight from the socket; returns
+        the bytes filled. With `give_up`, a stall (see the class docstring) after which it
+        returns True ends the read early, with the bytes filled so far."""
         n = dst.nbytes
         have = min(self._end - self._start, n)
         if have:
@@ -183,18 +206,24 @@ class SocketReader:
                 started = self._paced(started, pos)
             try:
                 got = recv_into(dst[pos:])
-            except BlockingIOError:
+            except self._quiet:
+                if give_up is not None and give_up():
+                    return pos
                 if not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
             if got == 0:
                 raise ConnectionError(f"peer closed the connection after {pos} of {n} bytes")
             pos += got
+        return pos
 
-    def discard(self, n: int, scratch: memoryview) -> None:
-        """Read and drop `n` bytes (a refused write's payload)."""
+    def discard(
+        self, n: int, scratch: memoryview, give_up: Callable[[], bool] | None = None
+    ) -> int:
+        """Read and drop `n` bytes (a refused write's payload); returns how many are left to
+        drop: 0, or more when `give_up` ended it early (as in `read_into`)."""
         have = min(self._end - self._start, n)
         self._start += have
         if self._start == self._end:
@@ -209,15 +238,18 @@ class SocketReader:
                 started = self._paced(started, total - n)
             try:
                 got = self.sock.recv_into(scratch[: min(n, scratch.nbytes)])
-            except BlockingIOError:
+            except self._quiet:
+                if give_up is not None and give_up():
+                    return n
                 if not self.patience:
-                    raise
+                    raise BlockingIOError from None
                 stalls = self._stalled(stalls)
                 continue
             stalls = 0
             if got == 0:
                 raise ConnectionError("peer closed the connection inside a payload")
             n -= got
+        return 0
 
 
 def send_parts(
@@ -234,6 +266,9 @@ def send_parts(
     that after a partial `sendmsg` moves less than `grace` s plus its bytes at `min_rate`
     fails with `TimeoutError` (a peer that reads a little now and then; see `SocketReader`).
     """
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS: records of joined parts
+        _send_tls(sock, parts, total, grace)
+        return
     sent = sock.sendmsg(parts)
     if sent == total:
         return
@@ -256,3 +291,40 @@ def send_parts(
             moved += sent
             if min_rate and time.monotonic() - started > grace + moved / min_rate:
                 raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")
+
+
+def _send_tls(
+    sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int, grace: float
+) -> None:
+    """Send `parts` on a TLS socket: small ones joined (one record instead of many), large
+    ones each as they are (the encryption copies them anyway). A server's TLS socket waits in
+    timeout mode with a short tick (see `SocketReader`); a send may wait `grace` (the stall
+    timeout) for the peer to read, then raises `TimeoutError`, a stalled send."""
+    tick = sock.gettimeout()
+    if grace and tick is not None and tick < grace:
+        sock.settimeout(grace)
+        try:
+            _send_tls_parts(sock, parts, total)
+        finally:
+            sock.settimeout(tick)
+        return
+    _send_tls_parts(sock, parts, total)
+
+
+def _send_tls_parts(sock: ssl.SSLSocket, parts: Sequence[bytes | memoryview], total: int) -> None:
+    if total < 0:
+        total = sum(memoryview(p).nbytes for p in parts)
+    if total <= _TLS_JOIN_BYTES:
+        sock.sendall(b"".join(parts))
+        return
+    small: list[bytes | memoryview] = []
+    for part in parts:
+        if memoryview(part).nbytes < 4096:
+            small.append(part)
+            continue
+        if small:
+            sock.sendall(b"".join(small))
+            small.clear()
+        sock.sendall(part)
+    if small:
+        sock.sendall(b"".join(small))

@@ -55,6 +55,7 @@ from kvpool.master.reclaim.engine import ReclaimEngine
 from kvpool.master.reclaim.fit import FreeMap, RangeReclaimer
 from kvpool.master.reclaim.records import ACTIVE_BITS, REF, STATE_MASK, EvictInfo
 from kvpool.master.reclaim.softpin import SoftPinIndex
+from kvpool.master.reclaim.tenants import TenantReclaim
 from kvpool.protocol.messages import ReplicaKind, ReplicaStatus
 
 __all__ = ["MasterReclaimHooks"]
@@ -72,6 +73,8 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         self._pool_mode = config.mode is EvictionMode.POOL
         self._low = config.low_watermark_ratio
         self.engine: ReclaimEngine[ObjectMeta] | None = None
+        #: Fair share between tenants (cache mode; None: plain LRU).
+        self.tenants: TenantReclaim | None = None
 
     def memory_usage(self) -> tuple[int, int]:
         # Cache mode watches the whole pool (Mooncake); pool mode a node's memory: the fullest
@@ -83,6 +86,9 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         return self._svc.memory_usage()
 
     def inspect(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
+        tenants = self.tenants
+        if tenants is not None and tenants.protected(rec.key.tenant):
+            return Verdict.BUSY  # at or below its fair share while another is above its own
         return self._verdict(rec, now, pressure=self._pool_mode)
 
     def movable(self, rec: EvictInfo[ObjectMeta], now: float) -> Verdict:
@@ -193,6 +199,8 @@ class MasterReclaimHooks:
         self._scheduled = False
         self._ranges: RangeReclaimer[ObjectMeta] | None = None
         self._defrag: Defragmenter[ObjectMeta] | None = None
+        #: Own eviction and fair share (cache mode only; `kvpool.master.reclaim.tenants`).
+        self._tenants: TenantReclaim | None = None
 
     @property
     def engine(self) -> ReclaimEngine[ObjectMeta]:
@@ -227,6 +235,8 @@ class MasterReclaimHooks:
         self._ranges = RangeReclaimer(self._engine, _SegmentLayout())
         if config.mode is EvictionMode.POOL:
             self._defrag = Defragmenter(self._engine, _SegmentLayout(), service_target)
+        else:
+            self._tenants = service_target.tenants = TenantReclaim(target)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
         if replica.kind is not ReplicaKind.MEMORY:
@@ -284,6 +294,10 @@ class MasterReclaimHooks:
 
     def reclaim_for(self, bytes_needed: int) -> int:
         return self.engine.direct_reclaim(bytes_needed)
+
+    def reclaim_tenant(self, tenant: str, bytes_needed: int, keep: ObjectMeta | None) -> int:
+        tenants = self._tenants
+        return tenants.evict_own(tenant, bytes_needed, keep) if tenants is not None else 0
 
     def reclaim_range(self, size: int) -> int:
         ranges = self._ranges

@@ -17,6 +17,7 @@ refuses anything it cannot use with `InvalidParams` naming the key:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +25,11 @@ from typing import Final
 
 from kvpool.client import Store
 from kvpool.config import parse_size
-from kvpool.errors import InvalidParams
+from kvpool.errors import InvalidParams, KVPoolError
 
 __all__ = ["DEFAULT_MASTER", "EngineSettings"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MASTER: Final = "127.0.0.1:50051"
 _PROTOCOLS: Final = ("auto", "shm", "tcp")
@@ -129,8 +132,9 @@ class EngineSettings:
         )
 
     def open_store(self) -> Store:
-        """A Store connected with these settings (the caller closes it)."""
-        return Store(
+        """A Store connected with these settings and its pool's segments opened (`warm_up`,
+        so an engine's first pages do not pay for mapping them); the caller closes it."""
+        store = Store(
             self.master,
             segment_size=self.segment_size,
             tenant=self.tenant,
@@ -139,3 +143,8 @@ class EngineSettings:
             transfer_timeout=self.transfer_timeout,
             rpc_timeout=self.rpc_timeout,
         )
+        try:
+            store.warm_up()
+        except KVPoolError as exc:  # a pool without segments yet: opened on first use
+            log.info("warm_up: %s", exc)
+        return store

@@ -57,6 +57,7 @@ class PinnedRegions:
         self._lock = threading.Lock()
         self._starts: list[int] = []  # sorted, with _ends[i] the end of the region at _starts[i]
         self._ends: list[int] = []
+        self._views: list[memoryview] = []  # _views[i]: the bytes of region i
 
     def register(self, addr: int, length: int) -> bool:
         """Register `length` bytes at `addr` for zero-copy I/O. False when they already lie
@@ -74,6 +75,7 @@ class PinnedRegions:
             self._store.register_buffer(addr, length)
             self._starts.insert(i, addr)
             self._ends.insert(i, addr + length)
+            self._views.insert(i, view_at(addr, length))
             return True
 
     def covers(self, addr: int, length: int) -> bool:
@@ -85,10 +87,22 @@ class PinnedRegions:
         i = bisect.bisect_right(self._starts, addr) - 1
         return i >= 0 and addr + length <= self._ends[i]
 
+    def _view(self, addr: int, length: int) -> memoryview | None:
+        """A slice of the registered region holding `length` bytes at `addr`, else None."""
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0 or addr + length > self._ends[i] or length <= 0:
+            return None
+        start = addr - self._starts[i]
+        return self._views[i][start : start + length]
+
+    def _views_of(self, addrs: Sequence[int], sizes: Sequence[int]) -> list[memoryview | None]:
+        with self._lock:
+            return [self._view(a, n) for a, n in zip(addrs, sizes, strict=True)]
+
     def close(self) -> None:
         """Unregister every region (best effort: the Store may be closed already)."""
         with self._lock:
-            starts, self._starts, self._ends = self._starts, [], []
+            starts, self._starts, self._ends, self._views = self._starts, [], [], []
         for addr in starts:
             try:
                 self._store.unregister_buffer(addr)
@@ -106,12 +120,12 @@ class PinnedRegions:
             first.setdefault(key, i)
         order = list(first.values())
         ks = [keys[i] for i in order]
-        views = [view_at(addrs[i], sizes[i]) for i in order]
-        zero_copy = all(self.covers(addrs[i], sizes[i]) for i in order)
+        inside = self._views_of([addrs[i] for i in order], [sizes[i] for i in order])
         try:
-            if zero_copy:
-                codes = self._store.batch_put_from(ks, views)
+            if all(v is not None for v in inside):
+                codes = self._store.batch_put_from(ks, inside)
             else:
+                views = [view_at(addrs[i], sizes[i]) for i in order]
                 codes = self._store.batch_put(ks, views)
         except KVPoolError as exc:
             log.warning("put of %d keys failed: %s", len(ks), exc)
@@ -126,17 +140,17 @@ class PinnedRegions:
         _check_batch(keys, addrs, sizes)
         if not keys:
             return []
-        inside = [self.covers(a, n) for a, n in zip(addrs, sizes, strict=True)]
+        inside = self._views_of(addrs, sizes)
         out = [int(ErrorCode.INTERNAL_ERROR)] * len(keys)
         try:
-            direct = [i for i, ok in enumerate(inside) if ok]
+            direct = [i for i, v in enumerate(inside) if v is not None]
             if direct:
                 got = self._store.batch_get_into(
-                    [keys[i] for i in direct], [view_at(addrs[i], sizes[i]) for i in direct]
+                    [keys[i] for i in direct], [inside[i] for i in direct]
                 )
                 for i, n in zip(direct, got, strict=True):
                     out[i] = int(n)
-            copied = [i for i, ok in enumerate(inside) if not ok]
+            copied = [i for i, v in enumerate(inside) if v is None]
             if copied:
                 values = self._store.batch_get_ex([keys[i] for i in copied])
                 for i, value in zip(copied, values, strict=True):

@@ -90,6 +90,24 @@ def engine_python(name: str) -> Path | None:
     return python
 
 
+def _skip_reason(name: str) -> str:
+    return (
+        f"the {name} environment is not built: scripts/engines/build {name} "
+        f"(make test-engines; {engines_cache()})"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "engine(name): needs that engine's environment")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test marked `engine(NAME)` before its fixtures start a pool."""
+    for mark in item.iter_markers("engine"):
+        if engine_python(mark.args[0]) is None:
+            pytest.skip(_skip_reason(mark.args[0]))
+
+
 @pytest.fixture
 def engine() -> Iterator[Callable[[str], EngineEnv]]:
     """`engine("lmcache")`: that engine's environment, or skip when it is not built."""
@@ -98,10 +116,7 @@ def engine() -> Iterator[Callable[[str], EngineEnv]]:
     def get(name: str) -> EngineEnv:
         python = engine_python(name)
         if python is None:
-            pytest.skip(
-                f"the {name} environment is not built: scripts/engines/build {name} "
-                f"(make test-engines; {engines_cache()})"
-            )
+            pytest.skip(_skip_reason(name))
         env = EngineEnv(name, python)
         envs.append(env)
         return env

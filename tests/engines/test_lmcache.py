@@ -14,6 +14,8 @@ import pytest
 from kvtest.pool import Pool
 from kvtest.procs import wait_until
 
+pytestmark = pytest.mark.engine("lmcache")
+
 
 @pytest.mark.parametrize("route", ["native", "shim"])
 def test_lmcache_store_then_retrieve_in_another_process(

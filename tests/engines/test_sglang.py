@@ -14,6 +14,8 @@ import pytest
 
 from kvtest.pool import Pool
 
+pytestmark = pytest.mark.engine("sglang")
+
 CASES = ["single", "batch mha tp1", "batch mla tp1", "batch mha tp4", "batch mla tp8"]
 
 

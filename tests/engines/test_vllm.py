@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kvtest.pool import Pool
 from kvtest.procs import wait_until
+
+pytestmark = pytest.mark.engine("vllm")
 
 
 def test_vllm_mooncake_store_calls_save_load_reset(

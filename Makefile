@@ -61,3 +61,15 @@ clean:
 test-mooncake: $(LLM_STAMP)
 	$(MAKE) EXTRAS=dev,fast,redis,s3,plot,bench venv
 	KVPOOL_TEST_REAL_MOONCAKE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/compat
+
+## The inference engines on kvpool (docs/engines.md): builds LMCache's, SGLang's and vLLM's
+## environments once under $(ENGINES_CACHE) (~10 GB; cached between runs), then runs each
+## engine's own Mooncake-backend test and kvpool's native backends against a live pool.
+## `make test` skips these tests when the environments are missing.
+ENGINES        ?= lmcache sglang vllm
+ENGINES_CACHE  ?= $(HOME)/.cache/kvpool-engines
+.PHONY: test-engines
+test-engines: $(STAMP)
+	@for e in $(ENGINES); do KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) scripts/engines/build $$e || exit 1; done
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) $(BIN)/python -m pytest -q -p no:cacheprovider -rs \
+	  -o timeout=600 tests/engines

@@ -82,7 +82,8 @@ class MasterHttp:
         self.counters = RequestCounters()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MasterCollector(server, self.counters))
-        self.http = HttpServer(host, port)
+        tls = server.tls  # the RPC listener's --tls-*: the HTTP port speaks HTTPS too
+        self.http = HttpServer(host, port, tls.server_context() if tls is not None else None)
         creds = server.credentials
         self._tokens: TokenTable | None = None if creds is None else creds.tokens
         for path, handler in (

@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 _MAX_HEAD = 16 * 1024
 _MAX_BODY = 64 * 1024
 _HEAD_TIMEOUT = 10.0
+_TLS_HANDSHAKE_S = 10.0
 #: Connections served at once; more are answered 503 and closed (operators and a Prometheus
 #: or two are the clients: this is a guard, not a capacity).
 MAX_CONNECTIONS = 64
@@ -121,9 +123,13 @@ Handler = Callable[[HttpRequest], "Response | Awaitable[Response]"]
 class HttpServer:
     """Routes served on HOST:PORT (port 0 picks a free one) until `close()` (idempotent)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self._host = host
         self._port = port
+        self._tls = tls
+        """Serve HTTPS with this context (the process's `--tls-*`; `kvpool.rpc.tls`)."""
         self._routes: dict[tuple[str, str], Handler] = {}
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -139,7 +145,13 @@ class HttpServer:
         return str(sock[0]), int(sock[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._serve,
+            self._host,
+            self._port,
+            ssl=self._tls,
+            ssl_handshake_timeout=_TLS_HANDSHAKE_S if self._tls is not None else None,
+        )
 
     async def close(self) -> None:
         if self._closed:

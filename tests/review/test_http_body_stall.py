@@ -15,8 +15,6 @@ import socket
 import urllib.error
 import urllib.request
 
-import pytest
-
 from kvpool.ops.http import MAX_CONNECTIONS
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
@@ -37,11 +35,6 @@ def _health(base: str) -> int:
         return 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: ops/http.py reads a request body with no deadline, before the token gate; "
-    "64 stalled bodies keep /health and /metrics at 503",
-)
 def test_a_stalled_body_does_not_hold_the_http_port(pool: PoolFactory) -> None:  # noqa: F811
     p = pool(nodes=0, master_args=("--http-port", "0"))
     m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvpool.client import Store
+from kvpool.codes import INVALID_PARAMS
 from kvpool.protocol.invalidation import Subscribe
 from kvpool.protocol.messages import Reply, Response, TenantId
 from kvpool.rpc.client import RpcClient
@@ -40,11 +41,6 @@ def one_node(pool: PoolFactory) -> Iterator[Pool]:  # noqa: F811
     yield pool(nodes=1, segment_size="16MiB")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: InvalidationHub keeps every subscribed tenant name forever "
-    "(master/invalidation.py subscribe: _by_tenant.setdefault, never pruned)",
-)
 def test_closed_subscriptions_release_their_tenant_names(one_node: Pool) -> None:
     pid = one_node.master.pid
     # A cached Store of the default tenant: its put + remove make the hub push (flush), which
@@ -58,6 +54,9 @@ def test_closed_subscriptions_release_their_tenant_names(one_node: Pool) -> None
             try:
                 name = TenantId(f"{i:08d}" + "t" * (_NAME_BYTES - 8))
                 reply = rpc.call_as(Subscribe(name), Reply)
+                assert reply.code == INVALID_PARAMS  # a name no Store may have
+                # and a subscription the hub takes, whose tenant goes with its connection
+                reply = rpc.call_as(Subscribe(TenantId(f"{i:08d}" + "t" * 247)), Reply)
                 assert reply.code == 0
             finally:
                 rpc.close()
@@ -72,3 +71,38 @@ def test_closed_subscriptions_release_their_tenant_names(one_node: Pool) -> None
             timeout=5.0,
             what=f"the master to release the subscribed tenant names (grew {grown >> 20} MiB)",
         )
+
+
+class _Conn:
+    """What the hub uses of a connection: `closed` and `push`."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.pushed: list[object] = []
+
+    def push(self, request_id: int, msg: object) -> bool:
+        self.pushed.append(msg)
+        return True
+
+
+def test_the_hub_forgets_a_tenant_with_its_last_subscription_and_keeps_nothing_it_refused() -> None:
+    from kvpool.master.invalidation import InvalidationHub
+
+    hub = InvalidationHub(max_subscribers=4)
+    conns = [_Conn() for _ in range(4)]
+    for i, c in enumerate(conns):
+        assert hub.subscribe(Subscribe(TenantId(f"t{i}")), c).code == 0  # type: ignore[arg-type]
+    # Full: a fifth tenant is refused and leaves no entry behind.
+    assert hub.subscribe(Subscribe(TenantId("t-refused")), _Conn()).code != 0  # type: ignore[arg-type]
+    assert set(hub._by_tenant) == {"t0", "t1", "t2", "t3"}
+    for c in conns[:3]:
+        c.closed = True
+    hub.flush()
+    assert set(hub._by_tenant) == {"t3"}
+    # At the limit, closed subscriptions are pruned (tenants with them) to admit a new one.
+    more = [_Conn() for _ in range(3)]
+    for i, c in enumerate(more):
+        assert hub.subscribe(Subscribe(TenantId(f"u{i}")), c).code == 0  # type: ignore[arg-type]
+    conns[3].closed = True
+    assert hub.subscribe(Subscribe(TenantId("t-new")), _Conn()).code == 0  # type: ignore[arg-type]
+    assert set(hub._by_tenant) == {"u0", "u1", "u2", "t-new"}

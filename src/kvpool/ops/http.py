@@ -2,7 +2,7 @@
 
 It serves a handful of operators and one Prometheus: requests read one at a time per connection
 (keep-alive honoured), a request head of at most 16 KiB, bodies of at most 64 KiB, a deadline
-for reading the head, at most `MAX_CONNECTIONS` connections at once. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
+for reading the head and one for the body, at most `MAX_CONNECTIONS` connections at once. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
 `Response` (or an awaitable of one, for work done in steps that yield to the loop). A handler
 raises `HttpError` for a bad request: the client gets that status and a JSON
 `{"error": message}`; any other exception is logged and answered 500 (a bug, never expected).
@@ -219,7 +219,9 @@ class HttpServer:
         if length < 0 or length > _MAX_BODY:
             await _write(writer, json_response({"error": "bad Content-Length"}, 413), False)
             return False
-        body = await reader.readexactly(length) if length else b""
+        # The body under the same deadline as the head: a peer that announces one and sends
+        # nothing must not hold a connection slot (they are few) past it.
+        body = await asyncio.wait_for(reader.readexactly(length), _HEAD_TIMEOUT) if length else b""
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         url = urlsplit(target)
         query = parse_qs(url.query, keep_blank_values=True)

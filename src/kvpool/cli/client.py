@@ -20,6 +20,7 @@ import threading
 import click
 
 from kvpool.cli.params import Address, Name, Size
+from kvpool.cli.tls import tls_config, tls_options
 from kvpool.compat.mooncake_client import StandaloneClient
 from kvpool.errors import KVPoolError
 
@@ -40,13 +41,41 @@ __all__ = ["client"]
     help="Memory this host contributes to the pool.",
 )
 @click.option("--tenant", default="default", show_default=True, type=Name())
-def client(master: str, host: str, port: int, segment_size: int, tenant: str) -> None:
+@click.option(
+    "--token-file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="File whose first line is this client's token for a pool with credentials "
+    "[default: $KVPOOL_AUTH_TOKEN]. Dummy clients attached here act with it.",
+)
+@tls_options
+def client(
+    *,
+    master: str,
+    host: str,
+    port: int,
+    segment_size: int,
+    tenant: str,
+    token_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+) -> None:
     """Contribute this host's memory and serve dummy clients (setup_dummy) until stopped."""
+    tls = tls_config(tls_cert, tls_key, tls_ca)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        standalone = StandaloneClient(master, segment_size, host=host, port=port, tenant=tenant)
+        standalone = StandaloneClient(
+            master,
+            segment_size,
+            host=host,
+            port=port,
+            tenant=tenant,
+            token_file=token_file or "",
+            tls=tls,
+        )
     except (KVPoolError, OSError) as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
     try:

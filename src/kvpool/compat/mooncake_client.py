@@ -39,6 +39,7 @@ from kvpool.compat.mooncake.dummy import (
 from kvpool.compat.mooncake.setup import pool_master_address
 from kvpool.compat.mooncake_flags import Flag, FlagType, Support, parse_argv
 from kvpool.errors import InvalidParams, KVPoolError
+from kvpool.rpc.tls import TlsConfig
 
 __all__ = ["CLIENT_FLAGS", "StandaloneClient", "main"]
 
@@ -76,12 +77,29 @@ class StandaloneClient:
     docstring). `close()` is idempotent."""
 
     def __init__(
-        self, master: str, segment_size: int, *, host: str, port: int, tenant: str = "default"
+        self,
+        master: str,
+        segment_size: int,
+        *,
+        host: str,
+        port: int,
+        tenant: str = "default",
+        token_file: str = "",
+        tls: TlsConfig | None = None,
     ) -> None:
         self.master = master
         self.tenant = tenant
+        # The pool's credentials and TLS (docs/security.md) are this process's; the dummies
+        # attached to it act with them.
         self.store = Store(
-            pool_master_address(master), segment_size=segment_size, host="127.0.0.1", tenant=tenant
+            pool_master_address(master),
+            segment_size=segment_size,
+            host="127.0.0.1",
+            tenant=tenant,
+            token_file=token_file,
+            tls_ca=tls.ca if tls is not None else "",
+            tls_cert=tls.cert if tls is not None else "",
+            tls_key=tls.key if tls is not None else "",
         )
         self._closed = threading.Event()
         self._lock = threading.Lock()

@@ -196,9 +196,13 @@ class RequestPolicy:
             return
         kind = type(request)
         if kind not in _ALLOWED[principal.role]:
+            roles = " or ".join(
+                [r.value for r, kinds in _ALLOWED.items() if kind in kinds] + ["admin"]
+            )
+            article = "an" if roles.startswith("admin") else "a"
             raise PermissionDenied(
-                f"{kind.__name__} needs an admin token (this is a {principal.role.value} "
-                f"token of tenant {principal.tenant!r})"
+                f"{kind.__name__} needs {article} {roles} token (this is a "
+                f"{principal.role.value} token of tenant {principal.tenant!r})"
             )
         tenant = getattr(request, "tenant", None)
         if tenant is not None and tenant != principal.tenant:

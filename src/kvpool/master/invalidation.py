@@ -11,8 +11,11 @@ Bounds: at most `MAX_PENDING_KEYS` keys and `_MAX_PENDING_BYTES` bytes of keys p
 between two pushes, and at most `max_subscribers` subscribed connections; past a queue's bound,
 or when a connection does not take the push (closed, or its peer not reading), its keys are
 dropped and an `Invalidate(everything=True)` is owed to it instead (sent at the next push that
-goes through). A closed connection's subscription is dropped at the next push. Everything runs
-on the master's loop (the core's owner): nothing locks.
+goes through). A closed connection's subscription is dropped at the next push (or when the
+subscriber limit is met), and a tenant's entry with its last subscription; a Subscribe naming
+a tenant longer than `MAX_TENANT_CHARS` is refused, and a refused one keeps nothing, so the
+hub's memory is bounded by its subscriptions. Everything runs on the master's loop (the core's
+owner): nothing locks.
 
 The hub is installed by `MasterServer` around its request handler (`wrap`), which serves
 `Subscribe` with the connection it came on and attaches the hub to the `MetadataCore` served
@@ -26,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
-from kvpool.codes import OK, UNAVAILABLE_IN_CURRENT_STATUS
+from kvpool.codes import INVALID_PARAMS, OK, UNAVAILABLE_IN_CURRENT_STATUS
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta
 from kvpool.master.segments import Segment
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 _MAX_PENDING_BYTES: Final = 1 << 20
 """Bytes of keys queued per connection between two pushes (a frame well under the limit)."""
 _MAX_SUBSCRIBERS: Final = 4096
+MAX_TENANT_CHARS: Final = 255
+"""Longest tenant a Subscribe may name (a Store's own limit); longer: INVALID_PARAMS."""
 
 Handler = Callable[[Any, Connection], Any]
 
@@ -105,14 +110,19 @@ class InvalidationHub:
         """Push invalidations of `req.tenant` to `conn` from now on (idempotent per
         connection); UNAVAILABLE_IN_CURRENT_STATUS past `max_subscribers` (the client then relies on its
         TTL alone)."""
-        subs = self._by_tenant.setdefault(req.tenant, {})
-        if id(conn) in subs:
+        tenant = req.tenant
+        if not isinstance(tenant, str) or not 0 < len(tenant) <= MAX_TENANT_CHARS:
+            return Reply(INVALID_PARAMS)
+        subs = self._by_tenant.get(tenant)
+        if subs is not None and id(conn) in subs:
             return Reply(OK)
         if self._count >= self.max_subscribers:
             self._prune()
             if self._count >= self.max_subscribers:
                 return Reply(UNAVAILABLE_IN_CURRENT_STATUS)
-        subs[id(conn)] = _Queue(conn, req.tenant)
+        if subs is None:  # (added only once admitted: a refusal keeps nothing)
+            subs = self._by_tenant[tenant] = {}
+        subs[id(conn)] = _Queue(conn, tenant)
         self._count += 1
         return Reply(OK)
 
@@ -189,7 +199,7 @@ class InvalidationHub:
         """Push every queue that holds something; drop the subscriptions of closed
         connections."""
         self._scheduled = False
-        for subs in self._by_tenant.values():
+        for tenant, subs in list(self._by_tenant.items()):
             for cid, q in list(subs.items()):
                 if q.conn.closed:
                     del subs[cid]
@@ -205,10 +215,14 @@ class InvalidationHub:
                     q.everything = False
                 else:
                     self._overflow(q)  # owed once the peer reads again
+            if not subs:
+                del self._by_tenant[tenant]
 
     def _prune(self) -> None:
-        for subs in self._by_tenant.values():
+        for tenant, subs in list(self._by_tenant.items()):
             for cid, q in list(subs.items()):
                 if q.conn.closed:
                     del subs[cid]
                     self._count -= 1
+            if not subs:
+                del self._by_tenant[tenant]

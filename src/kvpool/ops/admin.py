@@ -19,11 +19,15 @@
 With credentials (`kvpool master --auth-file`, docs/security.md) every path but `/metrics`,
 `/health`, `/role` and the dashboard page itself needs `Authorization: Bearer TOKEN` naming an
 `admin` token of the auth file: no token (or an unknown one) answers 401, a client or node
-token 403. The open paths reveal no key, client id, endpoint or tenant: Prometheus scrapes and
-liveness probes keep working without a secret. The dashboard page carries no data; it sends the
-token (typed into it, or given as `#token=...` in its URL, never sent in a query string) with
-each request it makes. The HTTP port has no TLS: serve it on loopback (the default) or behind
-a TLS proxy, or the token crosses the network in clear text. Without credentials everything is
+token 403. The open paths reveal no key, client id or tenant, so Prometheus scrapes and
+liveness probes keep working without a secret; they do name segments, and a segment's name is
+its node's transfer endpoint and a number (`/role` names the HA leader's address), which gives
+nothing without a token: a transfer server with credentials serves only connections that prove
+the pool's data key (docs/security.md). The dashboard page carries no data; it sends the token
+(typed into it, or given as `#token=...` in its URL, never sent in a query string) with each
+request it makes. The HTTP port speaks HTTPS when the master has `--tls-cert`; without it, serve
+it on loopback (the default) or behind a TLS proxy, or the token crosses the network in clear
+text. Without credentials everything is
 open, as before.
 
 Every handler reads the metadata on the loop that owns it; walks over all objects yield to the
@@ -82,7 +86,8 @@ class MasterHttp:
         self.counters = RequestCounters()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MasterCollector(server, self.counters))
-        self.http = HttpServer(host, port)
+        tls = server.tls  # the RPC listener's --tls-*: the HTTP port speaks HTTPS too
+        self.http = HttpServer(host, port, tls.server_context() if tls is not None else None)
         creds = server.credentials
         self._tokens: TokenTable | None = None if creds is None else creds.tokens
         for path, handler in (

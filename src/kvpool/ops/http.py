@@ -2,7 +2,7 @@
 
 It serves a handful of operators and one Prometheus: requests read one at a time per connection
 (keep-alive honoured), a request head of at most 16 KiB, bodies of at most 64 KiB, a deadline
-for reading the head, at most `MAX_CONNECTIONS` connections at once. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
+for reading the head and one for the body, at most `MAX_CONNECTIONS` connections at once. Routes map (method, path) to a handler that gets an `HttpRequest` and returns
 `Response` (or an awaitable of one, for work done in steps that yield to the loop). A handler
 raises `HttpError` for a bad request: the client gets that status and a JSON
 `{"error": message}`; any other exception is logged and answered 500 (a bug, never expected).
@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 _MAX_HEAD = 16 * 1024
 _MAX_BODY = 64 * 1024
 _HEAD_TIMEOUT = 10.0
+_TLS_HANDSHAKE_S = 10.0
 #: Connections served at once; more are answered 503 and closed (operators and a Prometheus
 #: or two are the clients: this is a guard, not a capacity).
 MAX_CONNECTIONS = 64
@@ -121,9 +123,13 @@ Handler = Callable[[HttpRequest], "Response | Awaitable[Response]"]
 class HttpServer:
     """Routes served on HOST:PORT (port 0 picks a free one) until `close()` (idempotent)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self._host = host
         self._port = port
+        self._tls = tls
+        """Serve HTTPS with this context (the process's `--tls-*`; `kvpool.rpc.tls`)."""
         self._routes: dict[tuple[str, str], Handler] = {}
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -139,7 +145,13 @@ class HttpServer:
         return str(sock[0]), int(sock[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._serve,
+            self._host,
+            self._port,
+            ssl=self._tls,
+            ssl_handshake_timeout=_TLS_HANDSHAKE_S if self._tls is not None else None,
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -207,7 +219,9 @@ class HttpServer:
         if length < 0 or length > _MAX_BODY:
             await _write(writer, json_response({"error": "bad Content-Length"}, 413), False)
             return False
-        body = await reader.readexactly(length) if length else b""
+        # The body under the same deadline as the head: a peer that announces one and sends
+        # nothing must not hold a connection slot (they are few) past it.
+        body = await asyncio.wait_for(reader.readexactly(length), _HEAD_TIMEOUT) if length else b""
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         url = urlsplit(target)
         query = parse_qs(url.query, keep_blank_values=True)

@@ -98,7 +98,9 @@ class NodeHttp:
         self._runtime = runtime
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(runtime))
-        self._http = HttpServer(host, port)
+        tls = runtime.tls  # the node's --tls-*: its HTTP port speaks HTTPS too
+        context = tls.server_context() if tls is not None and tls.cert else None
+        self._http = HttpServer(host, port, context)
         self._http.route("GET", "/metrics", self._metrics)
         self._http.route("GET", "/health", self._health)
         self._loop = asyncio.new_event_loop()

@@ -91,6 +91,12 @@ class DfsTier:
                 self._complete[r.offset] = obj
                 self.counters["written"] += 1
 
+    def restore(self, obj: ObjectMeta, replica: Replica) -> None:
+        """`replica` of `obj` came back with a restart (`--data-dir`) or a promoted standby's
+        copy: its file is checked from now on, and new ids are taken after it (in order)."""
+        self._complete[replica.offset] = obj
+        self._next = max(self._next, replica.offset + self._core.aligned(obj.size))
+
     def on_free(self, offset: int) -> None:
         """The DFS replica of file id `offset` was freed: remove its file and a temporary one."""
         self._complete.pop(offset, None)

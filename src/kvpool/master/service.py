@@ -136,8 +136,9 @@ class MasterService:
         self._reads = ReadPath(core)
         self._tiers = TierManager(core, self._tasks, self._config.tiers)
         self._reads.on_disk_read = self._tiers.note_read
-        if self._config.tiers.offload_policy is OffloadPolicy.EAGER:
-            # Only an eager offload wants each completed object (a call per put otherwise).
+        if self._config.tiers.offload_policy is OffloadPolicy.EAGER or self._tiers.dfs:
+            # Only an eager offload and the DFS tier's background check want each completed
+            # object (a call per put otherwise).
             core.on_complete = self._tiers.note_complete
         core.retry_hint = self._tiers.retry_hint
         core.on_disk_free = self._tiers.note_disk_free
@@ -210,8 +211,14 @@ class MasterService:
     def open_data_dir(self) -> Durability:
         """Load `config.data_dir` (restart: snapshot + logs) and log every change there."""
         assert self._config.data_dir is not None and self.durable is None
+        tiers = self._tiers  # tiers: the DFS segment, and who learns of restored replicas
         self.durable = Durability(
-            self._core, self._config.data_dir, self._config.fsync_interval, self._arenas.lent
+            self._core,
+            self._config.data_dir,
+            self._config.fsync_interval,
+            self._arenas.lent,
+            dfs=None if tiers.dfs is None else tiers.dfs.segment,
+            restored=tiers.restored,
         )
         return self.durable
 
@@ -227,7 +234,8 @@ class MasterService:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            build(self._core, state, time.time())
+            dfs = None if self._tiers.dfs is None else self._tiers.dfs.segment
+            build(self._core, state, time.time(), dfs, self._tiers.restored)
         finally:
             if was_enabled:
                 gc.enable()

@@ -5,6 +5,7 @@ taken after them), and a disk tier's segment comes back as a disk segment."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,11 @@ from tests.master.conftest import HOST, WRITER, Clock, MiB
 from kvpool.client import Store
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.master.config import MasterConfig
+from kvpool.master.oplog import OpLog
+from kvpool.master.replication import ReplicationSource
 from kvpool.master.service import MasterService
+from kvpool.master.standby import StandbyCopy
+from kvpool.master.tier_config import TierConfig
 from kvpool.protocol import messages as m
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR, DiskEntry, RegisterDiskReplicas
@@ -162,3 +167,73 @@ def test_a_disk_segment_is_restored_as_a_disk_segment(tmp_path: Path) -> None:
     finally:
         if svc.durable is not None:
             svc.durable.close()
+
+
+def test_a_promoted_standby_knows_the_dfs_copies(tmp_path: Path) -> None:
+    """HA: the standby's copy (bootstrap snapshot, then the log) carries the DFS replicas, and
+    the master built from it (`MasterService.load`, as a promotion does) serves them."""
+    clock = Clock()
+    root = str(tmp_path / "dfs")
+
+    def config() -> MasterConfig:
+        return MasterConfig(seed=3, ha_chunk_bytes=4096, tiers=TierConfig(dfs_root=root))
+
+    async def main() -> None:
+        leader = MasterService(config(), clock=clock)
+        oplog = OpLog(None, 0, 0.01, clock)
+        leader.journal_to(oplog)
+        source = ReplicationSource(
+            1, leader.config, records=leader.state_records, flush=oplog.flush, clock=clock
+        )
+        oplog.tap = source.append
+        node = m.ClientId("node-a")
+        mem = m.SegmentInfo(m.SegmentName("mem"), 16 * MiB, HOST, "127.0.0.1:9", "", "", 5)
+        assert leader.handle(m.MountSegment(node, HOST, mem)) == m.Reply(0)
+        assert leader.handle(m.ReMountSegment(WRITER, HOST, [])) == m.Reply(0)
+        cfg = m.ReplicateConfigMsg(dfs_replica_num=1)
+
+        def put(key: str) -> None:
+            reply = leader.handle(m.PutStart(WRITER, key, 5000, cfg))
+            assert [ReplicaKind(r.kind) for r in reply.replicas] == [MEM, ReplicaKind.DFS]
+            assert leader.handle(m.PutEnd(WRITER, key, 7)) == m.Reply(0)
+
+        put("before")  # in the bootstrap snapshot
+        oplog.flush()
+        copy = StandbyCopy(None)
+        copy.begin()
+        offset = 0
+        while True:
+            reply = source.fetch_snapshot(m.FetchSnapshot("s", 1, offset))
+            copy.add_snapshot(reply.data)
+            offset += len(reply.data)
+            if reply.done:
+                break
+        copy.end_snapshot(1, reply.start)
+        put("after")  # in the log
+        oplog.flush()
+        log = source.follow(m.FollowLog("s", 1, copy.position, 0))
+        assert isinstance(log, m.LogReply)
+        copy.add_log(log.position, log.data)
+        copy.close()
+
+        promoted = MasterService(config(), clock=clock)
+        promoted.load(copy.state)
+        for key in ("before", "after"):  # the node is silent: the DFS copy is what is readable
+            got = promoted.handle(m.GetReplicaList(key))
+            assert got.code == 0, got
+            assert [ReplicaKind(r.kind) for r in got.replicas] == [ReplicaKind.DFS]
+        # A new DFS put takes a file id after the restored ones.
+        ids = {
+            r.offset
+            for o in promoted.index.snapshot()
+            for r in o.replicas
+            if r.kind is ReplicaKind.DFS
+        }
+        promoted.handle(m.ReMountSegment(WRITER, HOST, []))
+        assert promoted.handle(m.Ping(node)).client_status is m.ClientStatus.NEED_REMOUNT
+        assert promoted.handle(m.ReMountSegment(node, HOST, [mem])).code == 0
+        reply = promoted.handle(m.PutStart(WRITER, "new", 5000, cfg))
+        assert reply.code == 0, reply
+        assert reply.replicas[-1].replica_id & ((1 << 44) - 1) > max(ids)  # the offset: its id
+
+    asyncio.run(main())

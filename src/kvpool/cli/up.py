@@ -82,6 +82,7 @@ def up(
     refresh: float,
     offload_dir: tuple[str, ...],
     offload_size: int,
+    dfs_root: str | None,
 ) -> None:
     """Run a master and one node here until Ctrl-C."""
     try:
@@ -106,6 +107,9 @@ def up(
         dirs = tuple(a for d in offload_dir for a in ("--offload-dir", d))
         node_args = (*dirs, "--offload-size", str(offload_size))
         master_args = ("--offload-policy", "on-evict")
+    if dfs_root is not None:  # a DFS tier: the master's directory, the node at the same path
+        node_args = (*node_args, "--dfs-root", dfs_root)
+        master_args = (*master_args, "--dfs-root", dfs_root)
     pool = EmbeddedPool(
         PoolSpec(
             segment_size=size,

@@ -10,29 +10,93 @@ part of a file), and removes what it wrote when the put fails. A reader reads th
 against the checksum recorded at PutEnd, as every read). A file that is gone answers
 OBJECT_NOT_FOUND: the reader tries the next replica and reports this one, which the master
 drops.
+
+The DFS directory may be mounted at another path here than on the master (`Store(dfs_root=)`,
+`kvpool node --dfs-root`): a Store given one `attach`es it, and while any Store of the process
+holds it every DFS file is read, written and removed under this path instead of the replica's
+`endpoint`. It is one path per process (a mount point is a fact of the host, not of a Store):
+a second Store naming another one is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Sequence
 from typing import Final
 
 import xxhash
 
-from kvpool.errors import ErrorCode
+from kvpool.errors import ErrorCode, InvalidParams
 from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
 from kvpool.protocol.tiers import dfs_file
 
-__all__ = ["PIECE", "read", "remove", "remove_failed", "write"]
+__all__ = [
+    "PIECE",
+    "attach",
+    "check_root",
+    "detach",
+    "local_root",
+    "read",
+    "remove",
+    "remove_failed",
+    "write",
+]
 
 PIECE: Final = 1 << 20
 """Bytes read and hashed at a time (as `kvpool.client.disk_files`)."""
 
 
+_lock = threading.Lock()
+_local: list[str | None] = [None]
+"""The DFS directory's path in this process (None: the master's, each replica's endpoint)."""
+_users: list[int] = [0]
+
+
+def check_root(root: object) -> str:
+    """`root` as an absolute path of an existing directory; InvalidParams otherwise."""
+    if not isinstance(root, str) or not root or "\0" in root:
+        raise InvalidParams(f"dfs_root: expected a directory path, got {root!r:.200}")
+    path = os.path.abspath(root)
+    if not os.path.isdir(path):
+        what = "does not exist" if not os.path.exists(path) else "is not a directory"
+        raise InvalidParams(f"dfs_root {root!r:.200} {what}")
+    return path
+
+
+def attach(root: str) -> str:
+    """A Store reads and writes DFS files under `root` (validated, made absolute) from now on,
+    until its `detach`; InvalidParams when another Store of the process uses another path."""
+    path = check_root(root)
+    with _lock:
+        if _users[0] and _local[0] != path:
+            raise InvalidParams(
+                f"dfs_root {path!r:.200}: this process already sees the DFS directory at "
+                f"{_local[0]!r:.200} (one path per process)"
+            )
+        _local[0] = path
+        _users[0] += 1
+    return path
+
+
+def detach(root: str) -> None:
+    """The Store that attached `root` is closed (the master's paths are used again when it
+    was the last one)."""
+    with _lock:
+        if _users[0] and _local[0] == root:
+            _users[0] -= 1
+            if not _users[0]:
+                _local[0] = None
+
+
+def local_root() -> str | None:
+    """The DFS directory's path in this process, when a Store named one."""
+    return _local[0]
+
+
 def _path(r: ReplicaDesc) -> str | None:
-    root = r.endpoint
+    root = _local[0] or r.endpoint
     if not root or not os.path.isabs(root) or r.offset < 0:
         return None
     return dfs_file(root, r.offset)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import cast
 
+from kvpool.client import dfs
 from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig, WriteMode
 from kvpool.client.control import Control, TaskInfo
@@ -152,6 +153,7 @@ class Store:
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         offload_dir: str | None = None,
         offload_size: int | str = 0,
+        dfs_root: str | None = None,
         token: str = "",
         token_file: str = "",
         read_mode: str = "strict",
@@ -179,6 +181,7 @@ class Store:
             failover_timeout=failover_timeout,
             offload_dir=offload_dir,
             offload_size=parse_size(offload_size, name="offload_size"),
+            dfs_root=dfs_root,
             token=token,
             token_file=token_file,
             read_mode=cast(ReadMode, read_mode),
@@ -210,6 +213,7 @@ class Store:
         self._pending: PendingCommits | None = None
         self._invalidations: Invalidations | None = None
         self._hot: HotCache | None = None
+        self._dfs_root: str | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -221,6 +225,8 @@ class Store:
             token=client_token(config.token, config.token_file),
         )
         try:
+            if config.dfs_root is not None:  # tiers: the DFS directory at this process's path
+                self._dfs_root = dfs.attach(config.dfs_root)
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)
             self._node.start()
             node = self._node
@@ -355,6 +361,9 @@ class Store:
         reader = getattr(self, "_reader", None)
         if reader is not None:
             reader.close()  # the disk-tier files it reads with preadv
+        if self._dfs_root is not None:
+            dfs.detach(self._dfs_root)
+            self._dfs_root = None
 
     def __enter__(self) -> Store:
         return self

@@ -580,7 +580,7 @@ class Store:
         self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
-        return self._writer.put_batch(ks, views, config, upsert=False)
+        return self._put_batch(ks, views, config, upsert=False)
 
     def batch_upsert(
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -590,7 +590,19 @@ class Store:
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
         self._forget(ks)
-        return self._writer.put_batch(ks, views, config, upsert=True)
+        return self._put_batch(ks, views, config, upsert=True)
+
+    def _put_batch(
+        self,
+        ks: list[str],
+        views: list[memoryview],
+        config: ReplicateConfig | None,
+        *,
+        upsert: bool,
+    ) -> list[ErrorCode]:
+        if isinstance(config, ReplicateConfig) and config.dfs_replica_num:  # tiers: a file per key
+            return dfs.put_each(self._writer.put_one, ks, views, config, upsert=upsert)
+        return self._writer.put_batch(ks, views, config, upsert=upsert)
 
     def batch_put_from(
         self, keys: Sequence[str], buffers: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -599,7 +611,7 @@ class Store:
         self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, buffers, self._put_from_view)
-        return self._writer.put_batch(ks, views, config, upsert=False)
+        return self._put_batch(ks, views, config, upsert=False)
 
     # ------------------------------------------------------------------ get (reader.py)
 

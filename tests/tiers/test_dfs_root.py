@@ -126,3 +126,34 @@ def test_kvpool_up_gives_its_master_and_node_the_dfs_root(
         assert s.get("u") == value(1)
     finally:
         up.stop()
+
+
+def test_dfs_fsync_syncs_each_file_before_its_rename_while_a_store_asks(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = tmp_path / "shared"
+    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    plain = Store(p.address, rpc_timeout=20.0)
+    stores.append(plain)
+    assert plain.put("n0", value(0), DFS)
+    assert [f for f in synced if DFS_DIR in f] == []  # off by default
+    s = Store(p.address, rpc_timeout=20.0, dfs_fsync=True)
+    stores.append(s)
+    assert s.put("s0", value(1), DFS)
+    assert len([f for f in synced if f.endswith(".tmp")]) == 1  # before the rename
+    s.close()
+    assert plain.put("n1", value(2), DFS)
+    assert len([f for f in synced if f.endswith(".tmp")]) == 1
+    with pytest.raises(InvalidParams, match="dfs_fsync"):
+        Store(p.address, dfs_fsync="yes")  # type: ignore[arg-type]

@@ -49,6 +49,7 @@ from kvpool.protocol.tiers import dfs_file
 
 __all__ = [
     "PIECE",
+    "Attachment",
     "attach",
     "check_root",
     "detach",
@@ -68,6 +69,16 @@ _lock = threading.Lock()
 _local: list[str | None] = [None]
 """The DFS directory's path in this process (None: the master's, each replica's endpoint)."""
 _users: list[int] = [0]
+_fsyncs: list[int] = [0]
+"""Open Stores that asked for `fsync` of each DFS file before its rename."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attachment:
+    """What one Store (or node) asked of this process's DFS files, until its `detach`."""
+
+    root: str | None
+    fsync: bool
 
 
 def check_root(root: object) -> str:
@@ -81,29 +92,36 @@ def check_root(root: object) -> str:
     return path
 
 
-def attach(root: str) -> str:
-    """A Store reads and writes DFS files under `root` (validated, made absolute) from now on,
-    until its `detach`; InvalidParams when another Store of the process uses another path."""
-    path = check_root(root)
+def attach(root: str | None, *, fsync: bool = False) -> Attachment:
+    """From now on until `detach`: DFS files are read and written under `root` (validated,
+    made absolute; None: at the master's path), and `fsync`ed before their rename when
+    `fsync` (on while any open Store asked for it). InvalidParams when another Store of the
+    process sees the directory at another path."""
+    path = None if root is None else check_root(root)
     with _lock:
-        if _users[0] and _local[0] != path:
-            raise InvalidParams(
-                f"dfs_root {path!r:.200}: this process already sees the DFS directory at "
-                f"{_local[0]!r:.200} (one path per process)"
-            )
-        _local[0] = path
-        _users[0] += 1
-    return path
+        if path is not None:
+            if _users[0] and _local[0] != path:
+                raise InvalidParams(
+                    f"dfs_root {path!r:.200}: this process already sees the DFS directory "
+                    f"at {_local[0]!r:.200} (one path per process)"
+                )
+            _local[0] = path
+            _users[0] += 1
+        if fsync:
+            _fsyncs[0] += 1
+    return Attachment(path, fsync)
 
 
-def detach(root: str) -> None:
-    """The Store that attached `root` is closed (the master's paths are used again when it
-    was the last one)."""
+def detach(a: Attachment) -> None:
+    """The Store that made `a` is closed: the master's paths are used again when it was the
+    last one to name a path, and files are no longer synced when it was the last to ask."""
     with _lock:
-        if _users[0] and _local[0] == root:
+        if a.root is not None and _users[0] and _local[0] == a.root:
             _users[0] -= 1
             if not _users[0]:
                 _local[0] = None
+        if a.fsync and _fsyncs[0]:
+            _fsyncs[0] -= 1
 
 
 def local_root() -> str | None:
@@ -132,6 +150,8 @@ def write(r: ReplicaDesc, value: memoryview) -> ErrorCode:
             n = value.nbytes
             while done < n:
                 done += os.write(fd, value[done:])
+            if _fsyncs[0]:  # durable before it is named (costs: docs/parts/perf-tiers.md)
+                os.fdatasync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)

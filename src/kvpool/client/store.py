@@ -154,6 +154,7 @@ class Store:
         offload_dir: str | None = None,
         offload_size: int | str = 0,
         dfs_root: str | None = None,
+        dfs_fsync: bool = False,
         token: str = "",
         token_file: str = "",
         read_mode: str = "strict",
@@ -182,6 +183,7 @@ class Store:
             offload_dir=offload_dir,
             offload_size=parse_size(offload_size, name="offload_size"),
             dfs_root=dfs_root,
+            dfs_fsync=dfs_fsync,
             token=token,
             token_file=token_file,
             read_mode=cast(ReadMode, read_mode),
@@ -213,7 +215,7 @@ class Store:
         self._pending: PendingCommits | None = None
         self._invalidations: Invalidations | None = None
         self._hot: HotCache | None = None
-        self._dfs_root: str | None = None
+        self._dfs: dfs.Attachment | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -225,8 +227,8 @@ class Store:
             token=client_token(config.token, config.token_file),
         )
         try:
-            if config.dfs_root is not None:  # tiers: the DFS directory at this process's path
-                self._dfs_root = dfs.attach(config.dfs_root)
+            if config.dfs_root is not None or config.dfs_fsync:  # tiers: this process's DFS
+                self._dfs = dfs.attach(config.dfs_root, fsync=config.dfs_fsync)
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)
             self._node.start()
             node = self._node
@@ -361,9 +363,9 @@ class Store:
         reader = getattr(self, "_reader", None)
         if reader is not None:
             reader.close()  # the disk-tier files it reads with preadv
-        if self._dfs_root is not None:
-            dfs.detach(self._dfs_root)
-            self._dfs_root = None
+        if self._dfs is not None:
+            dfs.detach(self._dfs)
+            self._dfs = None
 
     def __enter__(self) -> Store:
         return self

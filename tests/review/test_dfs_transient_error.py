@@ -45,11 +45,6 @@ def broken_for_a_moment(tmp_path: Path) -> Iterator[Path]:
         away.rename(link)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: master/dfs.py check() drops a DFS replica when stat fails for any reason "
-    "(os.path.exists), deleting a DFS-only object whose file is intact",
-)
 def test_a_transient_dfs_error_loses_no_object(
     pool: PoolFactory,  # noqa: F811
     broken_for_a_moment: Path,

@@ -54,12 +54,6 @@ def disk_segments(tmp_path: Path) -> Iterator[list[SegmentLocation]]:
             os.close(fd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: DiskFiles.read uses a descriptor outside its lock while another thread "
-    "closes it (MAX_OPEN eviction, forget, close); preadv then reads whatever file got the "
-    "number (disk_files.py read/_fd)",
-)
 def test_a_read_never_returns_another_files_bytes(
     disk_segments: list[SegmentLocation], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from kvpool.client import Store, dfs
 from kvpool.client.replicate import ReplicateConfig
-from kvpool.errors import KVPoolError
+from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR
 from kvtest.pool import PoolFactory, pool  # noqa: F401
@@ -154,3 +154,28 @@ def test_a_dfs_write_abandoned_mid_way_leaves_no_file(
     assert s.put("gone", value(2), DFS)  # the key is free again
     assert s.get("gone") == value(2)
     assert len(files(root)) == 1
+
+
+def test_batch_puts_take_dfs_copies_too(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
+    s = _store(stores, p.address)
+    keys = [f"b{i}" for i in range(4)]
+    assert s.batch_put(keys, [value(i) for i in range(4)], DFS) == [0] * 4
+    assert all(kinds(s, k) == [ReplicaKind.MEMORY, ReplicaKind.DFS] for k in keys)
+    assert len(files(root)) == 4
+    # Per key as the batched path answers: an existing key is kept, the others stored.
+    got = s.batch_put(["b0", "b9"], [value(7), value(9)], DFS)
+    assert got == [ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.OK]
+    groups = ReplicateConfig(dfs_replica_num=1, group_ids=("g1", "g2"))
+    assert s.batch_put(["c1", "c2"], [value(1), value(2)], groups) == [0, 0]
+    p.kill_node(0)  # memory gone: every value comes from its file
+    wait_until(lambda: kinds(s, "b9") == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    expect = {"b0": 0, "b1": 1, "b2": 2, "b3": 3, "b9": 9, "c1": 1, "c2": 2}
+    for k, i in expect.items():
+        assert s.get(k) == value(i), k
+    assert len(files(root)) == len(expect)

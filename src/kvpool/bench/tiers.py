@@ -16,7 +16,10 @@ the file system) plus a pure-client Store. Rows:
 * `kvpool`/`disk-on-evict`: put with memory full, each put moving an older object to disk;
 * `kvpool`/`dfs`: put with `dfs_replica_num=1` (memory and the file in the master's
   `--dfs-root`, in DIR), and get/get_into of such objects once the filler dropped their memory
-  replicas (read from the file with `preadv`);
+  replicas (read from the file with `preadv`); op `put_fsync`: the same put by a Store made
+  with `dfs_fsync=True` (the file `fdatasync`ed before its rename);
+* `limit`/`file`, ops `write_rename` and `write_fsync_rename`: what a DFS put does to its file
+  (a new temporary file written, closed and renamed), without and with the `fdatasync`;
 * `kvpool`/`disk-local` and `disk-shm`, op `get_into`: the same reads into one registered
   buffer (as the baseline preads into one buffer); a same-host disk replica is read with
   `preadv` from the tier's file (`kvpool.client.disk_files`);
@@ -111,7 +114,29 @@ def _file_rows(directory: str, size: int, n: int) -> list[Row]:
     finally:
         os.close(fd)
         os.unlink(path)
-    return [_row("file", "limit", "put", size, put), _row("file", "limit", "get", size, get)]
+    rows = [_row("file", "limit", "put", size, put), _row("file", "limit", "get", size, get)]
+    for op, sync in (("write_rename", False), ("write_fsync_rename", True)):
+        rows.append(_row("file", "limit", op, size, _timed(n, _new_file(directory, data, sync))))
+        for i in range(n):
+            os.unlink(os.path.join(directory, f"baseline-new-{i}"))
+    return rows
+
+
+def _new_file(directory: str, data: bytes, sync: bool) -> Callable[[int], None]:
+    """Call `i` writes file `i` as `kvpool.client.dfs.write` writes a DFS file."""
+
+    def write(i: int) -> None:
+        path = os.path.join(directory, f"baseline-new-{i}")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            if sync:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.rename(path + ".tmp", path)
+
+    return write
 
 
 def _only(store: Store, key: str, kind: ReplicaKind) -> bool:
@@ -196,6 +221,9 @@ def _size_rows(  # noqa: PLR0917
     # replicas (a DFS copy keeps them readable), so they are read from the file.
     dfs_put = _timed(n, lambda i: client.put(f"{tag}-x{i}", _value(i, size, f"{tag}x"), _DFS))
     rows.append(_row("dfs", "kvpool", "put", size, dfs_put))
+    with Store(client.master, rpc_timeout=60.0, dfs_fsync=True) as syncer:
+        synced = _timed(n, lambda i: syncer.put(f"{tag}-y{i}", _value(i, size, f"{tag}y"), _DFS))
+    rows.append(_row("dfs", "kvpool", "put_fsync", size, synced))
     # Checking touches the objects (an access, a lease): fill a memory's worth between checks.
     filler = 0
     fill_times: list[float] = []

@@ -21,6 +21,7 @@ import click
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
 from kvpool.cli.tiers import node_tier_options
 from kvpool.cli.tls import tls_config, tls_options
+from kvpool.client import dfs
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
 from kvpool.client.datapath import DataPath
 from kvpool.client.disk import DiskTier, DiskTierSet
@@ -237,6 +238,7 @@ def node(
     http_port: int | None = None,
     offload_dir: tuple[str, ...],
     offload_size: int,
+    dfs_root: str | None,
     token_file: str | None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
@@ -265,6 +267,10 @@ def node(
         raise click.BadParameter(
             exc.message.removeprefix("--segment-size: "), param_hint="'--segment-size'"
         ) from exc
+    try:  # tiers: DFS files under this process's path (kvpool.client.dfs), for its lifetime
+        attached = None if dfs_root is None else dfs.attach(dfs_root)
+    except KVPoolError as exc:
+        raise click.BadParameter(exc.message, param_hint="'--dfs-root'") from exc
     interval = heartbeat_interval
     poll = task_poll_interval
     stop = threading.Event()
@@ -345,4 +351,6 @@ def node(
         if disk is not None:
             disk.close()
         data.close()
+        if attached is not None:
+            dfs.detach(attached)
     click.echo("kvpool node: stopped")

@@ -127,8 +127,15 @@ def tier_config(kwargs: dict[str, Any]) -> TierConfig:
 
 
 def node_tier_options(f: F) -> F:
-    """Add `--offload-dir` (repeatable) and `--offload-size` (keyword arguments offload_dir, a
-    tuple of directories, and offload_size)."""
+    """Add `--offload-dir` (repeatable), `--offload-size` and `--dfs-root` (keyword arguments
+    offload_dir, a tuple of directories, offload_size and dfs_root)."""
+    f = click.option(
+        "--dfs-root",
+        type=click.Path(exists=True, file_okay=False),
+        default=None,
+        help="Where the master's --dfs-root directory is mounted here, when not at the "
+        "master's path: DFS files are read and written under it (kvpool.client.dfs).",
+    )(f)
     f = click.option(
         "--offload-size",
         type=Size(minimum=1 << 20),

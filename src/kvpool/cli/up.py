@@ -102,6 +102,7 @@ def up(
     refresh: float,
     offload_dir: tuple[str, ...],
     offload_size: int,
+    dfs_root: str | None = None,
     auth_file: str | None = None,
     token_file: str | None = None,
     tls_cert: str | None = None,
@@ -147,6 +148,9 @@ def up(
         master_args = ("--offload-policy", "on-evict")
     master_args += auth_master + secure
     node_args += auth_node + secure
+    if dfs_root is not None:  # a DFS tier: the master's directory, the node at the same path
+        node_args = (*node_args, "--dfs-root", dfs_root)
+        master_args = (*master_args, "--dfs-root", dfs_root)
     pool = EmbeddedPool(
         PoolSpec(
             segment_size=size,

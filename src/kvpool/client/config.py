@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from kvpool.client.dfs import check_root
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
 from kvpool.client.locations import (
     DEFAULT_LOCATION_CAPACITY,
@@ -96,6 +97,12 @@ class StoreConfig:
     of `offload_size` bytes and its journal); None for none."""
     offload_size: int = 0
     """Bytes of the disk tier (with `offload_dir`; at least 1 MiB)."""
+    dfs_root: str | None = None
+    """Where the master's DFS directory (`kvpool master --dfs-root`) is mounted in this
+    process, when not at the master's path (`kvpool.client.dfs`); an existing directory."""
+    dfs_fsync: bool = False
+    """`fdatasync` each DFS file this process writes before its rename (durable against a
+    crash of this host; off: the file system's own flush, as NFS does at close)."""
     token: str = field(default="", repr=False)
     """The credential this Store proves to a master that has an auth file (docs/security.md);
     "" reads `token_file`, then $KVPOOL_AUTH_TOKEN. Never printed."""
@@ -148,6 +155,10 @@ class StoreConfig:
                 f"offload_dir {self.offload_dir!r} needs an offload_size of at least 1 MiB, "
                 f"got {self.offload_size}"
             )
+        if self.dfs_root is not None:  # tiers: an existing directory, made absolute
+            object.__setattr__(self, "dfs_root", check_root(self.dfs_root))
+        if not isinstance(self.dfs_fsync, bool):
+            raise InvalidParams(f"dfs_fsync: expected a bool, got {self.dfs_fsync!r:.80}")
         if not isinstance(self.protocol, str) or self.protocol not in PROTOCOLS:
             raise InvalidParams(f"protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
         for name in ("tenant", "cluster_id", "host"):

@@ -10,29 +10,127 @@ part of a file), and removes what it wrote when the put fails. A reader reads th
 against the checksum recorded at PutEnd, as every read). A file that is gone answers
 OBJECT_NOT_FOUND: the reader tries the next replica and reports this one, which the master
 drops.
+
+The DFS directory may be mounted at another path here than on the master (`Store(dfs_root=)`,
+`kvpool node --dfs-root`): a Store given one `attach`es it, and while any Store of the process
+holds it every DFS file is read, written and removed under this path instead of the replica's
+`endpoint`. It is one path per process (a mount point is a fact of the host, not of a Store):
+a second Store naming another one is refused.
+
+Batch puts that ask for a DFS copy (`batch_put(..., ReplicateConfig(dfs_replica_num=1))`) are
+put key by key through the one-value path (`put_each`), which writes each file: a DFS copy is
+a file per key whatever the path, and the batched one (BatchPutStart) does not hand out DFS
+replicas yet (docs/parts/tiers.md, "Limits").
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import xxhash
 
-from kvpool.errors import ErrorCode
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.errors import (
+    ErrorCode,
+    InvalidParams,
+    KVPoolError,
+    PermissionDenied,
+    RpcError,
+    StoreClosed,
+    Unauthenticated,
+)
 from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
 from kvpool.protocol.tiers import dfs_file
 
-__all__ = ["PIECE", "read", "remove", "remove_failed", "write"]
+__all__ = [
+    "PIECE",
+    "Attachment",
+    "attach",
+    "check_root",
+    "detach",
+    "local_root",
+    "put_each",
+    "read",
+    "remove",
+    "remove_failed",
+    "write",
+]
 
 PIECE: Final = 1 << 20
 """Bytes read and hashed at a time (as `kvpool.client.disk_files`)."""
 
 
+_lock = threading.Lock()
+_local: list[str | None] = [None]
+"""The DFS directory's path in this process (None: the master's, each replica's endpoint)."""
+_users: list[int] = [0]
+_fsyncs: list[int] = [0]
+"""Open Stores that asked for `fsync` of each DFS file before its rename."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attachment:
+    """What one Store (or node) asked of this process's DFS files, until its `detach`."""
+
+    root: str | None
+    fsync: bool
+
+
+def check_root(root: object) -> str:
+    """`root` as an absolute path of an existing directory; InvalidParams otherwise."""
+    if not isinstance(root, str) or not root or "\0" in root:
+        raise InvalidParams(f"dfs_root: expected a directory path, got {root!r:.200}")
+    path = os.path.abspath(root)
+    if not os.path.isdir(path):
+        what = "does not exist" if not os.path.exists(path) else "is not a directory"
+        raise InvalidParams(f"dfs_root {root!r:.200} {what}")
+    return path
+
+
+def attach(root: str | None, *, fsync: bool = False) -> Attachment:
+    """From now on until `detach`: DFS files are read and written under `root` (validated,
+    made absolute; None: at the master's path), and `fsync`ed before their rename when
+    `fsync` (on while any open Store asked for it). InvalidParams when another Store of the
+    process sees the directory at another path."""
+    path = None if root is None else check_root(root)
+    with _lock:
+        if path is not None:
+            if _users[0] and _local[0] != path:
+                raise InvalidParams(
+                    f"dfs_root {path!r:.200}: this process already sees the DFS directory "
+                    f"at {_local[0]!r:.200} (one path per process)"
+                )
+            _local[0] = path
+            _users[0] += 1
+        if fsync:
+            _fsyncs[0] += 1
+    return Attachment(path, fsync)
+
+
+def detach(a: Attachment) -> None:
+    """The Store that made `a` is closed: the master's paths are used again when it was the
+    last one to name a path, and files are no longer synced when it was the last to ask."""
+    with _lock:
+        if a.root is not None and _users[0] and _local[0] == a.root:
+            _users[0] -= 1
+            if not _users[0]:
+                _local[0] = None
+        if a.fsync and _fsyncs[0]:
+            _fsyncs[0] -= 1
+
+
+def local_root() -> str | None:
+    """The DFS directory's path in this process, when a Store named one."""
+    return _local[0]
+
+
 def _path(r: ReplicaDesc) -> str | None:
-    root = r.endpoint
+    root = _local[0] or r.endpoint
     if not root or not os.path.isabs(root) or r.offset < 0:
         return None
     return dfs_file(root, r.offset)
@@ -52,6 +150,8 @@ def write(r: ReplicaDesc, value: memoryview) -> ErrorCode:
             n = value.nbytes
             while done < n:
                 done += os.write(fd, value[done:])
+            if _fsyncs[0]:  # durable before it is named (costs: docs/parts/perf-tiers.md)
+                os.fdatasync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
@@ -60,6 +160,40 @@ def write(r: ReplicaDesc, value: memoryview) -> ErrorCode:
             os.unlink(tmp)
         return ErrorCode.TRANSFER_FAIL
     return ErrorCode.OK
+
+
+PutOne = Callable[..., int]
+"""`Writer.put_one(key, view, config, *, upsert=)`: the replicas written, 0 when the key
+existed (put)."""
+
+_WHOLE_BATCH = (RpcError, StoreClosed, Unauthenticated, PermissionDenied)
+"""Failures of the call, not of one key: they end the batch, as in the batched path."""
+
+
+def put_each(
+    put_one: PutOne,
+    keys: Sequence[str],
+    views: Sequence[memoryview],
+    config: ReplicateConfig,
+    *,
+    upsert: bool,
+) -> list[ErrorCode]:
+    """A batch put that asked for a DFS copy, one key at a time (module docstring); per key
+    OK, OBJECT_ALREADY_EXISTS (put) or why it failed, as `batch_put` answers."""
+    config.check_batch(len(keys))
+    groups = config.group_ids
+    out: list[ErrorCode] = []
+    for i, (key, view) in enumerate(zip(keys, views, strict=True)):
+        cfg = config if groups is None else dataclasses.replace(config, group_ids=(groups[i],))
+        try:
+            got = put_one(key, view, cfg, upsert=upsert)
+        except _WHOLE_BATCH:
+            raise
+        except KVPoolError as exc:
+            out.append(exc.code)
+            continue
+        out.append(ErrorCode.OK if got or upsert else ErrorCode.OBJECT_ALREADY_EXISTS)
+    return out
 
 
 def remove(r: ReplicaDesc) -> None:

@@ -23,6 +23,16 @@ with the survivors (temp file, fsync, rename). `entries()` is what the node regi
 master (`RegisterDiskReplicas`) after mounting the file, and again whenever the master forgot
 its segment.
 
+While mounted, a background thread (`check_interval`; one per tier, stopped by `close()`)
+checks the tier as the master's DFS check checks files: each round it re-reads up to
+`check_per_round` objects (at most `check_bytes_per_round` bytes), round robin, through a file
+descriptor opened at mount (the same file as the mapping), and looks at the data file's path:
+an object whose bytes no longer match its checksum (corrupted on disk), or every object once
+the file was deleted or replaced under the running node (nothing of it survives the next
+start), is reported to the master (`ReportBadReplica`: the disk replica is dropped when the
+object has another readable one; the last one is kept, never served wrong) and journaled as
+given up. Counted in `DiskTierStats.check_bad` / `file_vanished`.
+
 A file of another size than asked starts the tier afresh (the journal is discarded). `close()`
 unmaps nothing itself (the node's segment owns the mapping) and releases the lock; the files
 stay for the next start, `wipe()` removes them.
@@ -52,6 +62,8 @@ from kvpool.protocol.messages import (
     RegisterDiskReplicas,
     ReplicaKind,
     ReplicaTask,
+    Reply,
+    ReportBadReplica,
     SegmentName,
     TenantId,
 )
@@ -70,6 +82,12 @@ _DEL: Final = 2
 _MAX_RECORD: Final = 1 << 20
 _VERIFY_CHUNK: Final = 8 << 20
 _REGISTER_CHUNK: Final = 4096
+CHECK_INTERVAL_S: Final = 1.0
+"""Seconds between two rounds of the background check (0: no check)."""
+CHECK_PER_ROUND: Final = 64
+"""Objects re-read per round at most."""
+CHECK_BYTES_PER_ROUND: Final = 64 << 20
+"""Bytes re-read per round at most (one larger object is still read whole, alone)."""
 
 
 @dataclass(slots=True)
@@ -86,18 +104,45 @@ class DiskTierStats:
     """Objects journaled since open."""
     torn_records: int = 0
     """Journal bytes cut off at open (a torn last record)."""
+    checked: int = 0
+    """Objects the background check re-read."""
+    check_bad: int = 0
+    """Objects it found corrupt or lost (reported to the master, journaled as given up)."""
+    file_vanished: bool = False
+    """The data file was deleted or replaced under the running node."""
 
 
 class DiskTier:
     """The disk tier in `directory` of `size` bytes (module docstring). Thread-safe."""
 
-    def __init__(self, directory: str, size: int | str) -> None:
+    def __init__(
+        self,
+        directory: str,
+        size: int | str,
+        *,
+        check_interval: float = CHECK_INTERVAL_S,
+        check_per_round: int = CHECK_PER_ROUND,
+        check_bytes_per_round: int = CHECK_BYTES_PER_ROUND,
+    ) -> None:
         nbytes = parse_size(size, name="offload_size", minimum=1 << 20)
+        if not 0 <= check_interval <= 3600 or check_per_round < 1 or check_bytes_per_round < 1:
+            raise InvalidParams(
+                f"disk check: interval {check_interval!r} (0-3600 s), per round "
+                f"{check_per_round!r} and bytes per round {check_bytes_per_round!r} (>= 1)"
+            )
         self.directory = os.path.abspath(directory)
         self.size = nbytes
         self.stats = DiskTierStats()
         self._lock = threading.Lock()
         self._entries: dict[int, DiskEntry] = {}
+        self._check_interval = check_interval
+        self._check_per_round = check_per_round
+        self._check_bytes = check_bytes_per_round
+        self._scan: list[int] = []
+        self._check_fd = -1
+        self._check_ino: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._checker: threading.Thread | None = None
         self.segment: SegmentMemory | None = None
         """The mounted data file (set by the node after mounting it)."""
         try:
@@ -338,6 +383,7 @@ class DiskTier:
         )
         self.segment = mem
         self.register(node)
+        self._start_check(node)
         previous = node.on_remount
 
         def remounted(restored: list[SegmentName]) -> None:
@@ -373,9 +419,132 @@ class DiskTier:
         )
         return total
 
-    def close(self) -> None:
-        """Close the journal and release the directory's lock. Idempotent."""
+    # ------------------------------------------------------------------ background check
+
+    def _start_check(self, node: NodeRuntime) -> None:
+        if self._check_interval <= 0 or self._checker is not None:
+            return
+        try:
+            fd = os.open(self.data_path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("disk tier %s: no background check: %s", self.directory, exc)
+            return
+        st = os.fstat(fd)
         with self._lock:
+            self._check_fd = fd
+            self._check_ino = (st.st_dev, st.st_ino)
+        self._checker = threading.Thread(
+            target=self._check_loop, args=(node,), name="kvpool-disk-check", daemon=True
+        )
+        self._checker.start()
+
+    def _check_loop(self, node: NodeRuntime) -> None:
+        while not self._stop.wait(self._check_interval):
+            if node.closed:
+                return
+            try:
+                bad = self.check()
+                for e in bad:
+                    self._report(node, e)
+            except KVPoolError as exc:  # the master is away: the next round tries again
+                log.debug("disk tier %s: check: %s", self.directory, exc)
+            except Exception:  # a bug must not kill the node; logged, and the next round runs
+                log.exception("disk tier %s: check failed", self.directory)
+
+    def check(self) -> list[DiskEntry]:
+        """One bounded round of the background check (module docstring): the objects found
+        corrupt or lost, already taken out of the tier and journaled as given up."""
+        vanished = self._file_vanished()
+        with self._lock:
+            if self._check_fd < 0:
+                return []
+            if not self._scan:
+                self._scan = sorted(self._entries, reverse=True)
+            todo: list[DiskEntry] = []
+            budget = self._check_bytes
+            while self._scan and len(todo) < self._check_per_round:
+                e = self._entries.get(self._scan[-1])
+                if e is not None and todo and e.size > budget:
+                    break
+                self._scan.pop()
+                if e is not None:
+                    todo.append(e)
+                    budget -= e.size
+            fd = self._check_fd
+        bad = todo if vanished else [e for e in todo if not self._matches(fd, e)]
+        self.stats.checked += len(todo)
+        if not bad:
+            return []
+        with self._lock:
+            gone = [e for e in bad if self._entries.get(e.offset) is e]  # not rewritten since
+            for e in gone:
+                del self._entries[e.offset]
+            if gone and self._journal_fd >= 0:
+                try:
+                    os.write(self._journal_fd, b"".join(_record(_DEL, e) for e in gone))
+                    os.fdatasync(self._journal_fd)
+                except OSError as exc:
+                    log.warning("disk tier %s: journaling a bad object: %s", self.directory, exc)
+        self.stats.check_bad += len(gone)
+        if gone:
+            log.warning(
+                "disk tier %s: %d object(s) %s; dropped",
+                self.directory,
+                len(gone),
+                "lost with the data file" if vanished else "corrupt on disk",
+            )
+        return gone
+
+    def _file_vanished(self) -> bool:
+        if self.stats.file_vanished:
+            return True
+        try:
+            st = os.stat(self.data_path)
+            same = (st.st_dev, st.st_ino) == self._check_ino
+        except OSError:
+            same = False
+        if not same:
+            self.stats.file_vanished = True
+            log.error(
+                "disk tier %s: the data file was deleted or replaced; its objects are "
+                "given up (what they hold elsewhere stays readable)",
+                self.directory,
+            )
+        return not same
+
+    @staticmethod
+    def _matches(fd: int, e: DiskEntry) -> bool:
+        h = xxhash.xxh3_64()
+        pos, left = e.offset, e.size
+        try:
+            while left:
+                chunk = os.pread(fd, min(left, _VERIFY_CHUNK), pos)
+                if not chunk:
+                    return False
+                h.update(chunk)
+                pos += len(chunk)
+                left -= len(chunk)
+        except OSError:
+            return False
+        return h.intdigest() == e.checksum
+
+    def _report(self, node: NodeRuntime, e: DiskEntry) -> None:
+        seg = self.segment
+        if seg is None:
+            return
+        node.rpc.call_as(ReportBadReplica(e.key, SegmentName(seg.name), e.offset, e.tenant), Reply)
+
+    def close(self) -> None:
+        """Stop the background check, close the journal and release the directory's lock.
+        Idempotent."""
+        self._stop.set()
+        checker = self._checker
+        if checker is not None and checker is not threading.current_thread():
+            checker.join(timeout=30)
+        with self._lock:
+            if self._check_fd >= 0:
+                os.close(self._check_fd)
+                self._check_fd = -1
             if self._journal_fd >= 0:
                 os.close(self._journal_fd)
                 self._journal_fd = -1

@@ -41,12 +41,26 @@ cache, large enough that one `preadv` per piece costs nothing (docs/parts/perf-t
 _PROC_FD: Final = re.compile(r"^/proc/(\d+)/fd/(\d+)$")
 
 
+class _Open:
+    """One open file and the reads using it: closed once dropped and no read holds it (a
+    descriptor closed under a read would be reused by the next `open`, and the read would
+    take another file's bytes)."""
+
+    __slots__ = ("dropped", "fd", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.dropped = False
+
+
 class DiskFiles:
-    """Open disk-tier files of this host, by segment name (module docstring). Thread-safe."""
+    """Open disk-tier files of this host, by segment name (module docstring). Thread-safe:
+    a file is closed only when no read uses it."""
 
     def __init__(self, host_id: str) -> None:
         self._host_id = host_id
-        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._files: OrderedDict[str, _Open] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -60,8 +74,8 @@ class DiskFiles:
         n = dest.nbytes
         if offset < 0 or offset + n > location.size:
             return ErrorCode.INVALID_PARAMS, None  # never read outside the segment
-        fd = self._fd(location)
-        if fd < 0:
+        f = self._acquire(location)
+        if f is None:
             return None
         hasher = xxhash.xxh3_64() if want_hash else None
         pos = 0
@@ -69,53 +83,88 @@ class DiskFiles:
             while pos < n:
                 end = min(n, pos + PIECE)
                 part = dest[pos:end]
-                got = os.preadv(fd, [part], offset + pos)
+                got = os.preadv(f.fd, [part], offset + pos)
                 if got <= 0:
                     return ErrorCode.TRANSFER_FAIL, None  # the file shrank under us
                 if hasher is not None:
                     hasher.update(part[:got])
                 pos += got
         except OSError:
+            self._release(f)
+            f = None
             self.forget(location.name)
             return ErrorCode.TRANSFER_FAIL, None
+        finally:
+            if f is not None:
+                self._release(f)
         return ErrorCode.OK, None if hasher is None else hasher.intdigest()
 
-    def _fd(self, location: SegmentLocation) -> int:
+    def _acquire(self, location: SegmentLocation) -> _Open | None:
+        """The open file of `location`, held for one read (`_release`), or None."""
         name = location.name
         with self._lock:
-            fd = self._fds.get(name)
-            if fd is not None:
-                self._fds.move_to_end(name)
-                return fd
-            if self._closed:
-                return -1
+            f = self._files.get(name)
+            if f is not None:
+                self._files.move_to_end(name)
+                f.users += 1
+                return f
+        if self.is_closed():
+            return None
         fd = _open(location, self._host_id)
         if fd < 0:
-            return -1
+            return None
+        dropped: list[_Open] = []
         with self._lock:
-            if self._closed or name in self._fds:
+            other = self._files.get(name)
+            if other is not None:  # opened by another reader meanwhile
                 os.close(fd)
-                return self._fds.get(name, -1)
-            self._fds[name] = fd
-            while len(self._fds) > MAX_OPEN:
-                _, old = self._fds.popitem(last=False)
-                os.close(old)
-        return fd
+                other.users += 1
+                return other
+            if self.is_closed():  # (closed while this one opened its file)
+                os.close(fd)
+                return None
+            f = self._files[name] = _Open(fd)
+            f.users += 1
+            while len(self._files) > MAX_OPEN:
+                _, old = self._files.popitem(last=False)
+                dropped.append(old)
+            closable = [d.fd for d in dropped if self._drop_locked(d)]
+        for old_fd in closable:
+            os.close(old_fd)
+        return f
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _release(self, f: _Open) -> None:
+        with self._lock:
+            f.users -= 1
+            close = f.dropped and f.users == 0
+        if close:
+            os.close(f.fd)
+
+    @staticmethod
+    def _drop_locked(f: _Open) -> bool:
+        """Mark `f` dropped (under the lock); answers whether the caller closes it now."""
+        f.dropped = True
+        return f.users == 0
 
     def forget(self, name: str) -> None:
-        """Close the file of segment `name`, if open (its read failed)."""
+        """Close the file of segment `name`, if open (its read failed), once no read uses it."""
         with self._lock:
-            fd = self._fds.pop(name, None)
-        if fd is not None:
-            os.close(fd)
+            f = self._files.pop(name, None)
+            close = f is not None and self._drop_locked(f)
+        if close and f is not None:
+            os.close(f.fd)
 
     def close(self) -> None:
-        """Close every file (idempotent); later reads answer None."""
+        """Close every file (idempotent; each once no read uses it); later reads answer None."""
         with self._lock:
             self._closed = True
-            fds = list(self._fds.values())
-            self._fds.clear()
-        for fd in fds:
+            files = list(self._files.values())
+            self._files.clear()
+            closable = [f.fd for f in files if self._drop_locked(f)]
+        for fd in closable:
             os.close(fd)
 
 

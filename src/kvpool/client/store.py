@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import cast
 
+from kvpool.client import dfs
 from kvpool.client.arena import Arenas
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S, Protocol, StoreConfig, WriteMode
 from kvpool.client.control import Control, TaskInfo
@@ -154,6 +155,8 @@ class Store:
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         offload_dir: str | None = None,
         offload_size: int | str = 0,
+        dfs_root: str | None = None,
+        dfs_fsync: bool = False,
         token: str = "",
         token_file: str = "",
         read_mode: str = "strict",
@@ -184,6 +187,8 @@ class Store:
             failover_timeout=failover_timeout,
             offload_dir=offload_dir,
             offload_size=parse_size(offload_size, name="offload_size"),
+            dfs_root=dfs_root,
+            dfs_fsync=dfs_fsync,
             token=token,
             token_file=token_file,
             read_mode=cast(ReadMode, read_mode),
@@ -218,6 +223,7 @@ class Store:
         self._pending: PendingCommits | None = None
         self._invalidations: Invalidations | None = None
         self._hot: HotCache | None = None
+        self._dfs: dfs.Attachment | None = None
         self._node = NodeRuntime(
             config.master,
             host=config.host,
@@ -230,6 +236,8 @@ class Store:
             tls=TlsConfig.resolve(config.tls_cert, config.tls_key, config.tls_ca),
         )
         try:
+            if config.dfs_root is not None or config.dfs_fsync:  # tiers: this process's DFS
+                self._dfs = dfs.attach(config.dfs_root, fsync=config.dfs_fsync)
             self._data = DataPath(self._node, config.protocol, config.transfer_timeout)
             self._node.start()
             node = self._node
@@ -364,6 +372,9 @@ class Store:
         reader = getattr(self, "_reader", None)
         if reader is not None:
             reader.close()  # the disk-tier files it reads with preadv
+        if self._dfs is not None:
+            dfs.detach(self._dfs)
+            self._dfs = None
 
     def __enter__(self) -> Store:
         return self
@@ -580,7 +591,7 @@ class Store:
         self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
-        return self._writer.put_batch(ks, views, config, upsert=False)
+        return self._put_batch(ks, views, config, upsert=False)
 
     def batch_upsert(
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -590,7 +601,19 @@ class Store:
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
         self._forget(ks)
-        return self._writer.put_batch(ks, views, config, upsert=True)
+        return self._put_batch(ks, views, config, upsert=True)
+
+    def _put_batch(
+        self,
+        ks: list[str],
+        views: list[memoryview],
+        config: ReplicateConfig | None,
+        *,
+        upsert: bool,
+    ) -> list[ErrorCode]:
+        if isinstance(config, ReplicateConfig) and config.dfs_replica_num:  # tiers: a file per key
+            return dfs.put_each(self._writer.put_one, ks, views, config, upsert=upsert)
+        return self._writer.put_batch(ks, views, config, upsert=upsert)
 
     def batch_put_from(
         self, keys: Sequence[str], buffers: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -599,7 +622,7 @@ class Store:
         self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, buffers, self._put_from_view)
-        return self._writer.put_batch(ks, views, config, upsert=False)
+        return self._put_batch(ks, views, config, upsert=False)
 
     # ------------------------------------------------------------------ get (reader.py)
 

@@ -219,7 +219,7 @@ FLAGS: tuple[Flag, ...] = (
     _f("promotion_max_per_heartbeat", U, "1", UNSUP, _TIERS),
     _f("enable_disk_eviction", B, "true", UNSUP, _TIERS),
     _f("quota_bytes", U, "0", UNSUP, _TIERS),
-    _f("root_fs_dir", S, "", UNSUP, "kvpool has no shared-filesystem (DISK / DFS) replicas"),
+    _f("root_fs_dir", S, "", MAP, "`--dfs-root` (the DFS tier: `dfs_replica_num=1` puts)"),
     _f("global_file_segment_size", INT, "9223372036854775807", UNSUP, "no DFS replicas"),
     _f("nof_eviction_ratio", D, "0.05", UNSUP, _NOF),
     _f("nof_eviction_high_watermark_ratio", D, "0.9", UNSUP, _NOF),
@@ -596,6 +596,9 @@ def translate(
         raise InvalidParams(f"--memory_allocator={allocator}: one of offset, cachelib")
     if given("processing_task_timeout_sec") and num("processing_task_timeout_sec") > 0:
         argv += ["--replica-task-timeout", secs("processing_task_timeout_sec")]
+
+    if get("root_fs_dir"):  # the shared directory of DFS replicas (docs/parts/tiers.md)
+        argv += ["--dfs-root", get("root_fs_dir")]
 
     _translate_ha(get, given, out, env)
 

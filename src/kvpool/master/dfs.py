@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections import OrderedDict
 from typing import Final
 
@@ -91,6 +92,12 @@ class DfsTier:
                 self._complete[r.offset] = obj
                 self.counters["written"] += 1
 
+    def restore(self, obj: ObjectMeta, replica: Replica) -> None:
+        """`replica` of `obj` came back with a restart (`--data-dir`) or a promoted standby's
+        copy: its file is checked from now on, and new ids are taken after it (in order)."""
+        self._complete[replica.offset] = obj
+        self._next = max(self._next, replica.offset + self._core.aligned(obj.size))
+
     def on_free(self, offset: int) -> None:
         """The DFS replica of file id `offset` was freed: remove its file and a temporary one."""
         self._complete.pop(offset, None)
@@ -107,9 +114,17 @@ class DfsTier:
 
     def check(self) -> int:
         """Look for the files of up to `per_round` complete DFS replicas (round robin) and drop
-        the replicas whose file vanished; answers how many were dropped."""
+        the replicas whose file vanished (stat answers "no such file" while the DFS directory
+        itself is there; any other error keeps the replica); answers how many were dropped."""
         core = self._core
         dropped = 0
+        if not self._complete:
+            return 0
+        try:  # the directory itself: a round is skipped while the storage is not there
+            if not stat.S_ISDIR(os.stat(os.path.join(self.root, DFS_DIR)).st_mode):
+                return 0
+        except OSError:
+            return 0
         for _ in range(min(self.per_round, len(self._complete))):
             offset, obj = self._complete.popitem(last=False)
             replica = next(
@@ -118,7 +133,14 @@ class DfsTier:
             )
             if replica is None or core.index.get(obj.tenant, obj.key) is not obj:
                 continue  # gone another way (its free removed the file)
-            if os.path.exists(dfs_file(self.root, offset)):
+            try:
+                os.stat(dfs_file(self.root, offset))
+            except FileNotFoundError:
+                pass  # vanished: dropped below
+            except OSError:  # a passing storage error says nothing about the file
+                self._complete[offset] = obj
+                continue
+            else:
                 self._complete[offset] = obj  # back at the end of the round
                 continue
             self.drop_vanished(obj, replica)

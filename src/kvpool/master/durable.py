@@ -40,7 +40,15 @@ from kvpool.master.oplog import (
     write_snapshot,
 )
 from kvpool.master.segments import Segment
-from kvpool.protocol.messages import ClientId, HostId, ReplicaStatus, SegmentInfo, SegmentName
+from kvpool.protocol.messages import (
+    ClientId,
+    HostId,
+    ReplicaKind,
+    ReplicaStatus,
+    SegmentInfo,
+    SegmentName,
+)
+from kvpool.protocol.tiers import DFS_SEGMENT
 
 if TYPE_CHECKING:
     from kvpool.master.core import MetadataCore
@@ -50,6 +58,13 @@ __all__ = ["Durability", "Replay", "build", "state_records"]
 log = logging.getLogger(__name__)
 
 _COMPLETE = ReplicaStatus.COMPLETE
+DFS_MOUNT = 0
+"""The mount number of the DFS tier's segment in a `Replay` (real mounts count from 1): it
+belongs to no node, is never mounted or unmounted, and its replicas are files that outlive every
+node (docs/parts/tiers.md, "The DFS tier")."""
+
+Restored = Callable[[list[tuple[ObjectMeta, Replica]]], None]
+"""Told of the disk-tier and DFS replicas a restart (or a promoted standby) brought back."""
 
 
 class Replay:
@@ -67,6 +82,9 @@ class Replay:
     def _resolve(self, ranges: list[Where]) -> list[tuple[int, int]]:
         out = []
         for name, gen, off in ranges:
+            if name == DFS_SEGMENT:
+                out.append((DFS_MOUNT, off))
+                continue
             m = self.mounts.get(name)
             if m is not None and m[1].generation == gen:
                 out.append((m[0], off))
@@ -116,8 +134,13 @@ class Durability:
         fsync_interval: float,
         arena_ranges: Callable[[], Iterable[tuple[Segment, int, int]]],
         wall: Callable[[], float] = time.time,
+        *,
+        dfs: Segment | None = None,
+        restored: Restored | None = None,
     ) -> None:
         self._core = core
+        self._dfs = dfs
+        self._restored = restored
         self._dir = Path(data_dir)
         self._dir.mkdir(parents=True, exist_ok=True)
         self._wall = wall
@@ -172,7 +195,7 @@ class Durability:
         return last + 1
 
     def _build(self, state: Replay) -> None:
-        build(self._core, state, self._wall())
+        build(self._core, state, self._wall(), self._dfs, self._restored)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -271,10 +294,18 @@ def state_records(
         yield ParkRec(lent_until, size, [(seg.name, seg.generation, off)])
 
 
-def build(core: MetadataCore, state: Replay, wall: float) -> None:
+def build(
+    core: MetadataCore,
+    state: Replay,
+    wall: float,
+    dfs: Segment | None = None,
+    restored: Restored | None = None,
+) -> None:
     """Load `state` into the empty `core`: every segment mounted and silent until its node
-    remounts it with the same generation, objects on them, parked ranges kept until their
-    (wall-clock) time; `wall` is the wall clock now."""
+    remounts it with the same generation (a disk tier's as LOCAL_DISK again), objects on them,
+    parked ranges kept until their (wall-clock) time; `wall` is the wall clock now. DFS
+    replicas go on `dfs` (the master's DFS segment; dropped without one: no `--dfs-root`), and
+    `restored` is told of the disk and DFS replicas brought back."""
     now = core.clock()
     segs: dict[int, Segment] = {}
     recs = []
@@ -288,6 +319,7 @@ def build(core: MetadataCore, state: Replay, wall: float) -> None:
             m.shm_path,
             ClientId(m.client_id),
             m.generation,
+            ReplicaKind(m.kind),
         )
         core.mount_segment(rec, info)
         seg = core.segments.get(info.name)
@@ -296,6 +328,9 @@ def build(core: MetadataCore, state: Replay, wall: float) -> None:
             recs.append(rec)
     # Replicas by segment, sorted by offset; one overlapping an earlier one is dropped
     # (it cannot happen in a log this master wrote, but a bad range must not corrupt two).
+    nodes = dict(segs)  # the segments of nodes (silenced below); DFS replicas have none
+    if dfs is not None:
+        segs[DFS_MOUNT] = dfs
     claims: dict[int, list[tuple[int, int, int]]] = {no: [] for no in segs}
     objs = list(state.objects.values())
     for i, (o, ranges) in enumerate(objs):
@@ -319,7 +354,9 @@ def build(core: MetadataCore, state: Replay, wall: float) -> None:
         nos = kept.get(i)
         if not nos:
             continue
-        reps = tuple(Replica(segs[no], off, _COMPLETE) for no, off in ranges if no in nos)
+        reps = tuple(
+            Replica(segs[no], off, _COMPLETE, segs[no].kind) for no, off in ranges if no in nos
+        )
         for r in reps:
             r.segment.objects += 1
         t = core.index.tenant_for_insert(o.tenant)
@@ -366,11 +403,14 @@ def build(core: MetadataCore, state: Replay, wall: float) -> None:
         core.park_range(seg, off, size, until)
     if done:
         core.hooks.on_replicas_complete(done)
+        tiers = [(o, r) for o, r in done if r.kind is not ReplicaKind.MEMORY]
+        if tiers and restored is not None:
+            restored(tiers)
     for rec in recs:
         rec.silent = True
-    for seg in segs.values():
+    for seg in nodes.values():
         core.segments.silence(seg)
-    for seg in segs.values():
+    for seg in nodes.values():
         drain = state.drains.get(seg.name)
         if drain is not None and drain.generation == seg.generation:
             # Resumed by the drain table's next tick (`DrainTable.adopt`), to the same end.

@@ -84,6 +84,9 @@ class SegRec(msgspec.Struct, array_like=True, tag=1):
     endpoint: str
     shm_path: str
     client_id: str
+    #: The segment's tier (`ReplicaKind`: 0 memory, 2 a node's disk tier); a field with a
+    #: default, at the end: logs written before it still decode (as memory).
+    kind: int = 0
 
 
 class UnmountRec(msgspec.Struct, array_like=True, tag=2):
@@ -463,4 +466,5 @@ def seg_rec(seg: Segment) -> SegRec:
         seg.endpoint,
         seg.shm_path,
         seg.client_id,
+        int(seg.kind),
     )

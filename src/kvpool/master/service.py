@@ -213,8 +213,14 @@ class MasterService:
     def open_data_dir(self) -> Durability:
         """Load `config.data_dir` (restart: snapshot + logs) and log every change there."""
         assert self._config.data_dir is not None and self.durable is None
+        tiers = self._tiers  # tiers: the DFS segment, and who learns of restored replicas
         self.durable = Durability(
-            self._core, self._config.data_dir, self._config.fsync_interval, self._arenas.lent
+            self._core,
+            self._config.data_dir,
+            self._config.fsync_interval,
+            self._arenas.lent,
+            dfs=None if tiers.dfs is None else tiers.dfs.segment,
+            restored=tiers.restored,
         )
         return self.durable
 
@@ -230,7 +236,8 @@ class MasterService:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            build(self._core, state, time.time())
+            dfs = None if self._tiers.dfs is None else self._tiers.dfs.segment
+            build(self._core, state, time.time(), dfs, self._tiers.restored)
         finally:
             if was_enabled:
                 gc.enable()

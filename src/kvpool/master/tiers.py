@@ -154,6 +154,16 @@ class TierManager:
             del q[: len(q) // 2]
         q.append((seg.name, offset))
 
+    def restored(self, done: list[tuple[ObjectMeta, Replica]]) -> None:
+        """Disk-tier and DFS replicas came back with a master restart or a promoted standby
+        (`durable.build`): the disk LRU and the DFS check know them again."""
+        dfs = self.dfs
+        for obj, r in done:
+            if dfs is not None and r.segment is dfs.segment:
+                dfs.restore(obj, r)
+            else:
+                self._lru.add(obj)
+
     def take_freed(self, client_id: ClientId) -> list[tuple[SegmentName, int]]:
         """The client's freed disk ranges since the last call (FetchTasks hands them out)."""
         return self._freed.pop(client_id, []) if self._freed else []

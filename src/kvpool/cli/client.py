@@ -74,7 +74,9 @@ def client(
             port=port,
             tenant=tenant,
             token_file=token_file or "",
-            tls=tls,
+            tls_ca=tls.ca if tls is not None else "",
+            tls_cert=tls.cert if tls is not None else "",
+            tls_key=tls.key if tls is not None else "",
         )
     except (KVPoolError, OSError) as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc

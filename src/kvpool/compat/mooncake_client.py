@@ -39,7 +39,6 @@ from kvpool.compat.mooncake.dummy import (
 from kvpool.compat.mooncake.setup import pool_master_address
 from kvpool.compat.mooncake_flags import Flag, FlagType, Support, parse_argv
 from kvpool.errors import InvalidParams, KVPoolError
-from kvpool.rpc.tls import TlsConfig
 
 __all__ = ["CLIENT_FLAGS", "StandaloneClient", "main"]
 
@@ -85,7 +84,9 @@ class StandaloneClient:
         port: int,
         tenant: str = "default",
         token_file: str = "",
-        tls: TlsConfig | None = None,
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         self.master = master
         self.tenant = tenant
@@ -97,9 +98,9 @@ class StandaloneClient:
             host="127.0.0.1",
             tenant=tenant,
             token_file=token_file,
-            tls_ca=tls.ca if tls is not None else "",
-            tls_cert=tls.cert if tls is not None else "",
-            tls_key=tls.key if tls is not None else "",
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._closed = threading.Event()
         self._lock = threading.Lock()

@@ -79,8 +79,8 @@ class TenantReclaim:
                 if not target.evictable(obj, now):
                     continue  # an earlier eviction changed it
                 target.evict(obj)
-                if index.tenant_bytes.get(tenant, 0) == used:
-                    return before - used  # evicting frees no quota here (a disk tier kept it)
+                if index.tenant_bytes.get(tenant, 0) >= used:
+                    return before - used  # nothing freed now (a move to a disk tier began)
         return before - index.tenant_bytes.get(tenant, 0)
 
     def _takeable(self, obj: ObjectMeta, now: float) -> bool:

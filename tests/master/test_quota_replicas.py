@@ -147,6 +147,30 @@ def test_copy_and_move_targets_are_charged_when_allocated_and_refunded_when_free
     usage_is_space(svc)
 
 
+def test_a_copy_past_the_quota_is_refused_and_a_move_proceeds(
+    make_service: MakeService, tmp_path: Path
+) -> None:
+    svc = make_service(segments=3)
+    svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": 150 * KiB})))
+    a = m.TenantId("a")
+    size = 64 * KiB
+    assert svc.handle(m.PutStart(WRITER, "k", size, _cfg(1, "seg-0"), tenant=a)).code == 0
+    assert svc.handle(m.PutEnd(WRITER, "k", 1, tenant=a)).code == 0
+    task = _task(svc, m.CreateCopyTask("k", [m.SegmentName("seg-1")], tenant=a))
+    _finish(svc, task, ok=True)
+    assert _used(svc, "a") == 2 * size
+    reply = svc.handle(m.CreateCopyTask("k", [m.SegmentName("seg-2")], tenant=a))
+    assert reply.code == E.TENANT_QUOTA_EXCEEDED
+    assert not svc._tasks.running() and _used(svc, "a") == 2 * size  # nothing allocated
+    # A move keeps what was admitted: it may hold one replica more while it runs.
+    src, dst = m.SegmentName("seg-0"), m.SegmentName("seg-2")
+    task = _task(svc, m.CreateMoveTask("k", src, dst, tenant=a))
+    assert _used(svc, "a") == 3 * size
+    _finish(svc, task, ok=True)
+    assert _used(svc, "a") == 2 * size
+    usage_is_space(svc)
+
+
 _key = st.integers(0, 2)
 _tenant = st.sampled_from(TENANTS)
 _op = st.one_of(
@@ -222,6 +246,12 @@ def test_usage_is_the_space_each_tenant_holds_at_every_step(
             for task in reply.tasks:
                 svc.handle(m.MarkTaskComplete(NODE, task.task_id, bool(r)))
         usage_is_space(svc)
+        moving: dict[str, int] = {}  # a running move holds one replica more than admitted
+        for t in svc._tasks.running():
+            if t.task_type is m.TaskType.MOVE:
+                moving[t.obj.tenant] = moving.get(t.obj.tenant, 0) + t.obj.size
+        for name, quota in QUOTAS.items():
+            assert svc.index.tenant_bytes.get(name, 0) - moving.get(name, 0) <= quota
 
 
 # ---------------------------------------------------- real nodes, the Store's task API

@@ -361,6 +361,7 @@ class MasterService:
         self._planner.quotas = quotas
         self._admin.quotas = quotas
         self._tiers.quotas = quotas  # no promotion or eager offload past a quota
+        self._task_path.quotas = quotas  # no CreateCopyTask past a quota
 
     def remove_by_regex(self, req: RemoveByRegex) -> Message:
         return self._admin.remove_by_regex(req)

@@ -171,6 +171,39 @@ def test_a_copy_past_the_quota_is_refused_and_a_move_proceeds(
     usage_is_space(svc)
 
 
+@pytest.mark.parametrize("quota", [4 * MiB, 2 * MiB], ids=["room", "no-room"])
+def test_a_promotion_is_charged_and_skipped_while_it_would_pass_the_quota(
+    make_service: MakeService, tmp_path: Path, quota: int
+) -> None:
+    from kvpool.protocol.tiers import DiskEntry, RegisterDiskReplicas
+
+    svc = make_service(segments=1)
+    disk = m.SegmentInfo(
+        m.SegmentName("disk"), 64 * MiB, m.HostId("host-a"), "127.0.0.1:9", "", NODE,
+        kind=m.ReplicaKind.LOCAL_DISK,
+    )  # fmt: skip
+    assert svc.handle(m.MountSegment(NODE, m.HostId("host-a"), disk)).code == 0
+    svc.set_quotas(TenantQuotas(_quota_file(tmp_path, {"a": quota})))
+    a = m.TenantId("a")
+    entries = [DiskEntry(a, "cold", 0, 1 * MiB, 5), DiskEntry(a, "small", 1 * MiB, 64 * KiB, 6)]
+    reply = svc.handle(RegisterDiskReplicas(NODE, m.SegmentName("disk"), entries))
+    assert reply.code == 0 and _used(svc, "a") == 1 * MiB + 64 * KiB  # disk replicas count
+    for _ in range(2):  # two reads from disk admit it for promotion
+        assert svc.handle(m.GetReplicaList("cold", tenant=a)).code == 0
+    svc.repair_tick()
+    running = svc._tasks.running()
+    if quota == 4 * MiB:  # room for a memory copy: its target is charged while it runs
+        assert [t.obj.key for t in running] == ["cold"]
+        assert _used(svc, "a") == 2 * MiB + 64 * KiB
+        _finish(svc, running[0].task_id, ok=True)
+        kinds = sorted(r.kind for r in svc.index.get("a", "cold").replicas)  # type: ignore[union-attr]
+        assert kinds == [m.ReplicaKind.MEMORY, m.ReplicaKind.LOCAL_DISK]
+        assert _used(svc, "a") == 2 * MiB + 64 * KiB
+    else:  # at its quota: no promotion, nothing charged
+        assert running == [] and _used(svc, "a") == 1 * MiB + 64 * KiB
+    usage_is_space(svc)
+
+
 _key = st.integers(0, 2)
 _tenant = st.sampled_from(TENANTS)
 _op = st.one_of(

@@ -62,7 +62,8 @@ def usage_matches_objects(svc: MasterService) -> None:
     index = svc.index
     expected: dict[str, int] = {}
     for obj in index.snapshot():
-        expected[obj.tenant] = expected.get(obj.tenant, 0) + obj.size
+        # The space held: the size once per replica (one each here; no replica tasks).
+        expected[obj.tenant] = expected.get(obj.tenant, 0) + obj.size * len(obj.replicas)
     assert index.tenant_bytes == expected
 
 

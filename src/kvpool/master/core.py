@@ -196,8 +196,8 @@ class MetadataCore:
         shard[obj.key] = obj  # ObjectIndex.add, inlined on the hottest write path
         index = self.index
         index.count += 1
-        tb = index.tenant_bytes
-        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size
+        tb = index.tenant_bytes  # quota: the size once per replica (ObjectIndex.charge)
+        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size * len(obj.replicas)
         if in_flight is not None:
             in_flight[obj] = None
             if self.journal is not None:  # its writer may write there after a restart
@@ -284,7 +284,7 @@ class MetadataCore:
             live = tuple(r for r in obj.replicas if r.segment.alive)
             for r in live:
                 r.status = _PROCESSING
-            obj.replicas = live
+            self._set_replicas(obj, live)
         else:
             if now < obj.lease_deadline:
                 # A reader holding the lease may still be copying from the old ranges: freed
@@ -310,7 +310,7 @@ class MetadataCore:
                 ),
             )
             obj.soft_pin_deadline = old.soft_pin_deadline
-            old.replicas = ()
+            self._set_replicas(old, ())
             self._drop(old)
             self.index.insert(obj)
         obj.complete = False
@@ -332,7 +332,7 @@ class MetadataCore:
         """A copy finished: `targets` become COMPLETE replicas of `obj`."""
         for t in targets:
             t.status = _COMPLETE
-        obj.replicas = obj.replicas + targets
+        self._set_replicas(obj, obj.replicas + targets)
         on_complete = self.hooks.on_replica_complete
         for t in targets:
             on_complete(obj, t)
@@ -343,9 +343,9 @@ class MetadataCore:
         """A move finished: `target` takes `source`'s place (a moved primary stays primary;
         `release_moved_source` then lets go of the source)."""
         target.status = _COMPLETE
-        obj.replicas = tuple(target if r is source else r for r in obj.replicas)
-        if target not in obj.replicas:  # the source left meanwhile: keep the copy anyway
-            obj.replicas = (*obj.replicas, target)
+        reps = tuple(target if r is source else r for r in obj.replicas)
+        # The source left meanwhile: keep the copy anyway.
+        self._set_replicas(obj, reps if target in reps else (*reps, target))
         self.hooks.on_replica_complete(obj, target)
         if self.journal is not None:
             self.journal.obj(obj)
@@ -362,7 +362,7 @@ class MetadataCore:
     def retire_replica(self, obj: ObjectMeta, replica: Replica, now: float) -> None:
         """`replica` leaves `obj`, which keeps others (one found bad): freed, or parked until
         the read lease ends while one is live (a reader may still be copying from it)."""
-        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self._set_replicas(obj, tuple(r for r in obj.replicas if r is not replica))
         self.release_moved_source(obj, replica, now)
         if self.journal is not None:
             self.journal.obj(obj)
@@ -370,7 +370,7 @@ class MetadataCore:
     def drop_replica(self, obj: ObjectMeta, replica: Replica) -> int:
         """Drop one replica of `obj` (the object goes with its last one); bytes freed."""
         freed = self.aligned(obj.size) if self._free_replica(replica, obj.size) else 0
-        obj.replicas = tuple(r for r in obj.replicas if r is not replica)
+        self._set_replicas(obj, tuple(r for r in obj.replicas if r is not replica))
         self.hooks.on_replica_removed(obj, replica)
         if not obj.replicas:
             self._drop(obj)
@@ -385,7 +385,7 @@ class MetadataCore:
         for r in obj.replicas:
             if self._free_replica(r, obj.size):
                 freed += aligned
-        obj.replicas = ()
+        self._set_replicas(obj, ())
         self._drop(obj)
         return freed
 
@@ -416,7 +416,7 @@ class MetadataCore:
     def forget_dead(self, obj: ObjectMeta) -> None:
         """Forget `obj`, all of whose replicas sit on unmounted segments."""
         self.clients.drop_in_flight(obj)
-        obj.replicas = ()
+        self._set_replicas(obj, ())
         self._drop(obj)
 
     def clear_holder(self, old: ObjectMeta, claim: Claim) -> None:
@@ -442,13 +442,13 @@ class MetadataCore:
                     continue
                 live = tuple(r for r in reps if r.segment.alive)
                 if live:
-                    obj.replicas = live
+                    self._set_replicas(obj, live)
                     if self.journal is not None:
                         self.journal.obj(obj)
                     for o in self._observers:
                         o.replicas_lost(obj)
                 elif self.index.get(obj.tenant, obj.key) is obj:
-                    obj.replicas = ()
+                    self._set_replicas(obj, ())
                     self._drop(obj)
                     removed += 1
             yield removed
@@ -456,7 +456,15 @@ class MetadataCore:
     def _park(self, obj: ObjectMeta) -> None:
         if obj.replicas:
             self.park(obj.put_start_time + self._release_timeout, obj.size, obj.replicas)
-            obj.replicas = ()
+            self._set_replicas(obj, ())
+
+    def _set_replicas(self, obj: ObjectMeta, replicas: tuple[Replica, ...]) -> None:
+        """`obj`'s replicas become `replicas`; an indexed object's tenant is charged (or
+        refunded) its size per replica gained (or lost): `kvpool.master.quota`."""
+        delta = len(replicas) - len(obj.replicas)
+        obj.replicas = replicas
+        if delta and self.index.holds(obj):
+            self.index.charge(obj.tenant, delta * obj.size)
 
     def _drop(self, obj: ObjectMeta) -> None:
         if self.index.discard(obj):

@@ -190,8 +190,11 @@ class ObjectIndex:
         self._tenants: dict[str, TenantShards] = {}
         #: Objects indexed (kept by `add` / `discard`; read it through len()).
         self.count = 0
-        #: Bytes (object sizes) indexed per tenant, kept with `count` (tenant quotas,
-        #: `kvpool.master.quota`); a tenant with nothing indexed has no entry.
+        #: Bytes charged per tenant (tenant quotas, `kvpool.master.quota`): an indexed
+        #: object's size once per replica it holds, kept by `add` / `discard` and by
+        #: `MetadataCore` wherever an indexed object's replicas change (`charge`), plus the
+        #: targets of running replica tasks (`kvpool.master.task_table`); a tenant charged
+        #: nothing has no entry.
         self.tenant_bytes: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -236,8 +239,7 @@ class ObjectIndex:
         """Index `obj` in `shard` (the dict of its tenant and `obj.shard`); key not present."""
         shard[obj.key] = obj
         self.count += 1
-        tb = self.tenant_bytes
-        tb[obj.tenant] = tb.get(obj.tenant, 0) + obj.size
+        self.charge(obj.tenant, obj.size * len(obj.replicas))
 
     def insert(self, obj: ObjectMeta) -> None:
         """Index `obj` (its shard already computed); the key must not be present."""
@@ -253,13 +255,23 @@ class ObjectIndex:
             return False
         del shard[obj.key]
         self.count -= 1
-        tb = self.tenant_bytes
-        left = tb.get(obj.tenant, 0) - obj.size
-        if left > 0:
-            tb[obj.tenant] = left
-        else:
-            tb.pop(obj.tenant, None)
+        self.charge(obj.tenant, -obj.size * len(obj.replicas))
         return True
+
+    def holds(self, obj: ObjectMeta) -> bool:
+        """Whether `obj` is the record indexed under its key (its replicas are charged)."""
+        t = self._tenants.get(obj.tenant)
+        return t is not None and t.shards[obj.shard].get(obj.key) is obj
+
+    def charge(self, tenant: str, delta: int) -> None:
+        """Add `delta` bytes (negative: a refund) to `tenant`'s usage (`tenant_bytes`)."""
+        if delta:
+            tb = self.tenant_bytes
+            left = tb.get(tenant, 0) + delta
+            if left > 0:
+                tb[tenant] = left
+            else:
+                tb.pop(tenant, None)
 
     def tenants(self) -> list[str]:
         return list(self._tenants)

@@ -181,12 +181,16 @@ class PutPlanner:
     def admits(
         self, plan: PutPlan, size: int, replaces: int = 0, keep: ObjectMeta | None = None
     ) -> bool:
-        """Whether a put of `size` bytes (replacing an object of `replaces` bytes, `keep`)
-        keeps its tenant within its quota, after evicting the tenant's own objects when
-        reclaim can (`reclaim_tenant`); callers test `plan.quota is not None` first."""
+        """Whether a put of `size` bytes (replacing `keep`, whose charge is refunded when the
+        put takes its key) keeps its tenant within its quota, after evicting the tenant's own
+        objects when reclaim can (`reclaim_tenant`); callers test `plan.quota is not None`
+        first. Charged: `size` per replica asked (`kvpool.master.quota`); what `keep` holds
+        now is counted in place of `replaces` (the old object's size, as callers pass it)."""
         quota = plan.quota
         if quota is None:
             return True
+        size *= plan.replica_num
+        replaces = keep.size * len(keep.replicas) if keep is not None else 0
         over = self._index.tenant_bytes.get(plan.tenant, 0) - replaces + size - quota
         if over <= 0:
             return True

@@ -9,15 +9,33 @@ Mooncake's format::
       - {name: team-a, quota: 64GiB}     # bytes: an int, or a size string
       - {name: team-b, quota: 1099511627776}
 
-What is counted: the bytes of a tenant's indexed objects (`ObjectIndex.tenant_bytes`, kept at
-the index's own insert and discard, so usage equals the sum of the live objects' sizes by
-construction). A put is charged when it is admitted (PutStart, UpsertStart, PutCommit from an
-arena: the object is indexed, PROCESSING, from then on) and refunded when its object leaves the
-index for any reason (revoke, a failed or preempted write, remove, eviction, a lost segment).
-Replicas are not multiplied in: a quota bounds a tenant's logical bytes, so copy, move and
-repair targets and a promotion from a disk tier (a new replica of an object already counted)
-charge nothing, and their failure refunds nothing; the pool's replication policy is not the
-tenant's spending. A put that would take its tenant past its quota first evicts that
+What is counted: the space a tenant holds, replica by replica. A tenant's usage
+(`ObjectIndex.tenant_bytes`) is the object size once for every replica of its indexed objects,
+whatever the replica's kind and status (memory, local disk, DFS; PROCESSING counts from the
+moment its range is allocated), plus the targets of its objects' running copy and move tasks
+(repair, drain, offload and promotion are such tasks). It is kept where the space changes
+hands: the index charges an object's replicas when it is indexed and refunds them when it
+leaves (`kvpool.master.metadata`), `MetadataCore._set_replicas` charges or refunds the
+difference whenever an indexed object's replicas change (`kvpool.master.core`: an upsert, a
+copy or move that lands, a replica dropped, evicted, found bad, or lost with its segment), and
+a task's targets are charged from its launch to its end (`kvpool.master.task_table`: on success
+they are charged again as the object's replicas). So: a put is charged at PutStart /
+UpsertStart for every replica allocated (a PutCommit from an arena for its one replica) and
+refunded by revoke, a failed or preempted write, remove, eviction, a lost segment; a move holds
+source and target while it runs and the source's charge goes when the target takes its place;
+a failed task refunds its targets. Ranges the master keeps parked after their object left (a
+reader's lease, a late writer) are charged to no one: the tenant can no longer use them.
+O(1) per replica on the write paths (a multiplication at PutStart, one index look-up where an
+indexed object's replicas change). A put is admitted when its usage, net of what the object
+it replaces holds, plus its size times the replicas it asks for stays within the quota (a DFS
+copy asked for is charged when allocated but not counted at admission; Mooncake allows the DFS
+tier to the default tenant only). Background work for a tenant at or over its quota: repair
+and moves (drain, on-evict moves to disk, CreateMoveTask) proceed, since they restore or keep
+what was admitted (a move holds one extra replica only while it runs); a CreateCopyTask whose
+targets would take the tenant past its quota is refused TENANT_QUOTA_EXCEEDED
+(`kvpool.master.tasks`), and an eager offload or a promotion from a disk tier is skipped
+while it would (`kvpool.master.tiers`).
+A put that would take its tenant past its quota first evicts that
 tenant's own coldest unpinned objects when the master runs reclaim in cache mode
 (`kvpool.master.reclaim.tenants`; never the object the put replaces), and otherwise, or when
 that is not enough, fails with TENANT_QUOTA_EXCEEDED (-1700) and changes nothing; a put

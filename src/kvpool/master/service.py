@@ -367,6 +367,8 @@ class MasterService:
         """Apply `quotas` to every put from now on (None: no limits); `kvpool.master.quota`."""
         self._planner.quotas = quotas
         self._admin.quotas = quotas
+        self._tiers.quotas = quotas  # no promotion or eager offload past a quota
+        self._task_path.quotas = quotas  # no CreateCopyTask past a quota
 
     def remove_by_regex(self, req: RemoveByRegex) -> Message:
         return self._admin.remove_by_regex(req)

@@ -162,6 +162,10 @@ class TaskTable(MetadataObserver):
         """Tasks running (PENDING or PROCESSING)."""
         return len(self._task_of)
 
+    def running(self) -> list[Task]:
+        """The tasks not ended yet (their targets are charged to their objects' tenants)."""
+        return list(self._task_of.values())
+
     def pending(self, client_id: ClientId) -> int:
         """The client's PENDING tasks (not fetched yet)."""
         queue = self._queues.get(client_id) if self._queues else None
@@ -223,6 +227,9 @@ class TaskTable(MetadataObserver):
             uuid.uuid4().hex, task_type, obj, source, targets, executor, now, on_done, repair
         )
         self._tasks[task.task_id] = task
+        # Quota: the targets hold space from now on; `_end` refunds it (on success the
+        # targets are charged again as replicas of the object, by the core).
+        self._core.index.charge(obj.tenant, obj.size * len(targets))
         self._task_of[obj] = task
         self._queues.setdefault(executor, {})[task.task_id] = task
         log.debug("task %r created", task)
@@ -385,6 +392,7 @@ class TaskTable(MetadataObserver):
         self._end(task, TaskStatus.FAILED, message)
 
     def _end(self, task: Task, status: TaskStatus, message: str) -> None:
+        self._core.index.charge(task.obj.tenant, -task.obj.size * len(task.targets))
         task.status = status
         task.message = message
         task.updated = self._clock()

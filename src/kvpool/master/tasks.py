@@ -50,9 +50,11 @@ from kvpool.codes import (
     REPLICA_IS_NOT_READY,
     REPLICA_NOT_FOUND,
     TASK_NOT_FOUND,
+    TENANT_QUOTA_EXCEEDED,
 )
 from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta, Replica
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.repair import RepairQueue
 from kvpool.master.task_table import TaskTable
 from kvpool.protocol.messages import (
@@ -87,6 +89,9 @@ class TaskPath:
         self._tasks = tasks
         self._repair = repair
         self._clock = core.clock
+        #: The tenant quotas in force (None: none): a copy is refused TENANT_QUOTA_EXCEEDED
+        #: when its targets would take the tenant past its quota (`kvpool.master.quota`).
+        self.quotas: TenantQuotas | None = None
 
     def create_copy_task(self, req: CreateCopyTask) -> TaskReply:
         obj, code = self._task_object(req.tenant, req.key)
@@ -97,6 +102,10 @@ class TaskPath:
         source = next((r for r in obj.replicas if r.kind is _MEMORY and r.readable()), None)
         if source is None:
             return TaskReply(REPLICA_NOT_FOUND)
+        limit = self.quotas.limit(obj.tenant) if self.quotas is not None else None
+        used = self._core.index.tenant_bytes.get(obj.tenant, 0)
+        if limit is not None and used + obj.size * len(req.targets) > limit:
+            return TaskReply(TENANT_QUOTA_EXCEEDED)
         task, code = self._tasks.start(TaskType.COPY, obj, source, req.targets, None)
         return TaskReply(code, task.task_id if task is not None else "")
 

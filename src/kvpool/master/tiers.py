@@ -41,6 +41,7 @@ from kvpool.master.core import MetadataCore
 from kvpool.master.dfs import DfsTier
 from kvpool.master.disk_lru import DiskLru
 from kvpool.master.metadata import ObjectMeta, Replica
+from kvpool.master.quota import TenantQuotas
 from kvpool.master.segments import Segment
 from kvpool.master.task_table import TaskDone, TaskTable
 from kvpool.master.tier_config import OffloadPolicy, TierConfig
@@ -79,6 +80,10 @@ class TierManager:
         self._promote: deque[ObjectMeta] = deque()
         self._hits: dict[ObjectMeta, int] = {}
         self.in_flight = 0
+        #: The tenant quotas in force (None: none): an eager offload or a promotion, a new
+        #: replica its tenant did not ask for, is skipped while it would take the tenant past
+        #: its quota (`kvpool.master.quota`).
+        self.quotas: TenantQuotas | None = None
         self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
         self._lru = DiskLru()
         self.dfs = (
@@ -181,7 +186,7 @@ class TierManager:
         q = self._offload
         while q and budget > 0:
             obj = q.popleft()
-            if not self._current(obj) or self._has_disk(obj):
+            if not self._current(obj) or self._has_disk(obj) or not self._room(obj):
                 continue
             source = _memory_replica(obj)
             if source is None:
@@ -193,7 +198,7 @@ class TierManager:
         p = self._promote
         while p and budget > 0:
             obj = p.popleft()
-            if not self._current(obj) or _memory_replica(obj) is not None:
+            if not self._current(obj) or _memory_replica(obj) is not None or not self._room(obj):
                 continue
             if self._promote_one(obj):
                 started += 1
@@ -273,6 +278,11 @@ class TierManager:
             and core.index.get(obj.tenant, obj.key) is obj
             and not self._tasks.has_task(obj)
         )
+
+    def _room(self, obj: ObjectMeta) -> bool:
+        """Whether one more replica of `obj` keeps its tenant within its quota."""
+        limit = self.quotas.limit(obj.tenant) if self.quotas is not None else None
+        return limit is None or self._core.index.tenant_bytes.get(obj.tenant, 0) + obj.size <= limit
 
     @staticmethod
     def _has_disk(obj: ObjectMeta) -> bool:

@@ -168,7 +168,7 @@ DEFAULT_REPLICATE_CONFIG = ReplicateConfigMsg()
 
 
 class TenantUsage(Message):
-    """One tenant in a `StatsReply`: the bytes of its objects and its quota (None: none)."""
+    """One tenant in a `StatsReply`: the bytes its replicas hold (memory, disk and DFS, each replica counted) and its quota (None: none)."""
 
     name: TenantId
     used: int

@@ -9,8 +9,10 @@ pinned (hard or soft), leased, nor under a replica task are evicted, coldest fir
 reclaim records (inactive unreferenced, then inactive referenced, then active, then objects
 with no record), until the tenant's usage leaves room for the put. `keep` (the object the put
 replaces) is never taken. At most `SCAN_LIMIT` objects are looked at per call, so a put over
-quota costs a bounded scan; an eviction that frees no quota (a disk tier kept the object)
-stops it. The put is refused TENANT_QUOTA_EXCEEDED when that was not enough.
+quota costs a bounded scan; an eviction that frees no quota now (it started a move to a disk
+tier, whose target is charged until the move lands) stops it. An eviction that keeps a disk
+replica frees the memory replicas' share of the usage. The put is refused
+TENANT_QUOTA_EXCEEDED when that was not enough.
 
 **Fair share.** A tenant's fair share is an equal split of the bytes that the tenants hold
 (their usage summed, divided by the number of tenants holding any). While some tenant holds
@@ -18,8 +20,8 @@ more than its share, pool-pressure reclaim (kswapd, a put's direct reclaim, rang
 keeps the objects of every tenant at or below its share (`Verdict.BUSY`, put back on its
 list): one tenant filling the pool evicts its own objects and those of other tenants above
 their share, never a tenant below it. When nobody is above its share (one tenant, or an even
-split), reclaim is plain LRU as without quotas. Usage is logical bytes (object sizes), the
-unit of quotas. The rule is evaluated afresh for every record reclaim inspects (each eviction
+split), reclaim is plain LRU as without quotas. Usage is the unit of quotas: the space held,
+an object's size once per replica (`kvpool.master.quota`). The rule is evaluated afresh for every record reclaim inspects (each eviction
 changes the shares): O(tenants holding data) per record, reclaim's path only, never a put's
 or a get's fast path.
 """
@@ -79,8 +81,8 @@ class TenantReclaim:
                 if not target.evictable(obj, now):
                     continue  # an earlier eviction changed it
                 target.evict(obj)
-                if index.tenant_bytes.get(tenant, 0) == used:
-                    return before - used  # evicting frees no quota here (a disk tier kept it)
+                if index.tenant_bytes.get(tenant, 0) >= used:
+                    return before - used  # nothing freed now (a move to a disk tier began)
         return before - index.tenant_bytes.get(tenant, 0)
 
     def _takeable(self, obj: ObjectMeta, now: float) -> bool:

@@ -53,7 +53,8 @@ class TenantReclaim:
 
     def evict_own(self, tenant: str, bytes_needed: int, keep: ObjectMeta | None) -> int:
         """Evict `tenant`'s coldest unpinned objects until `bytes_needed` of its usage is
-        freed (or none is left to take); answer the usage freed."""
+        freed; answer the usage freed. Evicts nothing when the takeable objects together hold
+        less than `bytes_needed` (the put that asked is refused then, and changes nothing)."""
         target = self._target
         index = target.index
         shards = index.tenant(tenant)
@@ -72,6 +73,10 @@ class TenantReclaim:
                 ranked[_coldness(obj)].append(obj)
             if seen > SCAN_LIMIT:
                 break
+        # What the candidates hold at most: when even all of it cannot free enough, the put is
+        # refused anyway, and a refused put must change nothing (evict nothing).
+        if sum(o.size * len(o.replicas) for group in ranked for o in group) < bytes_needed:
+            return 0
         before = index.tenant_bytes.get(tenant, 0)
         for group in ranked:
             for obj in group:

@@ -20,7 +20,7 @@ on TCP). Behaviour is identical on both; the Unix round trip is cheaper.
 
 Modules:
 
-* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure
+* `server`: `RpcServer`; `connection`: `Connection` (what a handler sees). Coalesced writes, back-pressure
   (a peer that does not read, or has ``max_inflight`` requests running, is not read further),
   error replies for bad input; the loop that runs it owns all of its state.
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of

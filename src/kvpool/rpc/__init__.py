@@ -25,7 +25,8 @@ Modules:
   error replies for bad input; the loop that runs it owns all of its state.
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
   its own); `call`, `call_many`, `call_as`. Idle connections are checked before use and a
-  forked child connects anew.
+  forked child connects anew. Its connection half (open, handshake, Unix socket, failure) is
+  `connector`'s `Connector`.
 * `aio`: `AsyncRpcClient`, the same calls as coroutines.
 * `thread`: `ServerThread`, anything `Serving` (an `RpcServer`, the master) in a background
   thread on its own loop (tests, embedding the master).

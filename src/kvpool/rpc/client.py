@@ -71,10 +71,7 @@ from kvpool.protocol.framing import (
     FrameError,
     FrameTooLarge,
 )
-from kvpool.protocol.handshake import (
-    PROTOCOL_VERSION,
-    Hello,
-)
+from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello
 from kvpool.protocol.invalidation import PUSH_REQUEST_ID
 from kvpool.rpc.connector import (
     _RECV_BYTES,

@@ -25,11 +25,7 @@ from kvpool.protocol.framing import (
     FrameDecoder,
     FrameError,
 )
-from kvpool.protocol.handshake import (
-    HANDSHAKE_REQUEST_ID,
-    Welcome,
-    check_hello,
-)
+from kvpool.protocol.handshake import HANDSHAKE_REQUEST_ID, Welcome, check_hello
 from kvpool.rpc.auth import Principal
 
 if TYPE_CHECKING:

@@ -62,15 +62,8 @@ import msgspec
 from kvpool.errors import ErrorCode, InvalidParams, KVPoolError, StoreClosed
 from kvpool.fdlimit import connection_cap, fd_soft_limit
 from kvpool.logs import RateLimitedLog
-from kvpool.protocol.framing import (
-    DEFAULT_MAX_FRAME_BYTES,
-    FrameEncoder,
-)
-from kvpool.protocol.handshake import (
-    PROTOCOL_VERSION,
-    Hello,
-    Proof,
-)
+from kvpool.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameEncoder
+from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello, Proof
 from kvpool.rpc.auth import TokenTable
 from kvpool.rpc.connection import Connection, ConnectionId, Handler
 

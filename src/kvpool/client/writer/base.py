@@ -25,9 +25,7 @@ from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG
 from kvpool.client.result import PutStatsRecorder
 from kvpool.client.validation import check_replicate_config
-from kvpool.codes import (
-    INVALID_PARAMS,
-)
+from kvpool.codes import INVALID_PARAMS
 from kvpool.errors import (
     ErrorCode,
     InvalidParams,

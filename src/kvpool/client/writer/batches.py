@@ -23,12 +23,8 @@ from kvpool.client.writer.base import (
     _subset,
 )
 from kvpool.client.writer.started import StartedPuts
-from kvpool.codes import (
-    NO_AVAILABLE_HANDLE,
-)
-from kvpool.errors import (
-    ErrorCode,
-)
+from kvpool.codes import NO_AVAILABLE_HANDLE
+from kvpool.errors import ErrorCode
 from kvpool.protocol.messages import (
     BatchPutEnd,
     BatchPutStart,

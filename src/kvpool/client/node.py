@@ -47,7 +47,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from kvpool.client.leader import (
     DEFAULT_FAILOVER_TIMEOUT_S,
@@ -124,20 +124,23 @@ def check_port_range(value: object, name: str) -> tuple[int, int]:
     )
 
 
-def bind_transfer_server(host: str, ports: tuple[int, int] | None = None) -> TransferServer:
-    """A `TransferServer` on `host`: on a port the OS picks (`ports` None), or on a free port of
-    [`ports[0]`, `ports[1]`], tried in a random order (as Mooncake's transfer engine picks its
-    RPC port) at most `MAX_PORT_TRIES` times. Raises `TransferError` naming the range when no
-    port of it could be bound; other failures (a bad host) as they come."""
+def bind_transfer_server(
+    host: str, ports: tuple[int, int] | None = None, **server: Any
+) -> TransferServer:
+    """A `TransferServer` on `host` (built with the keyword arguments `server`): on a port the
+    OS picks (`ports` None), or on a free port of [`ports[0]`, `ports[1]`], tried in a random
+    order (as Mooncake's transfer engine picks its RPC port) at most `MAX_PORT_TRIES` times.
+    Raises `TransferError` naming the range when no port of it could be bound; other failures
+    (a bad host) as they come."""
     if ports is None:
-        return TransferServer(host=host, port=0)
+        return TransferServer(host=host, port=0, **server)
     low, high = check_port_range(ports, "transfer_ports")
     candidates = list(range(low, high + 1))
     random.shuffle(candidates)
     tried = candidates[:MAX_PORT_TRIES]
     for port in tried:
         try:
-            return TransferServer(host=host, port=port)
+            return TransferServer(host=host, port=port, **server)
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
                 raise

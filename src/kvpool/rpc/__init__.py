@@ -20,13 +20,12 @@ on TCP). Behaviour is identical on both; the Unix round trip is cheaper.
 
 Modules:
 
-* `server`: `RpcServer`; `connection`: `Connection` (what a handler sees). Coalesced writes, back-pressure
+* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure
   (a peer that does not read, or has ``max_inflight`` requests running, is not read further),
   error replies for bad input; the loop that runs it owns all of its state.
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
   its own); `call`, `call_many`, `call_as`. Idle connections are checked before use and a
-  forked child connects anew. Its connection half (open, handshake, Unix socket, failure) is
-  `connector`'s `Connector`.
+  forked child connects anew.
 * `aio`: `AsyncRpcClient`, the same calls as coroutines.
 * `thread`: `ServerThread`, anything `Serving` (an `RpcServer`, the master) in a background
   thread on its own loop (tests, embedding the master).

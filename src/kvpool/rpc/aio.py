@@ -54,10 +54,10 @@ from kvpool.protocol.handshake import (
 from kvpool.rpc.client import (
     Transport,
     _check_timeout,
+    _proof_for,
     parse_address,
     unix_enabled,
 )
-from kvpool.rpc.connector import _proof_for
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]

@@ -84,7 +84,9 @@ from kvpool.bench.fuzz_input import (
     transfer_request,
     transfer_session,
 )
-from kvpool.bench.rows import Column, render_table, write_json
+from kvpool.bench.fuzz_plan import MiB, Plan, Tolerance
+from kvpool.bench.fuzz_report import format_table
+from kvpool.bench.rows import write_json
 from kvpool.children import Child
 from kvpool.client.store import Store
 from kvpool.errors import KVPoolError
@@ -96,14 +98,12 @@ from kvpool.protocol.messages import (
     StatsReply,
 )
 from kvpool.rpc.client import RpcClient
-from kvpool.rpc.server import DEFAULT_MAX_CONNECTIONS_PER_PEER
 from kvpool.transfer.limits import ServerLimits
 
 __all__ = ["Plan", "Tolerance", "command", "format_table", "run"]
 
 log = logging.getLogger(__name__)
 
-MiB: Final = 1 << 20
 MAX_FRAME: Final = (1 << 32) - 1
 #: Flood connections beyond each server's per-peer cap (each of them must be refused).
 FLOOD_EXTRA: Final = 64
@@ -113,65 +113,6 @@ FLOOD_SOURCE: Final = "127.0.0.2"
 FLOOD_CHUNK: Final = 64
 #: Where each kind of slowloris comes from (apart, so that neither meets the per-peer cap).
 SLOW_SOURCES: Final = {"header": "127.0.0.3", "payload": "127.0.0.4"}
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Sizes and deadlines of one run."""
-
-    frames: int = 1_000_000
-    """Frames to send in all (both targets), unless `seconds` runs out first."""
-    seconds: float = 120.0
-    seed: int = 15
-    segment_size: int = 64 * MiB
-    idle_timeout_s: float = 10.0
-    """The servers' idle limits (master `--rpc-idle-timeout`, node `--transfer-idle-timeout`):
-    shorter than their defaults so that the held connections are swept within the run."""
-    first_byte_timeout_s: float = 10.0
-    """The servers' handshake and first-request limits (master `--rpc-handshake-timeout`, node
-    `--transfer-first-request-timeout`), twice their defaults: the whole flood must be open
-    before any of it expires, or its expiries free room under the cap even on a loaded machine."""
-    per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
-    """Both servers' per-peer connection caps (the defaults), what the flood fills."""
-    max_batch: int = 512
-    """Frames (requests) one session pipelines at most."""
-    max_held: int = 48
-    """Half-open connections held at once per target."""
-    huge_batch: int = 100_000
-    """Keys of the rare huge batch request."""
-    warmup_sessions: int = 60
-    probe_interval_s: float = 0.5
-    hang_s: float = 10.0
-    session_deadline_s: float = 10.0
-    settle_s: float = 30.0
-    """How long to wait for the servers to come back to the baseline after the flood."""
-
-    @staticmethod
-    def of(quick: bool, frames: int, seconds: float, seed: int) -> Plan:
-        if quick:
-            return Plan(
-                frames=frames,
-                seconds=seconds,
-                seed=seed,
-                idle_timeout_s=3.0,
-                per_peer=128,
-                max_batch=128,
-                max_held=12,
-                huge_batch=4000,  # unchunked (`batch_chunk_keys`): see docs/parts/perf-fuzz.md
-                warmup_sessions=30,
-                probe_interval_s=0.25,
-                settle_s=20.0,
-            )
-        return Plan(frames=frames, seconds=seconds, seed=seed)
-
-
-@dataclass(frozen=True, slots=True)
-class Tolerance:
-    """How far from the baseline a server may end (see the module docstring)."""
-
-    rss_mb: float = 12.0
-    threads: int = 0
-    fds: int = 0
 
 
 # ---------------------------------------------------------------- the processes
@@ -788,49 +729,6 @@ def run(
         seed,
     )
     return Fuzz(plan, tolerance).run()
-
-
-def _detail(r: dict[str, Any]) -> str:
-    m = r["metric"]
-    if m == "frames":
-        return f"{r['frames_per_s']}/s, {sum(r['sessions'].values())} sessions {r['outcomes']}"
-    if m == "scenario_s":
-        return f"fuzz {r['fuzz_s']} s, settle {r['settle_s']} s, seed {r['seed']}"
-    if m == "crashes":
-        return f"died {r['died']}, tracebacks {sum(len(v) for v in r['tracebacks'].values())}"
-    if m == "hangs":
-        return f"of {r['probes']} probes (slowest {r['slowest_s']} s, limit {r['hang_s']} s)"
-    if m == "serves_after":
-        return str(r["detail"])
-    if m == "replies_missing":
-        return f"of {r['owed']} owed"
-    if m == "flood":
-        return (
-            f"opened in {r.get('open_s')} s, refused {r.get('refused')} over cap {r.get('cap')}, "
-            f"half left to the sweep"
-        )
-    if m == "slowloris_probe_s":
-        failed = ", probe FAILED" if r["probe_failed"] else ""
-        what = "half-sent headers" if r["kind"] == "header" else "writes without payload"
-        return f"{r['kind']}: a probe behind {r['connections']} {what}{failed}"
-    if m == "held_closed_by_server":
-        ours = sum(r["closed_by_us"].values())
-        return f"of {sum(r['opened'].values())} held ({ours} of them closed by the benchmark)"
-    if "tolerance" in r:
-        return f"baseline {r['baseline']}, peak {r['peak']}, tolerance {r['tolerance']}"
-    return ""
-
-
-_COLUMNS = (
-    Column("metric", "<22", lambda r: r["metric"]),
-    Column("target", "<9", lambda r: r.get("target", "")),
-    Column("value", ">9", lambda r: str(r["value"])),
-    Column(" detail", "", lambda r: f" {_detail(r)}"),
-)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    return "\n".join(line.rstrip() for line in render_table(_COLUMNS, rows).splitlines())
 
 
 @click.command()

@@ -23,7 +23,7 @@ from kvpool.client.locations import (
     READ_MODES,
     ReadMode,
 )
-from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE
+from kvpool.client.node import DEFAULT_RPC_TIMEOUT_S, MIN_SEGMENT_SIZE, check_port_range
 from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
 from kvpool.client.validation import check_segment_size
 from kvpool.config import MAX_DURATION_S, parse_size
@@ -66,6 +66,10 @@ class StoreConfig:
     straight between the caller's memory and the segment), so it only has to be a valid size."""
     host: str = "127.0.0.1"
     """The address this process's transfer server binds (only with a segment)."""
+    transfer_port_range: tuple[int, int] | None = None
+    """(low, high): the transfer server listens on a free port of this range, tried in a random
+    order (`kvpool.client.node.bind_transfer_server`; the Mooncake layer asks for 12300-14300);
+    None: a port the OS picks."""
     tenant: str = "default"
     """The namespace of every key of the Store."""
     protocol: Protocol = "auto"
@@ -145,6 +149,9 @@ class StoreConfig:
             "hot_cache_size",
         ):
             object.__setattr__(self, name, parse_size(getattr(self, name), name=name))
+        if self.transfer_port_range is not None:
+            ports = check_port_range(self.transfer_port_range, "transfer_port_range")
+            object.__setattr__(self, "transfer_port_range", ports)
         if self.segment_size:
             parse_size(self.segment_size, name="segment_size", minimum=MIN_SEGMENT_SIZE)
             check_segment_size(self.segment_size)

@@ -13,7 +13,8 @@ may mount a segment with `segment_size > 0`) and the storage-only `kvpool node` 
   only if name and generation match, and says which (`RemountReply.restored`, kept in
   `restored`); the others were mounted fresh;
 * the segments (`SegmentMemory`, pre-faulted memfds) and the `TransferServer` that serves them
-  to other hosts (started lazily with the first segment);
+  to other hosts (started lazily with the first segment, on a port the OS picks, or with
+  `transfer_ports` on a free port of that range: `bind_transfer_server`);
 * the heartbeat thread (`Heartbeat`): a Ping every `interval` (1 s, injectable for tests; a
   Ping that says replica tasks are pending calls `on_pending_tasks`); after
   `max_failures` (3) failed pings in a row it reconnects (a fresh `RpcClient`: the master may
@@ -36,14 +37,17 @@ segment at the master (best effort: a dead master cannot be told, and it will ex
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
+import random
 import secrets
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Final
 
 from kvpool.client.leader import (
     DEFAULT_FAILOVER_TIMEOUT_S,
@@ -59,6 +63,7 @@ from kvpool.errors import (
     KVPoolError,
     NotLeader,
     StoreClosed,
+    TransferError,
     error_for_code,
     raise_for_code,
 )
@@ -84,7 +89,13 @@ from kvpool.transfer.hostid import host_id
 from kvpool.transfer.memory import SegmentMemory
 from kvpool.transfer.server import TransferServer
 
-__all__ = ["Heartbeat", "HeartbeatStats", "NodeRuntime"]
+__all__ = [
+    "Heartbeat",
+    "HeartbeatStats",
+    "NodeRuntime",
+    "bind_transfer_server",
+    "check_port_range",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +103,52 @@ DEFAULT_RPC_TIMEOUT_S = 10.0
 UNMOUNT_TIMEOUT_S = 2.0
 MIN_SEGMENT_SIZE = 1 << 12
 """Mooncake refuses segments under 1 KiB; a page is the least that makes sense with mmap."""
+MAX_PORT_TRIES: Final = 4096
+"""Most ports of a `transfer_ports` range tried before `bind_transfer_server` gives up."""
+
+
+def check_port_range(value: object, name: str) -> tuple[int, int]:
+    """`value` as a (low, high) pair of ports, 1 <= low <= high <= 65535 (a list of two, as a
+    config file gives it, too); `InvalidParams` naming `name` otherwise."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        low, high = value
+        if (
+            isinstance(low, int)
+            and isinstance(high, int)
+            and not isinstance(low, bool)
+            and not isinstance(high, bool)
+            and 1 <= low <= high <= 65535
+        ):
+            return low, high
+    raise InvalidParams(
+        f"{name}: expected (low, high) ports with 1 <= low <= high <= 65535, got {value!r:.80}"
+    )
+
+
+def bind_transfer_server(
+    host: str, ports: tuple[int, int] | None = None, **server: Any
+) -> TransferServer:
+    """A `TransferServer` on `host` (built with the keyword arguments `server`): on a port the
+    OS picks (`ports` None), or on a free port of [`ports[0]`, `ports[1]`], tried in a random
+    order (as Mooncake's transfer engine picks its RPC port) at most `MAX_PORT_TRIES` times.
+    Raises `TransferError` naming the range when no port of it could be bound; other failures
+    (a bad host) as they come."""
+    if ports is None:
+        return TransferServer(host=host, port=0, **server)
+    low, high = check_port_range(ports, "transfer_ports")
+    candidates = list(range(low, high + 1))
+    random.shuffle(candidates)
+    tried = candidates[:MAX_PORT_TRIES]
+    for port in tried:
+        try:
+            return TransferServer(host=host, port=port, **server)
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+    raise TransferError(
+        f"transfer server: no free port on {host} in {low}..{high} ({len(tried)} tried, all "
+        "in use); widen transfer_port_range or free a port"
+    )
 
 
 @dataclass(slots=True)
@@ -268,6 +325,7 @@ class NodeRuntime:
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         token: bytes | None = None,
         tls: TlsConfig | None = None,
+        transfer_ports: tuple[int, int] | None = None,
     ) -> None:
         url = parse_master(master)
         self._token = token
@@ -294,6 +352,8 @@ class NodeRuntime:
         # segment was, and must not find another segment under its name.
         self._numbers = itertools.count()
         self._server: TransferServer | None = None
+        #: The range the transfer server's port is taken from (None: any the OS picks).
+        self.transfer_ports = transfer_ports
         #: The segments the master kept, with their objects, at the last remount (it held
         #: this client as silent and the generations matched); empty after a fresh mount.
         self.restored: list[SegmentName] = []
@@ -450,9 +510,9 @@ class NodeRuntime:
                 # With credentials, peers prove the key the master handed us (docs/security.md).
                 if self.tls is not None and self._tls_server is None:
                     raise InvalidParams("TLS: serving a segment needs tls_cert and tls_key")
-                self._server = TransferServer(
-                    host=self.host,
-                    port=0,
+                self._server = bind_transfer_server(
+                    self.host,
+                    self.transfer_ports,
                     data_key=lambda: self.rpc.data_key,
                     tls=self._tls_server,
                 )

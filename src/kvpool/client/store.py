@@ -143,6 +143,7 @@ class Store:
         segment_size: int | str = 0,
         local_buffer_size: int | str = 0,
         host: str = "127.0.0.1",
+        transfer_port_range: tuple[int, int] | None = None,
         tenant: str = "default",
         protocol: str = "auto",
         verify_checksum: bool = True,
@@ -175,6 +176,7 @@ class Store:
             segment_size=parse_size(segment_size, name="segment_size"),
             local_buffer_size=parse_size(local_buffer_size, name="local_buffer_size"),
             host=host,
+            transfer_port_range=transfer_port_range,
             tenant=tenant,
             protocol=cast(Protocol, protocol),
             verify_checksum=verify_checksum,
@@ -227,6 +229,7 @@ class Store:
         self._node = NodeRuntime(
             config.master,
             host=config.host,
+            transfer_ports=config.transfer_port_range,
             rpc_timeout=config.rpc_timeout,
             heartbeat_interval=config.heartbeat_interval,
             cluster_id=config.cluster_id,

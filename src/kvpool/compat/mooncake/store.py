@@ -229,6 +229,9 @@ class MooncakeDistributedStore(
             segment_size=segment,
             local_buffer_size=p.local_buffer_size,
             host=host,
+            # Named by its transfer server's port (below), taken from Mooncake's range as its
+            # TransferEngine takes its RPC port, so that `get_hostname()` parses as Mooncake's.
+            transfer_port_range=None if port is not None else (NAME_PORTS[0], NAME_PORTS[-1]),
             tenant=p.tenant_id,
             # Mooncake's "tcp" means "no RDMA" and still copies locally when it can; kvpool's
             # "auto" is the same idea plus shared memory between processes of one host.
@@ -432,7 +435,8 @@ DRAIN_JOIN_S: Final = 5.0
 
 NAME_PORTS: Final = range(12300, 14301)
 """Mooncake's client port range (MC_STORE_CLIENT_MIN_PORT 12300 .. MAX_PORT 14300): the port
-of `get_hostname()` for a store that serves no segment."""
+of `get_hostname()`, a reserved one for a store that serves no segment, its transfer server's
+for one that does."""
 
 
 def _reserve_name_port() -> socket.socket:

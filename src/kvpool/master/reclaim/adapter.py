@@ -62,6 +62,9 @@ __all__ = ["MasterReclaimHooks"]
 log = logging.getLogger(__name__)
 
 _COMPLETE = ReplicaStatus.COMPLETE
+# Read per commit: a module constant (`ReplicaKind.MEMORY` is an EnumType.__getattr__ call on
+# Python 3.11).
+_MEMORY = ReplicaKind.MEMORY
 
 
 class _ServiceTarget(ReclaimTarget[ObjectMeta]):
@@ -110,7 +113,7 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         mine: Replica | None = None
         on_disk = False
         for r in obj.replicas:
-            if r.kind is ReplicaKind.MEMORY:
+            if r.kind is _MEMORY:
                 if r.readable():
                     primary = primary or r
                     if r is rec.replica_id:
@@ -145,9 +148,7 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
         if not self._svc.evictable(obj, self._svc.now()):
             return 0
         replica = rec.replica_id
-        primary = next(
-            (r for r in obj.replicas if r.kind is ReplicaKind.MEMORY and r.readable()), None
-        )
+        primary = next((r for r in obj.replicas if r.kind is _MEMORY and r.readable()), None)
         if replica is not primary:
             return self._svc.evict_replica(obj, replica)  # one cache replica of several
         # The primary (cache mode): every memory replica goes with the object, as Mooncake's
@@ -229,7 +230,7 @@ class MasterReclaimHooks:
             self._defrag = Defragmenter(self._engine, _SegmentLayout(), service_target)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
-        if replica.kind is not ReplicaKind.MEMORY:
+        if replica.kind is not _MEMORY:
             return
         engine = self._engine
         assert engine is not None, "MasterReclaimHooks is not attached to a service"
@@ -239,7 +240,10 @@ class MasterReclaimHooks:
             size = (size + a - 1) // a * a
         # (An aligned size reuses the object's own int: no int per record. The replica object
         # itself identifies the replica: a replica id would be a fresh large int per record.)
-        engine.on_complete(obj, replica, size, hard_pinned=obj.hard_pin)
+        if obj.hard_pin:
+            engine.on_complete(obj, replica, size, hard_pinned=True)
+        else:  # every put's one replica: the record built in one call (the shard is the object's)
+            engine.on_complete_first(obj, replica, size, obj.shard)
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             # PutEnd sets the deadline to now + ttl right after this hook, on the same clock;
             # the index only orders expiry, the object's own field stays authoritative.
@@ -249,7 +253,7 @@ class MasterReclaimHooks:
         engine = self._engine
         assert engine is not None, "MasterReclaimHooks is not attached to a service"
         a = self._alignment
-        memory = ReplicaKind.MEMORY
+        memory = _MEMORY
         items: list[tuple[ObjectMeta, Replica, int, bool]] = []
         for obj, replica in done:
             if replica.kind is memory:

@@ -277,7 +277,9 @@ class MasterReclaimHooks:
         # nothing: answer without the shard lookup and the lock.
         if rec.sibling is None and rec.flags & _STATE_REF == _ACTIVE_REF:  # type: ignore[attr-defined]
             return
-        self.engine.on_access(obj)
+        engine = self._engine
+        assert engine is not None, "MasterReclaimHooks is not attached to a service"
+        engine.on_access(obj)
 
     def on_replica_removed(self, obj: ObjectMeta, replica: Replica) -> None:
         self.engine.on_replica_removed(obj, replica)

@@ -65,6 +65,14 @@ _COMPLETE = ReplicaStatus.COMPLETE
 # Read per commit: a module constant (`ReplicaKind.MEMORY` is an EnumType.__getattr__ call on
 # Python 3.11).
 _MEMORY = ReplicaKind.MEMORY
+# What `_verdict` answers, per record a reclaim pass looks at: module constants, as above.
+_V_STALE = Verdict.STALE
+_V_BUSY = Verdict.BUSY
+_V_HARD_PINNED = Verdict.HARD_PINNED
+_V_LEASED = Verdict.LEASED
+_V_DROPPABLE = Verdict.DROPPABLE
+_V_SOFT_PINNED = Verdict.SOFT_PINNED
+_V_PRIMARY = Verdict.PRIMARY
 
 
 class _ServiceTarget(ReclaimTarget[ObjectMeta]):
@@ -108,7 +116,7 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
     def _verdict(self, rec: EvictInfo[ObjectMeta], now: float, *, pressure: bool) -> Verdict:
         obj = rec.key
         if self._svc.index.get(obj.tenant, obj.key) is not obj:
-            return Verdict.STALE
+            return _V_STALE
         primary: Replica | None = None
         mine: Replica | None = None
         on_disk = False
@@ -125,23 +133,23 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
             if rid.status is _COMPLETE and rid.segment.alive and rid in obj.replicas:
                 # On a mounted segment whose owner is silent: neither evicted nor moved while
                 # it may come back with its objects, and kept on the lists for when it does.
-                return Verdict.BUSY
-            return Verdict.STALE  # freed, or its segment went away
+                return _V_BUSY
+            return _V_STALE  # freed, or its segment went away
         if obj.hard_pin:
-            return Verdict.HARD_PINNED
+            return _V_HARD_PINNED
         if now < obj.lease_deadline:
-            return Verdict.LEASED
+            return _V_LEASED
         if not obj.complete or self._svc.has_task(obj):
-            return Verdict.BUSY  # an in-place upsert is rewriting it, or a task copies it
+            return _V_BUSY  # an in-place upsert is rewriting it, or a task copies it
         pinned = obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline
         if not pinned and (mine is not primary or on_disk):
             # Another memory replica, or a disk-tier copy, keeps the object: drop this one.
-            return Verdict.DROPPABLE
+            return _V_DROPPABLE
         if pressure and not _under_pressure(mine, self._low):
             # It would have to move, and its segment is at or below the low watermark: a move
             # would relieve nothing (and could only shuttle replicas between segments).
-            return Verdict.BUSY
-        return Verdict.SOFT_PINNED if pinned else Verdict.PRIMARY
+            return _V_BUSY
+        return _V_SOFT_PINNED if pinned else _V_PRIMARY
 
     def drop(self, rec: EvictInfo[ObjectMeta]) -> int:
         obj = rec.key

@@ -140,8 +140,13 @@ class ArenaPath:
 
     def _commit_one(self, plan: PutPlan, arena: Arena, req: PutCommit) -> int:
         """`_commit_many` of one key (a PutCommit), without the batch's lists and loop: the
-        same checks in the same order, the same outcome."""
+        same checks in the same order, the same outcome. A tenant with a quota takes the batch
+        code itself (one rule for what a commit is charged, kept in one place)."""
         key, size, offset = req.key, req.size, req.offset
+        if plan.quota is not None:
+            sums = [req.checksum] if req.checksum is not None else None
+            groups = req.config.group_ids
+            return self._commit_many(plan, arena, [key], [size], [offset], sums, groups)[0]
         mask = self._config.alignment - 1
         if not key or size <= 0 or offset & mask:
             return INVALID_PARAMS
@@ -156,10 +161,6 @@ class ArenaPath:
             verdict = self._planner.claim(old, now)
             if verdict is _EXISTS:
                 return OBJECT_ALREADY_EXISTS
-        if plan.quota is not None and not self._planner.admits(
-            plan, size, old.size if old is not None else 0
-        ):
-            return TENANT_QUOTA_EXCEEDED
         if not arena.claim(offset, (size + mask) & ~mask):
             return INVALID_PARAMS
         core = self._core

@@ -133,12 +133,61 @@ class ArenaPath:
         if code != OK:
             return Reply(code)
         assert plan is not None and arena is not None
-        groups = req.config.group_ids
-        sums = [req.checksum] if req.checksum is not None else None
-        (code,) = self._commit_many(plan, arena, [req.key], [req.size], [req.offset], sums, groups)
+        code = self._commit_one(plan, arena, req)
         if plan.fresh_tenant:
             self._planner.finish(plan)
         return _OK_REPLY if code == OK else Reply(code)
+
+    def _commit_one(self, plan: PutPlan, arena: Arena, req: PutCommit) -> int:
+        """`_commit_many` of one key (a PutCommit), without the batch's lists and loop: the
+        same checks in the same order, the same outcome. A tenant with a quota takes the batch
+        code itself (one rule for what a commit is charged, kept in one place)."""
+        key, size, offset = req.key, req.size, req.offset
+        if plan.quota is not None:
+            sums = [req.checksum] if req.checksum is not None else None
+            groups = req.config.group_ids
+            return self._commit_many(plan, arena, [key], [size], [offset], sums, groups)[0]
+        mask = self._config.alignment - 1
+        if not key or size <= 0 or offset & mask:
+            return INVALID_PARAMS
+        t = plan.shards
+        assert t is not None
+        now = self._clock()
+        shard = xxhash.xxh3_64_intdigest(key.encode(), t.seed) % len(t.shards)
+        d = t.shards[shard]
+        old = d.get(key)
+        verdict = None
+        if old is not None:
+            verdict = self._planner.claim(old, now)
+            if verdict is _EXISTS:
+                return OBJECT_ALREADY_EXISTS
+        if not arena.claim(offset, (size + mask) & ~mask):
+            return INVALID_PARAMS
+        core = self._core
+        if verdict is not None:
+            assert old is not None
+            core.clear_holder(old, verdict)
+        replica = Replica(arena.segment, offset, _COMPLETE)
+        soft_pin = plan.soft_pin
+        groups = req.config.group_ids
+        obj = ObjectMeta(
+            key,
+            plan.tenant,
+            shard,
+            size,
+            plan.client_id,
+            (replica,),
+            now,
+            soft_pin,
+            plan.hard_pin,
+            groups[0] if groups else "",
+        )
+        obj.complete = True
+        obj.checksum = req.checksum
+        obj.lease_deadline = now
+        core.create_committed(d, obj)
+        core.commit_objects([(obj, replica)], now + soft_pin if soft_pin is not None else None)
+        return OK
 
     def batch_put_commit(self, req: BatchPutCommit) -> BatchReply:
         keys, sizes, offsets, sums = req.keys, req.sizes, req.offsets, req.checksums

@@ -69,7 +69,13 @@ class ReadPath:
         self._lease_ttl_ms = round(self._lease_ttl * 1000)
 
     def get_replica_list(self, req: GetReplicaList) -> ReplicaListReply:
-        obj = self._index.get(req.tenant, req.key)
+        # `ObjectIndex.get`, inlined (two Python calls fewer per read).
+        t = self._index.tenant(req.tenant)
+        if t is None:
+            return _NOT_FOUND_LIST
+        key = req.key
+        shards = t.shards
+        obj = shards[xxhash.xxh3_64_intdigest(key.encode(), t.seed) % len(shards)].get(key)
         if obj is None:
             return _NOT_FOUND_LIST
         return self._read_obj(obj, self._clock() + self._lease_ttl)

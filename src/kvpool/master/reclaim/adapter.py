@@ -63,6 +63,17 @@ __all__ = ["MasterReclaimHooks"]
 log = logging.getLogger(__name__)
 
 _COMPLETE = ReplicaStatus.COMPLETE
+# Read per commit: a module constant (`ReplicaKind.MEMORY` is an EnumType.__getattr__ call on
+# Python 3.11).
+_MEMORY = ReplicaKind.MEMORY
+# What `_verdict` answers, per record a reclaim pass looks at: module constants, as above.
+_V_STALE = Verdict.STALE
+_V_BUSY = Verdict.BUSY
+_V_HARD_PINNED = Verdict.HARD_PINNED
+_V_LEASED = Verdict.LEASED
+_V_DROPPABLE = Verdict.DROPPABLE
+_V_SOFT_PINNED = Verdict.SOFT_PINNED
+_V_PRIMARY = Verdict.PRIMARY
 
 
 class _ServiceTarget(ReclaimTarget[ObjectMeta]):
@@ -111,12 +122,12 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
     def _verdict(self, rec: EvictInfo[ObjectMeta], now: float, *, pressure: bool) -> Verdict:
         obj = rec.key
         if self._svc.index.get(obj.tenant, obj.key) is not obj:
-            return Verdict.STALE
+            return _V_STALE
         primary: Replica | None = None
         mine: Replica | None = None
         on_disk = False
         for r in obj.replicas:
-            if r.kind is ReplicaKind.MEMORY:
+            if r.kind is _MEMORY:
                 if r.readable():
                     primary = primary or r
                     if r is rec.replica_id:
@@ -128,32 +139,30 @@ class _ServiceTarget(ReclaimTarget[ObjectMeta]):
             if rid.status is _COMPLETE and rid.segment.alive and rid in obj.replicas:
                 # On a mounted segment whose owner is silent: neither evicted nor moved while
                 # it may come back with its objects, and kept on the lists for when it does.
-                return Verdict.BUSY
-            return Verdict.STALE  # freed, or its segment went away
+                return _V_BUSY
+            return _V_STALE  # freed, or its segment went away
         if obj.hard_pin:
-            return Verdict.HARD_PINNED
+            return _V_HARD_PINNED
         if now < obj.lease_deadline:
-            return Verdict.LEASED
+            return _V_LEASED
         if not obj.complete or self._svc.has_task(obj):
-            return Verdict.BUSY  # an in-place upsert is rewriting it, or a task copies it
+            return _V_BUSY  # an in-place upsert is rewriting it, or a task copies it
         pinned = obj.soft_pin_deadline is not None and now < obj.soft_pin_deadline
         if not pinned and (mine is not primary or on_disk):
             # Another memory replica, or a disk-tier copy, keeps the object: drop this one.
-            return Verdict.DROPPABLE
+            return _V_DROPPABLE
         if pressure and not _under_pressure(mine, self._low):
             # It would have to move, and its segment is at or below the low watermark: a move
             # would relieve nothing (and could only shuttle replicas between segments).
-            return Verdict.BUSY
-        return Verdict.SOFT_PINNED if pinned else Verdict.PRIMARY
+            return _V_BUSY
+        return _V_SOFT_PINNED if pinned else _V_PRIMARY
 
     def drop(self, rec: EvictInfo[ObjectMeta]) -> int:
         obj = rec.key
         if not self._svc.evictable(obj, self._svc.now()):
             return 0
         replica = rec.replica_id
-        primary = next(
-            (r for r in obj.replicas if r.kind is ReplicaKind.MEMORY and r.readable()), None
-        )
+        primary = next((r for r in obj.replicas if r.kind is _MEMORY and r.readable()), None)
         if replica is not primary:
             return self._svc.evict_replica(obj, replica)  # one cache replica of several
         # The primary (cache mode): every memory replica goes with the object, as Mooncake's
@@ -239,7 +248,7 @@ class MasterReclaimHooks:
             self._tenants = service_target.tenants = TenantReclaim(target)
 
     def on_replica_complete(self, obj: ObjectMeta, replica: Replica) -> None:
-        if replica.kind is not ReplicaKind.MEMORY:
+        if replica.kind is not _MEMORY:
             return
         engine = self._engine
         assert engine is not None, "MasterReclaimHooks is not attached to a service"
@@ -249,7 +258,10 @@ class MasterReclaimHooks:
             size = (size + a - 1) // a * a
         # (An aligned size reuses the object's own int: no int per record. The replica object
         # itself identifies the replica: a replica id would be a fresh large int per record.)
-        engine.on_complete(obj, replica, size, hard_pinned=obj.hard_pin)
+        if obj.hard_pin:
+            engine.on_complete(obj, replica, size, hard_pinned=True)
+        else:  # every put's one replica: the record built in one call (the shard is the object's)
+            engine.on_complete_first(obj, replica, size, obj.shard)
         if obj.soft_pin_ttl is not None and obj.soft_pin_deadline is None:
             # PutEnd sets the deadline to now + ttl right after this hook, on the same clock;
             # the index only orders expiry, the object's own field stays authoritative.
@@ -259,7 +271,7 @@ class MasterReclaimHooks:
         engine = self._engine
         assert engine is not None, "MasterReclaimHooks is not attached to a service"
         a = self._alignment
-        memory = ReplicaKind.MEMORY
+        memory = _MEMORY
         items: list[tuple[ObjectMeta, Replica, int, bool]] = []
         for obj, replica in done:
             if replica.kind is memory:
@@ -283,7 +295,9 @@ class MasterReclaimHooks:
         # nothing: answer without the shard lookup and the lock.
         if rec.sibling is None and rec.flags & _STATE_REF == _ACTIVE_REF:  # type: ignore[attr-defined]
             return
-        self.engine.on_access(obj)
+        engine = self._engine
+        assert engine is not None, "MasterReclaimHooks is not attached to a service"
+        engine.on_access(obj)
 
     def on_replica_removed(self, obj: ObjectMeta, replica: Replica) -> None:
         self.engine.on_replica_removed(obj, replica)

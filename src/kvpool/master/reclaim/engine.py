@@ -53,6 +53,15 @@ _GROUP_RESULTS_KEPT = 64
 _SMALL_RECLAIM_RECORDS = 4
 # A larger pass visits at most about this many shards (see `_split`).
 _MAX_SHARDS_PER_PASS = 16
+# Compared per record a pass decides about: module constants (`Verdict.X` is an
+# EnumType.__getattr__ call on Python 3.11).
+_STALE = Verdict.STALE
+_HARD_PINNED = Verdict.HARD_PINNED
+_LEASED = Verdict.LEASED
+_BUSY = Verdict.BUSY
+_SOFT_PINNED = Verdict.SOFT_PINNED
+_DROPPABLE = Verdict.DROPPABLE
+_CACHE = EvictionMode.CACHE
 
 
 @dataclass(slots=True)
@@ -221,13 +230,27 @@ class ReclaimEngine(Generic[K]):
         self._completed(size)
         return rec
 
+    def on_complete_first(self, key: K, replica_id: Any, size: int, shard: int) -> None:
+        """`on_complete` (generation 0, not hard pinned) of `key`, which lives in `shard`, in
+        the common case of its first record built in one call (`ReclaimLists.add_first`); any
+        other case takes the general `add`. The same outcome as `on_complete`."""
+        lists = self._shards[shard]
+        if lists.add_first(key, replica_id, size) is None:
+            lists.add(EvictInfo(key, replica_id, 0, size), False)
+        if not self._kswapd_wanted:
+            self._headroom -= size
+            if self._headroom < 0:
+                self._completed(0)
+
     def on_complete_many(self, done: Sequence[tuple[K, Any, int, bool]]) -> None:
         """`on_complete` of each (key, replica_id, size, hard_pinned), generation 0, in order,
         with the watermark check once for all of them (a batch commit)."""
         shards, shard_of = self._shards, self._shard_of
         total = 0
         for key, replica_id, size, hard_pinned in done:
-            shards[shard_of(key)].add(EvictInfo(key, replica_id, 0, size), hard_pinned)
+            lists = shards[shard_of(key)]
+            if hard_pinned or lists.add_first(key, replica_id, size) is None:
+                lists.add(EvictInfo(key, replica_id, 0, size), hard_pinned)
             total += size
         self._completed(total)
 
@@ -699,19 +722,19 @@ class ReclaimEngine(Generic[K]):
             keep.append(rec)
             return 0, 0
         verdict = self.target.inspect(rec, now)
-        if verdict is Verdict.STALE:
+        if verdict is _STALE:
             stats.stale += 1
             lists.forget(rec)
-        elif verdict is Verdict.HARD_PINNED:
+        elif verdict is _HARD_PINNED:
             stats.parked_hard_pinned += 1
             lists.park_unevictable(rec, epoch)
-        elif verdict is Verdict.LEASED:
+        elif verdict is _LEASED:
             stats.kept_leased += 1
             keep.append(rec)
-        elif verdict is Verdict.BUSY:
+        elif verdict is _BUSY:
             stats.kept_busy += 1
             keep.append(rec)
-        elif verdict is Verdict.SOFT_PINNED and self.config.mode is EvictionMode.CACHE:
+        elif verdict is _SOFT_PINNED and self.config.mode is _CACHE:
             if self.config.allow_evict_soft_pinned:
                 # Off inactive until its pin ends: only round 4 of a pass looks at it again.
                 stats.parked_soft_pinned += 1
@@ -736,7 +759,7 @@ class ReclaimEngine(Generic[K]):
     ) -> tuple[int, int]:
         """Carry out the eviction of one isolated record; returns (freed, pending) bytes."""
         stats = self.stats
-        if self.config.mode is EvictionMode.CACHE or verdict is Verdict.DROPPABLE:
+        if self.config.mode is _CACHE or verdict is _DROPPABLE:
             freed = self.target.drop(rec)
             if freed:
                 lists.forget(rec)  # (already retired if the drop removed the object)

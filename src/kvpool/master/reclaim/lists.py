@@ -44,6 +44,8 @@ from kvpool.master.reclaim.records import (
 __all__ = ["DictRecordIndex", "ReclaimLists", "RecordIndex", "ShardUsage"]
 
 _NOT_STATE = ~STATE_MASK
+# A record built slot by slot on the hot path (`add_first`): no `__init__` frame.
+_new_record = object.__new__
 _NOT_REF = ~REF
 
 
@@ -208,6 +210,37 @@ class ReclaimLists(Generic[K]):
                 s.next = rec
                 self._n_inactive += 1
                 self.inactive_bytes += rec.size
+            return rec
+
+    def add_first(self, key: K, replica_id: Any, size: int) -> EvictInfo[K] | None:
+        """`add` of an evictable generation-0 record for a `key` that has no record yet (a
+        new object's one replica: every PutCommit and PutEnd), built and linked in this one
+        call; None (nothing done) when `key` has a record already: the caller takes `add`."""
+        with self.lock:
+            index = self._by_key
+            if index.get(key) is not None:
+                return None
+            rec: EvictInfo[K] = _new_record(EvictInfo)
+            rec.key = key
+            rec.replica_id = replica_id
+            rec.size = size
+            rec.flags = INACTIVE_BITS
+            rec.epoch = 0
+            rec.sibling = None
+            index[key] = rec
+            shard = self.shard
+            usage = self.usage
+            usage.bytes[shard] += size
+            usage.count[shard] += 1
+            s = self._inactive  # _push_head, inlined
+            first = s.next
+            assert first is not None
+            rec.prev = s
+            rec.next = first
+            first.prev = rec
+            s.next = rec
+            self._n_inactive += 1
+            self.inactive_bytes += size
             return rec
 
     def mark_accessed(self, key: K) -> int:

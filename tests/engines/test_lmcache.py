@@ -17,12 +17,12 @@ from kvtest.procs import wait_until
 pytestmark = pytest.mark.engine("lmcache")
 
 
-@pytest.mark.parametrize("route", ["native", "shim"])
+@pytest.mark.parametrize("route", ["native", "shim", "shim-minimal"])
 def test_lmcache_store_then_retrieve_in_another_process(
     engine: Callable[[str], Any], live_pool: Pool, route: str
 ) -> None:
     lm = engine("lmcache")
-    seed = "11" if route == "native" else "21"
+    seed = {"native": "11", "shim": "21", "shim-minimal": "41"}[route]
     args = ("--route", route, "--master", live_pool.address, "--tokens", "1024", "--seed", seed)
     stored = lm.run("lmcache_roundtrip.py", "store", *args)
     assert stored["rounds"] == 1

@@ -86,8 +86,7 @@ def config_for(route: str, master: str, instance: str) -> Any:
             "kvpool.master": master,
         }
     elif route == "shim":
-        # The full Mooncake config LMCache documents (a minimal one needs the compat fixes,
-        # docs/engines.md "Known issues").
+        # The full Mooncake config LMCache documents.
         base["remote_url"] = f"mooncakestore://{master}/"
         base["extra_config"] = {
             "local_hostname": "127.0.0.1",
@@ -99,6 +98,13 @@ def config_for(route: str, master: str, instance: str) -> Any:
             "transfer_timeout": 10,
             "save_chunk_meta": False,
         }
+    elif route == "shim-minimal":
+        # What a user writes first: the URL, and no local_hostname, metadata_server, protocol
+        # or master_server_address (the compat layer takes the master from the URL and
+        # Mooncake's defaults for the rest). This process contributes no memory, so what it
+        # stores outlives it (a contributing store's objects go with its segment).
+        base["remote_url"] = f"mooncakestore://{master}/"
+        base["extra_config"] = {"global_segment_size": 0, "save_chunk_meta": False}
     else:
         raise SystemExit(f"unknown route {route}")
     return LMCacheEngineConfig.from_dict(base)
@@ -150,7 +156,7 @@ def remote_hits(engine: Any, ids: torch.Tensor) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["store", "retrieve"])
-    ap.add_argument("--route", choices=["native", "shim"], required=True)
+    ap.add_argument("--route", choices=["native", "shim", "shim-minimal"], required=True)
     ap.add_argument("--master", required=True)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1)

@@ -14,17 +14,10 @@ client; it does not allow returning a value that lost to an existing one.
 
 from __future__ import annotations
 
-import pytest
-
 from kvpool.client import Store
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a nowait put of an existing key is remembered before its commit is "
-    "answered; the cached get returns bytes that were never stored (writer.py _send_commit)",
-)
 def test_a_rejected_nowait_put_is_not_read_back(pool: PoolFactory) -> None:  # noqa: F811
     p: Pool = pool(nodes=1, segment_size="16MiB")
     stored, rejected = b"S" * 4096, b"R" * 4096

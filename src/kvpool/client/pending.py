@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -143,6 +143,9 @@ def commit_check(
     keys: list[str],
     locations: Locations | None,
     at: float,
+    *,
+    places: Mapping[str, tuple[str, int, int, int]] | None = None,
+    epoch: int = 0,
 ) -> Callable[[object | None, KVPoolError | None], list[ErrorCode]]:
     """The `Pending.check` of a PutCommit (one key) or BatchPutCommit (several) into `arena`
     sent at `at`: the per-key codes of its answer; an answer that renewed the arena's lease
@@ -165,7 +168,17 @@ def commit_check(
         if ErrorCode.INVALID_WRITE in codes:
             arenas.drop(arena)
         if locations is not None:
-            locations.forget_many(k for k, c in zip(keys, codes, strict=True) if c != ErrorCode.OK)
+            if places:
+                # The places of the keys stored (`places`: written, with a checksum), unless
+                # something was forgotten since the commit was sent (`epoch`): a removal seen
+                # meanwhile may concern them.
+                stored = [k for k, c in zip(keys, codes, strict=True) if c == ErrorCode.OK]
+                known = [k for k in stored if k in places]
+                if known:
+                    locations.remember_many(known, [places[k] for k in known], epoch=epoch)
+            failed = [k for k, c in zip(keys, codes, strict=True) if c != ErrorCode.OK]
+            if failed:
+                locations.forget_many(failed)
         return codes
 
     return check

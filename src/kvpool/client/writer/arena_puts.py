@@ -125,18 +125,21 @@ class ArenaPuts(BatchPuts):
         where: Sequence[tuple[int, int, int | None]],
     ) -> None:
         """Send `commit` without waiting (`write_mode="nowait"`): its answer is checked later
-        (`kvpool.client.pending`). The places written are remembered at once (cached mode),
-        and forgotten if the commit fails."""
+        (`kvpool.client.pending`). The places written are remembered (cached mode) only once
+        the master answered OK for their key: a commit refused (the key held another value)
+        must not be read back, and the Store's own lookups until then go to the master on the
+        same connection, after the commit."""
         pending = self.pending
         assert pending is not None
-        sent = self._node.rpc.send(commit)
         locations = self.locations
-        if locations is not None:
-            locations.remember_many(
-                [k for k, w in zip(keys, where, strict=True) if w[2] is not None],
-                [(arena.segment, o, n, c) for o, n, c in where if c is not None],
-            )
-        check = commit_check(arenas, arena, keys, locations, sent.at)
+        epoch = locations.epoch if locations is not None else 0
+        sent = self._node.rpc.send(commit)
+        places = {
+            k: (arena.segment, o, n, c)
+            for k, (o, n, c) in zip(keys, where, strict=True)
+            if c is not None
+        }
+        check = commit_check(arenas, arena, keys, locations, sent.at, places=places, epoch=epoch)
         pending.add(Pending(sent, keys, check))
 
     def _put_batch_arena(

@@ -180,8 +180,28 @@ class _Attached:
             address, response_type=m.Response, cluster_id=cluster, timeout=120, client_name="bench"
         )
         info = m.SegmentInfo(SEGMENT, SEGMENT_SIZE, HOST, "127.0.0.1:1", "")
-        reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
+        try:
+            reply = self.rpc.call(m.MountSegment(NODE, HOST, info))
+        except BaseException:
+            self.rpc.close()
+            raise
         _expect(reply.code == 0, f"mount failed: {reply}")
+
+    @classmethod
+    def to_leader(cls, etcd: str, cluster: str, timeout: float) -> _Attached:
+        """Attached to the cluster's leader: the one etcd names may still be taking office
+        (it answers NOT_LEADER until it leads), so ask again until `timeout`."""
+        from kvpool.errors import NotLeader
+
+        deadline = time.monotonic() + timeout
+        while True:
+            address, _ = _leader(etcd, timeout, 0, cluster)
+            try:
+                return cls(address, cluster)
+            except NotLeader:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def close(self) -> None:
         self.rpc.close()
@@ -244,8 +264,7 @@ def _throughput(plan: HaPlan, etcd: str | None, log: Callable[[str], None]) -> l
             for mode, ack in (("standby", "standby"), ("ack-leader", "leader")):
                 cluster = f"{CLUSTER}-{ack}"
                 pairs.append(_Pair(etcd, plan.ttl, cluster, ack))
-                address, _ = _leader(etcd, 60, 0, cluster)
-                masters[mode] = _Attached(address, cluster)
+                masters[mode] = _Attached.to_leader(etcd, cluster, 60)
                 _wait_standby(masters[mode].rpc, 60)
         cases = {mode: _cases(plan.master, mm.rpc) for mode, mm in masters.items()}
         results: dict[tuple[str, str], list[tuple[float, list[float]]]] = {}

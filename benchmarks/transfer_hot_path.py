@@ -3,9 +3,11 @@ writes through an in-process `TransferServer` and `TransferEngine` (no credentia
 for whatever kvpool the interpreter imports, so that two checkouts compare in one run:
 
     for i in 1 2 3; do
-        /work/main/.venv/bin/python benchmarks/transfer_hot_path.py main
-        .venv/bin/python benchmarks/transfer_hot_path.py branch
+        PYTHONPATH=BEFORE/src .venv/bin/python benchmarks/transfer_hot_path.py before
+        .venv/bin/python benchmarks/transfer_hot_path.py after
     done
+
+(BEFORE: a checkout of the commit to compare with.)
 
 Prints one table row per run (medians of 5 rounds); asserts nothing.
 """

@@ -9,7 +9,7 @@ import pytest
 from kvtest.procs import Proc, free_port, require_binary, wait_until
 
 #: etcd fixtures (`etcd_shared`, `gateway`, `cluster`) for every test that needs them.
-pytest_plugins = ["kvtest.etcd"]
+pytest_plugins = ["kvtest.etcd", "kvtest.ha"]
 
 
 @pytest.fixture

@@ -3,13 +3,7 @@ token, and a Store following the leader (etcd:// master) proves its token to eac
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool import Store
 from kvpool.errors import KVPoolError, ReplicaNotReady
@@ -21,18 +15,6 @@ from kvtest.procs import wait_until
 
 NODE = "ha-node-token-000000000000000000001"
 ADMIN = "ha-admin-token-00000000000000000002"
-
-
-@pytest.fixture
-def masters() -> Iterator[list[HaMaster]]:
-    started: list[HaMaster] = []
-    try:
-        yield started
-    finally:
-        for m in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(m.proc.pid, signal.SIGCONT)
-            m.stop()
 
 
 def status(m: HaMaster) -> HaStatusReply | None:

@@ -4,12 +4,10 @@ writers speaking the protocol. Lease TTL 2 s unless a test is about the default.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,42 +22,14 @@ from kvpool.protocol.messages import (
     GetReplicaList,
     PutStart,
     ReplicaListReply,
-    Response,
 )
-from kvpool.rpc.client import RpcClient
 from kvtest.etcd import EtcdServer
-from kvtest.ha import FakeNode, HaMaster, checksum, checksums, put, wait_leader
+from kvtest.ha import FakeNode, HaMaster, checksum, checksums, master_rpc, put, wait_leader
 from kvtest.procs import freeze, wait_until
 
 
-@pytest.fixture
-def masters() -> Iterator[list[HaMaster]]:
-    started: list[HaMaster] = []
-    try:
-        yield started
-    finally:
-        for m in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(m.proc.pid, signal.SIGCONT)
-            m.stop()
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[FakeNode]]:
-    started: list[FakeNode] = []
-    try:
-        yield started
-    finally:
-        for n in started:
-            n.close()
-
-
-def rpc(m: HaMaster) -> RpcClient:
-    return RpcClient(m.address, response_type=Response, cluster_id=m.cluster, timeout=5.0)
-
-
 def batch_put(m: HaMaster, client: ClientId, keys: list[str]) -> None:
-    with rpc(m) as c:
+    with master_rpc(m) as c:
         for i in range(0, len(keys), 512):
             part = keys[i : i + 512]
             start = c.call_as(BatchPutStart(client, part, [4096] * len(part)), BatchPutStartReply)
@@ -78,10 +48,10 @@ def test_a_standby_refuses_naming_the_leader_and_takes_over_a_killed_leader_with
     node = FakeNode(leader.address, cluster)
     nodes.append(node)
     keys = [f"k{i}" for i in range(200)]
-    with rpc(leader) as c:
+    with master_rpc(leader) as c:
         for k in keys:
             put(c, node.client_id, k)
-    with rpc(standby) as c:
+    with master_rpc(standby) as c:
         for request in (PutStart(node.client_id, "x", 10), GetReplicaList("k1")):
             with pytest.raises(NotLeader) as err:
                 c.call(request)
@@ -103,7 +73,7 @@ def test_a_standby_refuses_naming_the_leader_and_takes_over_a_killed_leader_with
     )
     node.point(standby.address)
     node.mount()  # what a node following the leader key does on its own
-    with rpc(standby) as c:
+    with master_rpc(standby) as c:
         put(c, node.client_id, "after-failover")
     took = time.monotonic() - killed
     assert took < 2 + 2.5, took  # TTL 2 s + etcd's expiry sweep + a campaign
@@ -132,7 +102,7 @@ def test_every_acknowledged_put_survives_a_kill_of_the_leader_under_a_writer(
     stop = threading.Event()
 
     def writer() -> None:
-        with rpc(leader) as c:
+        with master_rpc(leader) as c:
             i = 0
             while not stop.is_set():
                 key = f"w{i}"
@@ -171,10 +141,10 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
     new = next(m for m in masters if m is not old)
     node = FakeNode(old.address, cluster)
     nodes.append(node)
-    with rpc(old) as c:
+    with master_rpc(old) as c:
         put(c, node.client_id, "before")
     wait_until(lambda: (s := new.status()) is not None and s.objects == 1, 10, what="copy")
-    late = rpc(old)
+    late = master_rpc(old)
     late.connect()
     freeze(old.proc.pid)
     outcome: list[object] = []
@@ -191,7 +161,7 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
         wait_leader([new], timeout=15)
         node.point(new.address)
         node.mount()
-        with rpc(new) as c:
+        with master_rpc(new) as c:
             put(c, node.client_id, "at-new")
     finally:
         os.kill(old.proc.pid, signal.SIGCONT)
@@ -200,7 +170,7 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
     (result,) = outcome
     assert isinstance(result, NotLeader), result
     # Every later write to the old leader is refused, and nothing it took is visible.
-    with rpc(old) as c:
+    with master_rpc(old) as c:
         for key in ("after-1", "after-2"):
             with pytest.raises(NotLeader) as err:
                 put(c, node.client_id, key)
@@ -213,7 +183,7 @@ def test_a_frozen_leader_is_replaced_and_acknowledges_nothing_when_it_wakes(
         what="the old leader to follow the new one",
     )
     # The deposed member's copy now comes from the new leader; it leads with it next time.
-    with rpc(new) as c:
+    with master_rpc(new) as c:
         put(c, node.client_id, "later")
     wait_until(
         lambda: (s := old.status()) is not None and s.objects == 3,
@@ -248,7 +218,7 @@ def test_a_late_standby_bootstraps_from_a_snapshot_then_the_log_and_can_take_ove
     )
     second = [f"b{i}" for i in range(500)]
     batch_put(leader, node.client_id, second)
-    with rpc(leader) as c:
+    with master_rpc(leader) as c:
         c.call_as(GetReplicaList("a1"), ReplicaListReply)
     leader.proc.kill9()
     wait_leader([late], timeout=10)
@@ -267,13 +237,13 @@ def test_a_leader_answers_reads_while_etcd_is_away_and_an_election_follows_its_r
     leader = wait_leader(masters)
     node = FakeNode(leader.address, cluster)
     nodes.append(node)
-    with rpc(leader) as c:
+    with master_rpc(leader) as c:
         put(c, node.client_id, "kept")
     term = leader.status().term  # type: ignore[union-attr]
     etcd.freeze()
     try:
         away = time.monotonic()
-        with rpc(leader) as c:
+        with master_rpc(leader) as c:
             while time.monotonic() - away < 10:
                 reply = c.call_as(GetReplicaList("kept"), ReplicaListReply)
                 assert reply.code == 0 and reply.checksum == checksum("kept")
@@ -286,7 +256,7 @@ def test_a_leader_answers_reads_while_etcd_is_away_and_an_election_follows_its_r
     wait_leader(masters, timeout=20)
     status = leader.status()
     assert status is not None and status.term > term
-    with rpc(leader) as c:
+    with master_rpc(leader) as c:
         put(c, node.client_id, "after")
     assert checksums(leader.address, cluster, ["kept", "after", "refused"]) == {
         "kept": checksum("kept"),
@@ -379,13 +349,13 @@ def test_a_leader_answers_reads_through_an_etcd_restart_and_leads_again_after_it
     masters.append(HaMaster(etcd.endpoint, cluster, "m2"))
     node = FakeNode(leader.address, cluster)
     nodes.append(node)
-    with rpc(leader) as c:
+    with master_rpc(leader) as c:
         put(c, node.client_id, "kept")
     term = leader.status().term  # type: ignore[union-attr]
     etcd.kill()
     try:
         down = time.monotonic()
-        with rpc(leader) as c:
+        with master_rpc(leader) as c:
             while time.monotonic() - down < 5:
                 reply = c.call_as(GetReplicaList("kept"), ReplicaListReply)
                 assert reply.code == 0 and reply.checksum == checksum("kept")
@@ -398,7 +368,7 @@ def test_a_leader_answers_reads_through_an_etcd_restart_and_leads_again_after_it
     node.close()
     node = FakeNode(now_leading.address, cluster)
     nodes.append(node)
-    with rpc(now_leading) as c:
+    with master_rpc(now_leading) as c:
         put(c, node.client_id, "after")
     assert checksums(now_leading.address, cluster, ["kept", "after"]) == {
         "kept": checksum("kept"),
@@ -427,7 +397,7 @@ def test_a_member_that_fell_out_of_sync_never_leads_over_writes_it_lacks(
     nodes.append(node)
     first = [f"a{i}" for i in range(50)]
     later = [f"b{i}" for i in range(100)]
-    with rpc(m1) as c:
+    with master_rpc(m1) as c:
         for k in first:
             put(c, node.client_id, k)
     freeze(m3.proc.pid)
@@ -436,7 +406,7 @@ def test_a_member_that_fell_out_of_sync_never_leads_over_writes_it_lacks(
         10,
         what="m3 dropped, m2 still in sync",
     )
-    with rpc(m1) as c:
+    with master_rpc(m1) as c:
         for k in later:
             put(c, node.client_id, k)  # each acknowledged after m2 has it
     freeze(m2.proc.pid)

@@ -7,9 +7,13 @@ until exactly one of some masters says it leads and answers it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import pytest
 import xxhash
 
 from kvpool.errors import ErrorCode, KVPoolError
@@ -37,7 +41,19 @@ from kvpool.protocol.messages import (
 from kvpool.rpc.client import RpcClient
 from kvtest.procs import Proc, kvpool_proc, wait_until
 
-__all__ = ["FakeNode", "HaMaster", "checksum", "checksums", "put", "role", "stats", "wait_leader"]
+__all__ = [
+    "FakeNode",
+    "HaMaster",
+    "checksum",
+    "checksums",
+    "master_rpc",
+    "masters",
+    "nodes",
+    "put",
+    "role",
+    "stats",
+    "wait_leader",
+]
 
 
 class HaMaster:
@@ -189,3 +205,33 @@ def stats(address: str, cluster: str) -> StatsReply:
     """The master's Stats (of a pool with its own cluster id)."""
     with RpcClient(address, response_type=Response, cluster_id=cluster) as rpc:
         return rpc.call_as(Stats(), StatsReply)
+
+
+def master_rpc(m: HaMaster) -> RpcClient:
+    """A client of master `m` (whatever its role), with a short timeout."""
+    return RpcClient(m.address, response_type=Response, cluster_id=m.cluster, timeout=5.0)
+
+
+@pytest.fixture
+def masters() -> Iterator[list[HaMaster]]:
+    """The HA masters a test starts (appends); each stopped at the end, thawed first if the
+    test froze it."""
+    started: list[HaMaster] = []
+    try:
+        yield started
+    finally:
+        for m in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(m.proc.pid, signal.SIGCONT)
+            m.stop()
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[FakeNode]]:
+    """The fake nodes a test starts (appends); each closed at the end."""
+    started: list[FakeNode] = []
+    try:
+        yield started
+    finally:
+        for n in started:
+            n.close()

@@ -6,13 +6,6 @@ plays the draining node's task executor (FetchTasks, MarkTaskComplete)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
-
-import pytest
-
 from kvpool.protocol.drain import DrainReply, DrainSegment, DrainStatus
 from kvpool.protocol.messages import (
     FetchTasks,
@@ -25,41 +18,14 @@ from kvpool.protocol.messages import (
     ReplicaListReply,
     ReplicateConfigMsg,
     Reply,
-    Response,
     SegmentName,
 )
 from kvpool.rpc.client import RpcClient
 from kvtest.etcd import EtcdServer
-from kvtest.ha import FakeNode, HaMaster, checksum, wait_leader
+from kvtest.ha import FakeNode, HaMaster, checksum, master_rpc, wait_leader
 from kvtest.procs import wait_until
 
 PINNED = ReplicateConfigMsg(with_hard_pin=True)
-
-
-@pytest.fixture
-def masters() -> Iterator[list[HaMaster]]:
-    started: list[HaMaster] = []
-    try:
-        yield started
-    finally:
-        for m in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(m.proc.pid, signal.SIGCONT)
-            m.stop()
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[FakeNode]]:
-    started: list[FakeNode] = []
-    try:
-        yield started
-    finally:
-        for n in started:
-            n.close()
-
-
-def _rpc(m: HaMaster) -> RpcClient:
-    return RpcClient(m.address, response_type=Response, cluster_id=m.cluster, timeout=5.0)
 
 
 def _segment_of(rpc: RpcClient, key: str) -> set[str]:
@@ -78,7 +44,7 @@ def test_a_drain_in_progress_is_resumed_by_the_new_leader_after_a_kill_9(
     a = FakeNode(leader.address, cluster, name="seg-a")
     nodes.append(a)
     keys = [f"pinned-{i}" for i in range(20)]
-    with _rpc(leader) as rpc:
+    with master_rpc(leader) as rpc:
         for k in keys:  # only seg-a is mounted: every pinned object lands there
             start = rpc.call_as(PutStart(a.client_id, k, 4096, PINNED), PutStartReply)
             assert start.code == 0, start
@@ -111,7 +77,7 @@ def test_a_drain_in_progress_is_resumed_by_the_new_leader_after_a_kill_9(
     for n in (a, b):
         n.point(standby.address)
         n.mount()
-    with _rpc(standby) as rpc:
+    with master_rpc(standby) as rpc:
         # The drain goes on where it was: same grace, elapsed time kept, seg-a out of
         # placement (a new put lands on seg-b).
         st = rpc.call_as(DrainStatus(SegmentName("seg-a")), DrainReply)

@@ -4,11 +4,6 @@ and the leader pushes what is removed there."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
-
 import pytest
 
 from kvpool.errors import ErrorCode, NotLeader
@@ -18,18 +13,6 @@ from kvpool.rpc.client import RpcClient
 from kvtest.etcd import EtcdServer
 from kvtest.ha import FakeNode, HaMaster, put, wait_leader
 from kvtest.procs import wait_until
-
-
-@pytest.fixture
-def masters() -> Iterator[list[HaMaster]]:
-    started: list[HaMaster] = []
-    try:
-        yield started
-    finally:
-        for m in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(m.proc.pid, signal.SIGCONT)
-            m.stop()
 
 
 def test_only_the_leader_takes_subscriptions_and_pushes_its_removals(

@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from kvpool.master.config import MasterConfig
 from kvpool.master.server import MasterServer
@@ -24,31 +25,40 @@ from kvpool.rpc import RpcClient, ServerThread
 TOKEN = b"bench-admin-token-0000000000000000"
 
 
+def lock_step(
+    endpoint: str, rounds: int, calls: int, connects: int, **client: Any
+) -> tuple[float, float]:
+    """(median lock-step Echo calls/s over `rounds` of `calls`, median µs to connect and
+    handshake) of a master at `endpoint`, with RpcClient keywords `client` (a token, TLS)."""
+    rates = []
+    with RpcClient(endpoint, response_type=m.Response, **client) as c:
+        for _ in range(calls // 2):
+            c.call(m.Echo(b""))
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                c.call(m.Echo(b""))
+            rates.append(calls / (time.perf_counter() - t0))
+    times = []
+    for _ in range(connects):
+        t0 = time.perf_counter()
+        with RpcClient(endpoint, response_type=m.Response, **client) as c:
+            c.connect()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(rates), statistics.median(times)
+
+
 def run(auth_file: str, unix: bool, rounds: int, calls: int, connects: int) -> str:
     os.environ["KVPOOL_RPC_UNIX"] = "1" if unix else "0"
     st = ServerThread(MasterServer(MasterConfig(port=0, auth_file=auth_file))).start()
     token = TOKEN if auth_file else None
     try:
-        rates = []
-        with RpcClient(st.endpoint, response_type=m.Response, token=token) as c:
-            for _ in range(calls // 2):
-                c.call(m.Echo(b""))
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    c.call(m.Echo(b""))
-                rates.append(calls / (time.perf_counter() - t0))
-        times = []
-        for _ in range(connects):
-            t0 = time.perf_counter()
-            with RpcClient(st.endpoint, response_type=m.Response, token=token) as c:
-                c.connect()
-            times.append((time.perf_counter() - t0) * 1e6)
+        rate, connect = lock_step(st.endpoint, rounds, calls, connects, token=token)
     finally:
         st.stop()
     return (
         f"| {'Unix' if unix else 'TCP'} | {'yes' if auth_file else 'no'} | "
-        f"{statistics.median(rates) / 1000:.1f}k calls/s | {statistics.median(times):.0f} µs |"
+        f"{rate / 1000:.1f}k calls/s | {connect:.0f} µs |"
     )
 
 

@@ -27,10 +27,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from auth_cost import lock_step  # benchmarks/auth_cost.py: the same lock-step loop
 from kvpool.master.config import MasterConfig
 from kvpool.master.server import MasterServer
-from kvpool.protocol import messages as m
-from kvpool.rpc import RpcClient, ServerThread
+from kvpool.rpc import ServerThread
 from kvpool.rpc.tls import TlsConfig
 from kvpool.transfer import (
     SegmentLocation,
@@ -94,27 +94,10 @@ def rpc_row(tls: TlsConfig | None, rounds: int, calls: int, connects: int) -> st
     st = ServerThread(MasterServer(MasterConfig(port=0, **files))).start()
     ctx = tls.client_context() if tls is not None else None
     try:
-        rates = []
-        with RpcClient(st.endpoint, response_type=m.Response, tls=ctx) as c:
-            for _ in range(calls // 2):
-                c.call(m.Echo(b""))
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    c.call(m.Echo(b""))
-                rates.append(calls / (time.perf_counter() - t0))
-        times = []
-        for _ in range(connects):
-            t0 = time.perf_counter()
-            with RpcClient(st.endpoint, response_type=m.Response, tls=ctx) as c:
-                c.connect()
-            times.append((time.perf_counter() - t0) * 1e6)
+        rate, connect = lock_step(st.endpoint, rounds, calls, connects, tls=ctx)
     finally:
         st.stop()
-    return (
-        f"| {'mutual TLS' if tls else 'plain'} | {statistics.median(rates) / 1000:.1f}k calls/s "
-        f"| {statistics.median(times):.0f} µs |"
-    )
+    return f"| {'mutual TLS' if tls else 'plain'} | {rate / 1000:.1f}k calls/s | {connect:.0f} µs |"
 
 
 def transfer_row(tls: TlsConfig | None, proof: bool, transfers: int) -> str:

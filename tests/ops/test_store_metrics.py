@@ -75,6 +75,29 @@ def test_reads_over_tcp_are_labelled_tcp(live: Pool) -> None:
         assert (m.hits, m.get_bytes) == (2, 10_000)
 
 
+def test_cached_reads_are_labelled_by_the_place_they_read(live: Pool) -> None:
+    """`read_mode="cached"` reads skip the master (and `read`): a remembered place keeps its
+    path (shm, or tcp from another host), a hot-cache value is `hot`, never `none`."""
+    with Store(live.address, metrics=True) as writer:
+        writer.put("mc-0", b"c" * 5000)
+    with Store(live.address, read_mode="cached", metrics=True) as store:
+        for _ in range(3):
+            assert store.get("mc-0") == b"c" * 5000
+        assert store.batch_get(["mc-0"]) == [bytearray(b"c" * 5000)]
+        m = store.metrics
+        assert m is not None
+        assert m.calls("get", "shm") == 3 and m.calls("get", "none") == 0
+        assert m.calls("batch_get", "shm") == 1
+    kw = {"read_mode": "cached", "hot_cache_size": "1MiB", "protocol": "tcp"}
+    with Store(live.address, metrics=True, **kw) as store:  # type: ignore[arg-type]
+        for _ in range(4):  # admitted on the second read, served hot from the third
+            assert store.get("mc-0") == b"c" * 5000
+        m = store.metrics
+        assert m is not None
+        assert m.calls("get", "tcp") == 2 and m.calls("get", "hot") == 2
+        assert m.calls("get", "none") == 0 and m.hits == 4
+
+
 def test_a_store_without_metrics_is_unchanged(live: Pool) -> None:
     with Store(live.address) as store:
         assert store.metrics is None

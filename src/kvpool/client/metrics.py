@@ -15,7 +15,8 @@ What is counted, per Store:
 * a latency histogram per (op, path) of every call: op `get`, `get_into`, `batch_get`,
   `batch_get_into`, `put`, `batch_put`; path `shm` (the replica read first is on this host:
   a copy through shared memory), `tcp` (on another host: the transfer protocol), `disk` (a
-  disk-tier replica), `mixed` (a batch over several), `none` (nothing was read: all missed),
+  disk-tier replica), `hot` (the value came from the Store's hot cache, `hot_cache_size`),
+  `mixed` (a batch over several), `none` (nothing was read: all missed),
   and `any` for puts (where a put's bytes go is decided inside the writer; not broken down).
 
 Thread-safety: a Store is used from many threads; the counters are updated without a lock.
@@ -37,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvpool.client.datapath import DataPath
+from kvpool.client.hotcache import HotCache
+from kvpool.client.locations import Locations, Remembered
 from kvpool.client.reader import Reader
 from kvpool.client.replica import order_replicas
 from kvpool.client.writer import Writer
@@ -83,7 +86,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     5.0,
 )
 #: The path labels of the histograms (module docstring).
-PATHS: tuple[str, ...] = ("shm", "tcp", "disk", "mixed", "none", "any")
+PATHS: tuple[str, ...] = ("shm", "tcp", "disk", "hot", "mixed", "none", "any")
 _MAX_ROUTES = 4096
 _MISS = frozenset({ErrorCode.OBJECT_NOT_FOUND, ErrorCode.REPLICA_IS_NOT_READY})
 _MISS_INTS = frozenset(int(c) for c in _MISS)
@@ -258,6 +261,32 @@ class MeteredReader(Reader):
             local_disk = first.kind == ReplicaKind.LOCAL_DISK
             self._tl.path = "disk" if local_disk else self._path(first.segment)
         return super().read(key, rl, dest, deadline, order)
+
+    # Cached reads (`read_mode="cached"`) skip `read` and `_locations`: their path is that of
+    # the remembered place, or `hot` for a value from the hot cache.
+
+    def _hot_get(self, locations: Locations, hot: HotCache, key: str) -> bytes | None:  # type: ignore[override]
+        got = Reader._hot_get(locations, hot, key)
+        if got is not None:
+            self._tl.path = "hot"
+        return got
+
+    def _get_remembered(self, data: DataPath, key: str, entry: Remembered) -> bytearray | None:
+        self._tl.path = self._path(entry.segment)
+        return super()._get_remembered(data, key, entry)
+
+    def _read_remembered(
+        self, data: DataPath, key: str, entry: Remembered, dest: memoryview
+    ) -> bool:
+        self._tl.path = self._path(entry.segment)
+        return super()._read_remembered(data, key, entry, dest)
+
+    def _read_remembered_batch(
+        self, data: DataPath, ks: list[str], entries: list[Remembered | None]
+    ) -> list[bytearray | None]:
+        paths = {self._path(e.segment) for e in entries if e is not None}
+        self._tl.path = paths.pop() if len(paths) == 1 else ("mixed" if paths else "none")
+        return super()._read_remembered_batch(data, ks, entries)
 
     def _locations(self, keys: list[str]) -> LocationsReply:
         loc = super()._locations(keys)

@@ -614,8 +614,6 @@ class Store:
         *,
         upsert: bool,
     ) -> list[ErrorCode]:
-        if isinstance(config, ReplicateConfig) and config.dfs_replica_num:  # tiers: a file per key
-            return dfs.put_each(self._writer.put_one, ks, views, config, upsert=upsert)
         return self._writer.put_batch(ks, views, config, upsert=upsert)
 
     def batch_put_from(

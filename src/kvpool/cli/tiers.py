@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from kvpool.cli.params import Size
-from kvpool.master.tier_config import OffloadPolicy, TierConfig
+from kvpool.cli.params import Duration, Size
+from kvpool.master.tier_config import MAX_ORPHAN_GRACE_S, OffloadPolicy, TierConfig
 
 __all__ = ["master_tier_options", "node_tier_options", "tier_config"]
 
@@ -63,6 +63,29 @@ def master_tier_options(f: F) -> F:
             help="A directory every node and client sees (NFS, 3FS, a shared volume): puts "
             "with dfs_replica_num=1 also write their object there; it survives every node.",
         ),
+        click.option(
+            "--dfs-check-interval",
+            type=Duration(minimum=0.001, maximum=3600),
+            default="100ms",
+            show_default=True,
+            help="Time between two rounds of the DFS check (vanished files, orphan files).",
+        ),
+        click.option(
+            "--dfs-check-per-round",
+            type=click.IntRange(1, 1 << 20),
+            default=_DEFAULTS.dfs_check_per_round,
+            show_default=True,
+            help="DFS replicas whose file is looked for, and directory entries looked at for "
+            "orphans, per round.",
+        ),
+        click.option(
+            "--dfs-orphan-grace",
+            type=Duration(minimum=0, maximum=MAX_ORPHAN_GRACE_S),
+            default="5min",
+            show_default=True,
+            help="Age past which a file in the DFS directory that no object names is removed "
+            "(the leader does it).",
+        ),
         click.option("--enable_offload", is_flag=True, help="Mooncake: --offload-policy eager."),
         click.option(
             "--offload_on_evict", is_flag=True, help="Mooncake: --offload-policy on-evict."
@@ -98,6 +121,9 @@ _MASTER_KEYS = (
     "promotion_on_hit_mc",
     "promotion_admission_threshold_mc",
     "dfs_root",
+    "dfs_check_interval",
+    "dfs_check_per_round",
+    "dfs_orphan_grace",
 )
 
 
@@ -123,6 +149,9 @@ def tier_config(kwargs: dict[str, Any]) -> TierConfig:
         promotion_on_hit=_DEFAULTS.promotion_on_hit if on_hit is None else bool(on_hit),
         promotion_admission_threshold=threshold or _DEFAULTS.promotion_admission_threshold,
         dfs_root=os.path.abspath(v["dfs_root"]) if v.get("dfs_root") else None,
+        dfs_check_interval=v.get("dfs_check_interval", _DEFAULTS.dfs_check_interval),
+        dfs_check_per_round=v.get("dfs_check_per_round", _DEFAULTS.dfs_check_per_round),
+        dfs_orphan_grace=v.get("dfs_orphan_grace", _DEFAULTS.dfs_orphan_grace),
     )
 
 

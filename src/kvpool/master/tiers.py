@@ -87,7 +87,15 @@ class TierManager:
         self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
         self._lru = DiskLru()
         self.dfs = (
-            DfsTier(core, config.dfs_root, config.dfs_check_per_round) if config.dfs_root else None
+            DfsTier(
+                core,
+                config.dfs_root,
+                config.dfs_check_per_round,
+                check_interval=config.dfs_check_interval,
+                orphan_grace=config.dfs_orphan_grace,
+            )
+            if config.dfs_root
+            else None
         )
         """The DFS tier (`--dfs-root`), or None."""
         #: Counters (stats, tests): offloaded, offload_failed, offload_dropped, moved_to_disk,
@@ -181,7 +189,7 @@ class TierManager:
         started = 0
         self._lru.prune()
         if self.dfs is not None:
-            self.dfs.check()
+            self.dfs.tick(self._core.clock())
         budget = min(cfg.offload_per_round, cfg.offload_max_in_flight - self.in_flight)
         q = self._offload
         while q and budget > 0:

@@ -80,7 +80,7 @@ def test_a_dfs_only_object_read_often_comes_back_to_memory_by_itself(
         what="p0 promoted back to memory",
     )
     assert s.get("p0") == value(0)  # from memory now, its bytes exact
-    assert [ReplicaKind(r.kind) for r in s.get_replica_desc("p0")][0] == MEM
+    assert ReplicaKind(s.get_replica_desc("p0")[0].kind) == MEM  # memory first
     assert kinds(s, "p1") == kinds(s, "p2") == [ReplicaKind.DFS]
 
 

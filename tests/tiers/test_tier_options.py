@@ -14,6 +14,7 @@ import pytest
 
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
+from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicaKind
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import kvpool_proc, wait_until
@@ -175,3 +176,72 @@ def test_up_passes_the_disk_check_to_its_node(tmp_path: Path) -> None:
         assert "--disk-check-bytes-per-round" not in argv
     finally:
         up.stop()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"disk_check_interval": -1}, "disk_check_interval"),
+        ({"disk_check_interval": 7200}, "disk_check_interval"),
+        ({"disk_check_interval": "1s"}, "disk_check_interval"),
+        ({"disk_check_per_round": 0}, "disk_check_per_round"),
+        ({"disk_check_bytes_per_round": 0}, "disk_check_bytes_per_round"),
+        ({"disk_check_bytes_per_round": "lots"}, "disk_check_bytes_per_round"),
+    ],
+)
+def test_a_store_refuses_bad_disk_check_settings(
+    tmp_path: Path, kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidParams, match=message):
+        Store(
+            "127.0.0.1:1",
+            segment_size="16MiB",
+            offload_dir=str(tmp_path),
+            offload_size="8MiB",
+            **kwargs,  # type: ignore[arg-type]
+        )
+    with pytest.raises(InvalidParams, match="needs offload_dir"):
+        Store("127.0.0.1:1", disk_check_per_round=3)
+
+
+def test_a_stores_disk_tier_is_checked_as_told(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    p = pool(nodes=0, master_args=("--offload-policy", "eager", "--no-promotion-on-hit"))
+    disk = tmp_path / "disk"
+    owner = Store(
+        p.address,
+        rpc_timeout=20.0,
+        segment_size="16MiB",
+        offload_dir=str(disk),
+        offload_size="16MiB",
+        disk_check_interval=0.05,
+        disk_check_per_round=1,
+        disk_check_bytes_per_round="1MiB",
+    )
+    stores.append(owner)
+    tier = owner.disk_tier
+    assert tier is not None
+    value = b"storechk" * (MiB // 8)
+    for i in range(3):
+        assert owner.put(f"s{i}", value)
+    wait_until(
+        lambda: all(kinds(owner, f"s{i}") == [MEM, DISK] for i in range(3)),
+        timeout=20,
+        what="every object offloaded",
+    )
+    # One object a round, every 50 ms: many rounds soon (the default is one a second).
+    wait_until(lambda: tier.stats.checked >= 10, timeout=20, what="ten rounds of one object")
+    idle = Store(
+        p.address,
+        rpc_timeout=20.0,
+        segment_size="16MiB",
+        offload_dir=str(tmp_path / "idle"),
+        offload_size="8MiB",
+        disk_check_interval=0,
+    )
+    stores.append(idle)
+    assert idle.disk_tier is not None
+    assert idle.disk_tier._checker is None  # no check thread at all

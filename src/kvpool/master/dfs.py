@@ -102,17 +102,31 @@ class DfsTier:
         never removes the file of a later put that got its id."""
         seg = self.segment
         aligned = self._core.aligned(size)
-        for _ in range(2):
-            if self._next + aligned > SPACE:
-                self._next = 0
-            offset = self._next
-            if seg.allocator.alloc_at(offset, aligned):
-                self._next = offset + aligned
-                self._ids.add(offset)
-                seg.objects += 1
-                return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
-            self._next = SPACE  # taken: wrap and try once from the start
-        return None
+        offset = self._next if self._next + aligned <= SPACE else 0
+        if not seg.allocator.alloc_at(offset, aligned):
+            # Taken: ranges parked by a restart (puts in flight when the master died) or the
+            # space wrapped. The next free place after it, else the first from the start
+            # (O(free blocks), on a collision only).
+            found = self._free_after(offset, aligned)
+            if found is None or not seg.allocator.alloc_at(found, aligned):
+                return None
+            offset = found
+        self._next = offset + aligned
+        self._ids.add(offset)
+        seg.objects += 1
+        return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
+
+    def _free_after(self, start: int, aligned: int) -> int | None:
+        """The first offset at or after `start` where `aligned` bytes are free, else the
+        first such offset from 0; None when no free block is large enough."""
+        first: int | None = None
+        for off, n in self.segment.allocator.free_blocks():
+            at = max(off, start)
+            if off + n - at >= aligned:
+                return at
+            if first is None and n >= aligned:
+                first = off
+        return first
 
     def on_complete(self, obj: ObjectMeta) -> None:
         """`obj` (with a DFS replica) became readable: its file is checked from now on."""

@@ -19,7 +19,7 @@ from types import FrameType
 import click
 
 from kvpool.cli.params import Duration, MasterAddress, Name, Size
-from kvpool.cli.tiers import node_tier_options
+from kvpool.cli.tiers import DiskCheck, node_tier_options
 from kvpool.cli.tls import tls_config, tls_options
 from kvpool.client import dfs
 from kvpool.client.config import DEFAULT_TRANSFER_TIMEOUT_S
@@ -55,10 +55,17 @@ def _rss_shmem() -> int:
     return 0
 
 
-def open_disk_tier(runtime: NodeRuntime, data: DataPath, directory: str, size: int) -> DiskTier:
-    """Open, verify and mount the disk tier in `directory`; says what it found."""
+def open_disk_tier(
+    runtime: NodeRuntime,
+    data: DataPath,
+    directory: str,
+    size: int,
+    check: DiskCheck = DiskCheck(),  # noqa: B008 (frozen)
+) -> DiskTier:
+    """Open, verify and mount the disk tier in `directory` (checked as `check` says); says
+    what it found."""
     try:
-        disk = DiskTier(directory, size)
+        disk = DiskTier(directory, size, **check.kwargs())
     except KVPoolError as exc:
         raise click.ClickException(exc.message) from exc
     try:
@@ -69,7 +76,7 @@ def open_disk_tier(runtime: NodeRuntime, data: DataPath, directory: str, size: i
     st = disk.stats
     click.echo(
         f"kvpool node: disk tier {mem.name} ({format_size(size)} in {disk.directory}): "
-        f"{st.verified} object(s) verified, {st.refused} refused"
+        f"{st.verified} object(s) verified, {st.refused} refused; {check.describe()}"
     )
     return disk
 
@@ -239,6 +246,9 @@ def node(
     offload_dir: tuple[str, ...],
     offload_size: int,
     dfs_root: str | None,
+    disk_check_interval: float | None = None,
+    disk_check_per_round: int | None = None,
+    disk_check_bytes_per_round: int | None = None,
     token_file: str | None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
@@ -267,6 +277,9 @@ def node(
         raise click.BadParameter(
             exc.message.removeprefix("--segment-size: "), param_hint="'--segment-size'"
         ) from exc
+    check = DiskCheck(  # tiers: the disk tier's background check
+        disk_check_interval, disk_check_per_round, disk_check_bytes_per_round
+    ).given(offload_dir)
     try:  # tiers: DFS files under this process's path (kvpool.client.dfs), for its lifetime
         attached = None if dfs_root is None else dfs.attach(dfs_root)
     except KVPoolError as exc:
@@ -317,7 +330,7 @@ def node(
             # One tier per directory; `disk` owns those opened so far if a later one fails.
             disk = DiskTierSet([])
             for directory in offload_dir:
-                disk.tiers.append(open_disk_tier(runtime, data, directory, offload_size))
+                disk.tiers.append(open_disk_tier(runtime, data, directory, offload_size, check))
             executor.on_written = disk.on_task_written
             executor.on_disk_freed = disk.on_freed
         executor.start()

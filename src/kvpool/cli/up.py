@@ -18,7 +18,7 @@ import click
 
 from kvpool.cli.params import Duration, Name, Size
 from kvpool.cli.status import render_table
-from kvpool.cli.tiers import node_tier_options
+from kvpool.cli.tiers import DiskCheck, node_tier_options
 from kvpool.cli.tls import tls_config, tls_options
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.client.node import MIN_SEGMENT_SIZE
@@ -103,6 +103,9 @@ def up(
     offload_dir: tuple[str, ...],
     offload_size: int,
     dfs_root: str | None = None,
+    disk_check_interval: float | None = None,
+    disk_check_per_round: int | None = None,
+    disk_check_bytes_per_round: int | None = None,
     auth_file: str | None = None,
     token_file: str | None = None,
     tls_cert: str | None = None,
@@ -130,6 +133,9 @@ def up(
         raise click.BadParameter(
             exc.message.removeprefix("--segment-size: "), param_hint="'--segment-size'"
         ) from exc
+    check = DiskCheck(  # tiers: the disk tier's background check, passed on to the node
+        disk_check_interval, disk_check_per_round, disk_check_bytes_per_round
+    ).given(offload_dir)
     period = refresh
     ttl = client_ttl
     stop = threading.Event()
@@ -145,6 +151,7 @@ def up(
         # A disk tier: what reclaim takes out of memory moves there (docs/parts/tiers.md).
         dirs = tuple(a for d in offload_dir for a in ("--offload-dir", d))
         node_args = (*dirs, "--offload-size", str(offload_size))
+        node_args += check.argv()
         master_args = ("--offload-policy", "on-evict")
     master_args += auth_master + secure
     node_args += auth_node + secure

@@ -13,7 +13,7 @@ cluster id then comes from the URL; a different explicit `cluster_id` is refused
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from kvpool.client.dfs import check_root
 from kvpool.client.leader import DEFAULT_FAILOVER_TIMEOUT_S, check_master
@@ -101,6 +101,13 @@ class StoreConfig:
     of `offload_size` bytes and its journal); None for none."""
     offload_size: int = 0
     """Bytes of the disk tier (with `offload_dir`; at least 1 MiB)."""
+    disk_check_interval: float | None = None
+    """Seconds between two rounds of the disk tier's background check (0-3600; 0: none;
+    None: `kvpool.client.disk.CHECK_INTERVAL_S`); with `offload_dir` only."""
+    disk_check_per_round: int | None = None
+    """Objects the check re-reads per round at most (>= 1; None: the tier's default)."""
+    disk_check_bytes_per_round: int | None = None
+    """Bytes the check re-reads per round at most (>= 1; None: the tier's default)."""
     dfs_root: str | None = None
     """Where the master's DFS directory (`kvpool master --dfs-root`) is mounted in this
     process, when not at the master's path (`kvpool.client.dfs`); an existing directory."""
@@ -139,6 +146,40 @@ class StoreConfig:
     tls_key: str = ""
     """The private key of `tls_cert`; "" reads $KVPOOL_TLS_KEY."""
 
+    def _check_disk_check(self) -> None:
+        """The disk check's settings (tiers): valid, and only with a disk tier."""
+        interval = self.disk_check_interval
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not 0 <= interval <= 3600
+        ):
+            raise InvalidParams(f"disk_check_interval: expected 0-3600 s, got {interval!r:.80}")
+        if self.disk_check_bytes_per_round is not None:
+            nbytes = parse_size(self.disk_check_bytes_per_round, name="disk_check_bytes_per_round")
+            object.__setattr__(self, "disk_check_bytes_per_round", nbytes)
+        for name in ("disk_check_per_round", "disk_check_bytes_per_round"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidParams(f"{name}: expected an int >= 1, got {v!r:.80}")
+        if self.offload_dir is None:
+            for name in (
+                "disk_check_interval",
+                "disk_check_per_round",
+                "disk_check_bytes_per_round",
+            ):
+                if getattr(self, name) is not None:
+                    raise InvalidParams(f"{name} needs offload_dir (a disk tier to check)")
+
+    def disk_check(self) -> dict[str, Any]:
+        """The `DiskTier(...)` keyword arguments of the check settings given."""
+        given = {
+            "check_interval": self.disk_check_interval,
+            "check_per_round": self.disk_check_per_round,
+            "check_bytes_per_round": self.disk_check_bytes_per_round,
+        }
+        return {k: v for k, v in given.items() if v is not None}
+
     def __post_init__(self) -> None:
         # Sizes are normalised to ints here, so that a config read from a file may say "4GiB".
         for name in (
@@ -162,6 +203,7 @@ class StoreConfig:
                 f"offload_dir {self.offload_dir!r} needs an offload_size of at least 1 MiB, "
                 f"got {self.offload_size}"
             )
+        self._check_disk_check()
         if self.dfs_root is not None:  # tiers: an existing directory, made absolute
             object.__setattr__(self, "dfs_root", check_root(self.dfs_root))
         if not isinstance(self.dfs_fsync, bool):

@@ -17,10 +17,10 @@ holds it every DFS file is read, written and removed under this path instead of 
 `endpoint`. It is one path per process (a mount point is a fact of the host, not of a Store):
 a second Store naming another one is refused.
 
-Batch puts that ask for a DFS copy (`batch_put(..., ReplicateConfig(dfs_replica_num=1))`) are
-put key by key through the one-value path (`put_each`), which writes each file: a DFS copy is
-a file per key whatever the path, and the batched one (BatchPutStart) does not hand out DFS
-replicas yet (docs/parts/tiers.md, "Limits").
+Batch puts that ask for a DFS copy (`batch_put(..., ReplicateConfig(dfs_replica_num=1))`) take
+the batched path (one BatchPutStart): each started key's file is written before the batch's
+memory writes (`kvpool.client.writer.batches`). Upserts write the file of the new value, arena
+puts that ask for a copy take PutStart (`kvpool.client.writer.base._arena_config`).
 """
 
 from __future__ import annotations
@@ -29,20 +29,14 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import xxhash
 
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.errors import (
     ErrorCode,
     InvalidParams,
-    KVPoolError,
-    PermissionDenied,
-    RpcError,
-    StoreClosed,
-    Unauthenticated,
 )
 from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
 from kvpool.protocol.tiers import dfs_file
@@ -54,7 +48,6 @@ __all__ = [
     "check_root",
     "detach",
     "local_root",
-    "put_each",
     "read",
     "remove",
     "remove_failed",
@@ -160,40 +153,6 @@ def write(r: ReplicaDesc, value: memoryview) -> ErrorCode:
             os.unlink(tmp)
         return ErrorCode.TRANSFER_FAIL
     return ErrorCode.OK
-
-
-PutOne = Callable[..., int]
-"""`Writer.put_one(key, view, config, *, upsert=)`: the replicas written, 0 when the key
-existed (put)."""
-
-_WHOLE_BATCH = (RpcError, StoreClosed, Unauthenticated, PermissionDenied)
-"""Failures of the call, not of one key: they end the batch, as in the batched path."""
-
-
-def put_each(
-    put_one: PutOne,
-    keys: Sequence[str],
-    views: Sequence[memoryview],
-    config: ReplicateConfig,
-    *,
-    upsert: bool,
-) -> list[ErrorCode]:
-    """A batch put that asked for a DFS copy, one key at a time (module docstring); per key
-    OK, OBJECT_ALREADY_EXISTS (put) or why it failed, as `batch_put` answers."""
-    config.check_batch(len(keys))
-    groups = config.group_ids
-    out: list[ErrorCode] = []
-    for i, (key, view) in enumerate(zip(keys, views, strict=True)):
-        cfg = config if groups is None else dataclasses.replace(config, group_ids=(groups[i],))
-        try:
-            got = put_one(key, view, cfg, upsert=upsert)
-        except _WHOLE_BATCH:
-            raise
-        except KVPoolError as exc:
-            out.append(exc.code)
-            continue
-        out.append(ErrorCode.OK if got or upsert else ErrorCode.OBJECT_ALREADY_EXISTS)
-    return out
 
 
 def remove(r: ReplicaDesc) -> None:

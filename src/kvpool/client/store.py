@@ -156,6 +156,9 @@ class Store:
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT_S,
         offload_dir: str | None = None,
         offload_size: int | str = 0,
+        disk_check_interval: float | None = None,
+        disk_check_per_round: int | None = None,
+        disk_check_bytes_per_round: int | str | None = None,
         dfs_root: str | None = None,
         dfs_fsync: bool = False,
         token: str = "",
@@ -189,6 +192,9 @@ class Store:
             failover_timeout=failover_timeout,
             offload_dir=offload_dir,
             offload_size=parse_size(offload_size, name="offload_size"),
+            disk_check_interval=disk_check_interval,
+            disk_check_per_round=disk_check_per_round,
+            disk_check_bytes_per_round=cast(int | None, disk_check_bytes_per_round),
             dfs_root=dfs_root,
             dfs_fsync=dfs_fsync,
             token=token,
@@ -455,7 +461,7 @@ class Store:
         """Open the disk tier in `directory`, mount it, register what it holds; this Store
         then executes the offload and promotion tasks that touch it (docs/parts/tiers.md)."""
         with self._mount_lock:
-            disk = self._disk = DiskTier(directory, size)
+            disk = self._disk = DiskTier(directory, size, **self._config.disk_check())
             disk.mount(self._node, data.engine.attach_local)
             if self._tasks is None:
                 self._tasks = TaskExecutor(
@@ -614,8 +620,6 @@ class Store:
         *,
         upsert: bool,
     ) -> list[ErrorCode]:
-        if isinstance(config, ReplicateConfig) and config.dfs_replica_num:  # tiers: a file per key
-            return dfs.put_each(self._writer.put_one, ks, views, config, upsert=upsert)
         return self._writer.put_batch(ks, views, config, upsert=upsert)
 
     def batch_put_from(

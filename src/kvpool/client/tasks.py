@@ -17,6 +17,11 @@ checksum, so the master may drop it and repair the object from another replica).
 master answers with OBJECT_NO_REPLICATION_TASK (the task already ended: timed out, object
 removed) is normal.
 
+A client that sees the DFS directory (this process named it: `kvpool node --dfs-root`,
+`Store(dfs_root=)`) says so in each FetchTasks: the master then gives it promotions whose
+source is a DFS file (docs/parts/tiers.md, "The DFS tier"), which it reads with
+`kvpool.client.dfs.read`, checks and writes to the targets.
+
 Creating and querying tasks is the Store's side, a plain control call (`kvpool.client.control`).
 """
 
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from kvpool.client import dfs
 from kvpool.client.datapath import DataPath
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import checksum
@@ -37,6 +43,7 @@ from kvpool.protocol.messages import (
     FetchTasks,
     FetchTasksReply,
     MarkTaskComplete,
+    ReplicaKind,
     ReplicaTask,
     Reply,
     SegmentName,
@@ -159,8 +166,11 @@ class TaskExecutor:
         with self._lock:
             if self.node.closed:
                 return 0
+            # Seeing the DFS directory (this process named where it is) makes this node one
+            # that promotes objects from their DFS files (`_copy_from_dfs`).
+            sees_dfs = dfs.local_root() is not None
             reply = self.node.rpc.call_as(
-                FetchTasks(self.node.client_id, self.max_tasks), FetchTasksReply
+                FetchTasks(self.node.client_id, self.max_tasks, sees_dfs), FetchTasksReply
             )
             self.stats.fetches += 1
             if reply.code == ErrorCode.CLIENT_NOT_FOUND:
@@ -238,6 +248,8 @@ class TaskExecutor:
             return f"a replica is smaller than the object ({size} bytes)"
         if not task.targets:
             return "no targets"
+        if src.kind == ReplicaKind.DFS:
+            return self._copy_from_dfs(task)
         self.data.learn(task.segments)
         engine = self.data.engine
         hold = None
@@ -269,17 +281,37 @@ class TaskExecutor:
                         f"source bytes on {src.segment} hash to {got:#018x}, the object's "
                         f"checksum is {task.checksum:#018x}"
                     )
-            targets = task.targets
-            codes, _ = self.data.move_many(
-                TransferOp.WRITE,
-                [view] * len(targets),
-                [t.segment for t in targets],
-                [t.offset for t in targets],
-                False,
-            )
+            return self._write_targets(task, view)
+
+    def _write_targets(self, task: ReplicaTask, view: memoryview) -> str:
+        """Write the checked bytes `view` to every target of `task`; "" or why not."""
+        targets = task.targets
+        codes, _ = self.data.move_many(
+            TransferOp.WRITE,
+            [view] * len(targets),
+            [t.segment for t in targets],
+            [t.offset for t in targets],
+            False,
+        )
         bad = [(t.segment, c) for t, c in zip(targets, codes, strict=True) if c != ErrorCode.OK]
         if bad:
             return "writing " + ", ".join(f"{seg}: {code.name}" for seg, code in bad) + " failed"
         if self.on_written is not None:
             self.on_written(task)
         return ""
+
+    def _copy_from_dfs(self, task: ReplicaTask) -> str:
+        """A promotion from a DFS file (docs/parts/tiers.md, "The DFS tier"): the file is read
+        (hashed as it comes in) into a buffer, checked, and written to the targets."""
+        view = memoryview(bytearray(task.size))
+        want = self.verify_checksum and task.checksum is not None
+        code, got = dfs.read(task.source, view, want)
+        if code != ErrorCode.OK:
+            return f"reading the DFS file of {task.key!r} failed: {code.name}"
+        if want and got != task.checksum:
+            raise _BadSource(
+                f"the DFS file of {task.key!r} hashes to {got:#018x}, the object's checksum "
+                f"is {task.checksum:#018x}"
+            )
+        self.data.learn([i for i in task.segments if i.kind != ReplicaKind.DFS])
+        return self._write_targets(task, view)

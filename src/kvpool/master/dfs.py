@@ -15,9 +15,17 @@ the object) or when its file is found gone:
   still be writing), so it leaves no file: counted in `abandoned` when a file was found;
 * a reader that finds the file gone reports the replica bad (it is dropped when the object has
   another readable replica), and `check` looks for the files of up to `per_round` complete
-  replicas per tick, round robin, dropping those whose file vanished (`vanished`).
+  replicas per round, round robin, dropping those whose file vanished (`vanished`);
+* `sweep` removes orphan files: it reads up to `per_round` entries of the directory per round
+  (one directory iterator, resumed round after round) and removes a file (or a `.tmp`) whose
+  id no replica holds (`_ids`: every id allocated and not yet freed, in-flight puts and parked
+  ranges included) once it is older than `orphan_grace` (its modification time): files of a
+  master run without `--data-dir`, written after the last logged record, or left by a writer
+  that died. Counted in `orphans`. Only a leading master sweeps (`leading`: a standby's
+  metadata is not the cluster's), and never a name that is not a file id.
 
-File operations are unlinks and stats of one path each, on the master's loop, bounded per tick.
+`tick` runs both every `check_interval`. File operations are unlinks and stats of one path
+each, on the master's loop, bounded per round.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from kvpool.master.core import MetadataCore
@@ -45,10 +55,28 @@ SPACE: Final = 1 << 44
 class DfsTier:
     """The DFS replicas of one master (module docstring). Used on the master's loop only."""
 
-    def __init__(self, core: MetadataCore, root: str, per_round: int) -> None:
+    def __init__(
+        self,
+        core: MetadataCore,
+        root: str,
+        per_round: int,
+        *,
+        check_interval: float = 0.1,
+        orphan_grace: float = 300.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._core = core
         self.root = root
         self.per_round = per_round
+        self.check_interval = check_interval
+        self.orphan_grace = orphan_grace
+        self._wall = wall
+        self._due = 0.0
+        self._ids: set[int] = set()
+        """File ids allocated and not freed: a file named by one is never an orphan."""
+        self._scan: Iterator[os.DirEntry[str]] | None = None
+        self.leading: Callable[[], bool] | None = None
+        """Whether this master leads (None: it always does, no HA); only a leader sweeps."""
         os.makedirs(os.path.join(root, DFS_DIR), exist_ok=True)
         self.segment = Segment(
             number=0,
@@ -64,7 +92,7 @@ class DfsTier:
         self._complete: OrderedDict[int, ObjectMeta] = OrderedDict()
         self._next = 0
         self.counters: dict[str, int] = dict.fromkeys(
-            ("written", "removed", "abandoned", "vanished"), 0
+            ("written", "removed", "abandoned", "vanished", "orphans"), 0
         )
 
     def allocate(self, size: int) -> Replica | None:
@@ -74,16 +102,31 @@ class DfsTier:
         never removes the file of a later put that got its id."""
         seg = self.segment
         aligned = self._core.aligned(size)
-        for _ in range(2):
-            if self._next + aligned > SPACE:
-                self._next = 0
-            offset = self._next
-            if seg.allocator.alloc_at(offset, aligned):
-                self._next = offset + aligned
-                seg.objects += 1
-                return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
-            self._next = SPACE  # taken: wrap and try once from the start
-        return None
+        offset = self._next if self._next + aligned <= SPACE else 0
+        if not seg.allocator.alloc_at(offset, aligned):
+            # Taken: ranges parked by a restart (puts in flight when the master died) or the
+            # space wrapped. The next free place after it, else the first from the start
+            # (O(free blocks), on a collision only).
+            found = self._free_after(offset, aligned)
+            if found is None or not seg.allocator.alloc_at(found, aligned):
+                return None
+            offset = found
+        self._next = offset + aligned
+        self._ids.add(offset)
+        seg.objects += 1
+        return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
+
+    def _free_after(self, start: int, aligned: int) -> int | None:
+        """The first offset at or after `start` where `aligned` bytes are free, else the
+        first such offset from 0; None when no free block is large enough."""
+        first: int | None = None
+        for off, n in self.segment.allocator.free_blocks():
+            at = max(off, start)
+            if off + n - at >= aligned:
+                return at
+            if first is None and n >= aligned:
+                first = off
+        return first
 
     def on_complete(self, obj: ObjectMeta) -> None:
         """`obj` (with a DFS replica) became readable: its file is checked from now on."""
@@ -96,11 +139,13 @@ class DfsTier:
         """`replica` of `obj` came back with a restart (`--data-dir`) or a promoted standby's
         copy: its file is checked from now on, and new ids are taken after it (in order)."""
         self._complete[replica.offset] = obj
+        self._ids.add(replica.offset)
         self._next = max(self._next, replica.offset + self._core.aligned(obj.size))
 
     def on_free(self, offset: int) -> None:
         """The DFS replica of file id `offset` was freed: remove its file and a temporary one."""
         self._complete.pop(offset, None)
+        self._ids.discard(offset)
         path = dfs_file(self.root, offset)
         for name, what in ((path, "removed"), (path + ".tmp", "abandoned")):
             try:
@@ -111,6 +156,64 @@ class DfsTier:
                 log.warning("DFS: cannot remove %s: %s", name, exc)
                 continue
             self.counters[what] += 1
+
+    def tick(self, now: float) -> None:
+        """A round of `check` and `sweep` when `check_interval` passed since the last one
+        (`now`: the master's clock)."""
+        if now < self._due:
+            return
+        self._due = now + self.check_interval
+        self.check()
+        if self.leading is None or self.leading():
+            self.sweep()
+
+    def sweep(self) -> int:
+        """Look at up to `per_round` entries of the directory (resuming where the last round
+        stopped) and remove the orphan files among them (module docstring); answers how many
+        were removed."""
+        if self._scan is None:
+            try:
+                self._scan = os.scandir(os.path.join(self.root, DFS_DIR))
+            except OSError:
+                return 0  # the storage is away: the next round tries again
+        scan = self._scan
+        removed = 0
+        wall = self._wall()
+        for _ in range(self.per_round):
+            try:
+                entry = next(scan, None)
+            except OSError:
+                entry = None
+            if entry is None:  # the end of the directory: the next round starts over
+                self.close()
+                break
+            file_id = _file_id(entry.name)
+            if file_id is None or file_id in self._ids:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or wall - st.st_mtime < self.orphan_grace:
+                continue
+            try:
+                os.unlink(entry.path)
+            except OSError as exc:
+                if not isinstance(exc, FileNotFoundError):
+                    log.warning("DFS: cannot remove the orphan file %s: %s", entry.path, exc)
+                continue
+            removed += 1
+        if removed:
+            self.counters["orphans"] += removed
+            log.info("DFS: %d orphan file(s) removed", removed)
+        return removed
+
+    def close(self) -> None:
+        """Release the directory iterator of `sweep` (idempotent)."""
+        scan, self._scan = self._scan, None
+        close = getattr(scan, "close", None)
+        if close is not None:
+            close()
 
     def check(self) -> int:
         """Look for the files of up to `per_round` complete DFS replicas (round robin) and drop
@@ -156,3 +259,16 @@ class DfsTier:
             "DFS: the file of %r (%x) vanished; its replica is dropped", obj.key, replica.offset
         )
         self._core.drop_replica(obj, replica)
+
+
+def _file_id(name: str) -> int | None:
+    """The file id a DFS directory entry is named after (`<id>` or `<id>.tmp`, 16 hex
+    digits: `kvpool.protocol.tiers.dfs_file`); None for any other name (never touched)."""
+    base = name.removesuffix(".tmp")
+    if len(base) != 16:
+        return None
+    try:
+        file_id = int(base, 16)
+    except ValueError:
+        return None
+    return file_id if f"{file_id:016x}" == base else None  # no sign, "_" or capitals

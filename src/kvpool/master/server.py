@@ -143,6 +143,8 @@ class MasterServer:
         """Serve `service` from now on (an HA master replaces a stale one)."""
         self.service = service
         service.set_quotas(self.quotas)
+        if service.tiers.dfs is not None:  # tiers: only a leader removes orphan DFS files
+            service.tiers.dfs.leading = getattr(self, "_leading", None)
         handlers: dict[type[Any], Callable[[Any], Any]] = dict(service.handlers)
         handlers[RemoveAll] = self._remove_all
         handlers[RemoveByRegex] = self._remove_by_regex

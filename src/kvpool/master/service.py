@@ -203,6 +203,7 @@ class MasterService:
         """FetchTasks, with the disk-tier ranges of the client freed since its last fetch."""
         reply = self._task_path.fetch_tasks(req)
         if reply.code == 0:
+            self._tiers.note_fetch(req.client_id, req.dfs)  # who may promote from DFS files
             freed = self._tiers.take_freed(req.client_id)
             if freed:
                 reply.disk_freed = freed

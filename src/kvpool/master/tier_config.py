@@ -11,7 +11,10 @@ from enum import StrEnum
 
 from kvpool.errors import InvalidParams
 
-__all__ = ["OffloadPolicy", "TierConfig"]
+__all__ = ["MAX_ORPHAN_GRACE_S", "OffloadPolicy", "TierConfig"]
+
+MAX_ORPHAN_GRACE_S = 30 * 86400.0
+"""The longest grace an orphan DFS file may be given (30 days)."""
 
 
 class OffloadPolicy(StrEnum):
@@ -49,7 +52,13 @@ class TierConfig:
     """A directory every node and client sees (NFS, 3FS, a shared volume): puts asking for
     `dfs_replica_num=1` also write their object there (None: no DFS tier)."""
     dfs_check_per_round: int = 64
-    """DFS replicas whose file is looked for per tick (a vanished one is dropped)."""
+    """DFS replicas whose file is looked for, and directory entries looked at for orphan
+    files, per check round (a vanished replica is dropped, an orphan file removed)."""
+    dfs_check_interval: float = 0.1
+    """Seconds between two rounds of the DFS check (0.001-3600)."""
+    dfs_orphan_grace: float = 300.0
+    """Seconds a file in the DFS directory that no object names is left alone before the
+    check removes it as an orphan (0-30 days; its modification time counts)."""
 
     def __post_init__(self) -> None:
         try:
@@ -70,3 +79,12 @@ class TierConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidParams(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.001 <= self.dfs_check_interval <= 3600:  # also refuses NaN
+            raise InvalidParams(
+                f"dfs_check_interval must be 0.001-3600 s, got {self.dfs_check_interval!r}"
+            )
+        if not 0 <= self.dfs_orphan_grace <= MAX_ORPHAN_GRACE_S:
+            raise InvalidParams(
+                f"dfs_orphan_grace must be 0-{MAX_ORPHAN_GRACE_S:.0f} s, "
+                f"got {self.dfs_orphan_grace!r}"
+            )

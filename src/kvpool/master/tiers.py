@@ -18,7 +18,10 @@ journals what it wrote (`kvpool.client.disk`) so that it can name it again after
 * **promotion on hit**: reads that find no readable memory replica are counted per object (a
   bounded table, cleared when it overflows); the `promotion_admission_threshold`-th read
   queues the object, and each tick starts up to `promotion_per_round` COPY tasks from its disk
-  replica to a memory segment chosen by placement.
+  replica to a memory segment chosen by placement. An object whose only copy is in the DFS
+  directory is copied from its file by a client that said it sees the directory
+  (`FetchTasks.dfs`: a node with `--dfs-root`, a Store with `dfs_root`), into one of its own
+  segments when one has room; the DFS replica stays.
 
 * **the disk tier's LRU** (`disk_lru.py`): when an offload or a move finds no disk with room,
   the oldest replicas of the best disk segment are dropped until the object fits (at most
@@ -65,6 +68,8 @@ RETRY_HINT_MS = 20
 _COMPLETE = ReplicaStatus.COMPLETE
 DISK_EVICT_SCAN = 64
 """Disk replicas looked at, oldest first, to make room for one offload (a bound per call)."""
+MAX_DFS_EXECUTORS = 4096
+"""Clients remembered as seeing the DFS directory at most (those gone are pruned first)."""
 _ROOM_HINT = 1 << 20
 """Free bytes on a disk that count as room for a refused put's retry hint."""
 
@@ -86,8 +91,18 @@ class TierManager:
         self.quotas: TenantQuotas | None = None
         self._freed: dict[ClientId, list[tuple[SegmentName, int]]] = {}
         self._lru = DiskLru()
+        self._dfs_executors: dict[ClientId, None] = {}
+        """Clients that see the DFS directory (an ordered set): they promote from DFS."""
         self.dfs = (
-            DfsTier(core, config.dfs_root, config.dfs_check_per_round) if config.dfs_root else None
+            DfsTier(
+                core,
+                config.dfs_root,
+                config.dfs_check_per_round,
+                check_interval=config.dfs_check_interval,
+                orphan_grace=config.dfs_orphan_grace,
+            )
+            if config.dfs_root
+            else None
         )
         """The DFS tier (`--dfs-root`), or None."""
         #: Counters (stats, tests): offloaded, offload_failed, offload_dropped, moved_to_disk,
@@ -169,6 +184,29 @@ class TierManager:
             else:
                 self._lru.add(obj)
 
+    def note_fetch(self, client_id: ClientId, sees_dfs: bool) -> None:
+        """The client fetched its tasks, saying whether it sees the DFS directory (a node
+        with `--dfs-root`, a Store with `dfs_root`): those run promotions from DFS files."""
+        if not sees_dfs or self.dfs is None or client_id in self._dfs_executors:
+            return
+        if len(self._dfs_executors) >= MAX_DFS_EXECUTORS:
+            self._prune_dfs_executors()
+            if len(self._dfs_executors) >= MAX_DFS_EXECUTORS:
+                return  # bounded; those known keep the work
+        self._dfs_executors[client_id] = None
+
+    def _prune_dfs_executors(self) -> list[ClientId]:
+        """Forget DFS executors the master no longer knows; the others, not silent ones."""
+        clients = self._core.clients
+        out: list[ClientId] = []
+        for cid in list(self._dfs_executors):
+            rec = clients.get(cid)
+            if rec is None:
+                del self._dfs_executors[cid]
+            elif not rec.silent:
+                out.append(cid)
+        return out
+
     def take_freed(self, client_id: ClientId) -> list[tuple[SegmentName, int]]:
         """The client's freed disk ranges since the last call (FetchTasks hands them out)."""
         return self._freed.pop(client_id, []) if self._freed else []
@@ -181,7 +219,7 @@ class TierManager:
         started = 0
         self._lru.prune()
         if self.dfs is not None:
-            self.dfs.check()
+            self.dfs.tick(self._core.clock())
         budget = min(cfg.offload_per_round, cfg.offload_max_in_flight - self.in_flight)
         q = self._offload
         while q and budget > 0:
@@ -403,7 +441,7 @@ class TierManager:
             (r for r in obj.replicas if r.kind is ReplicaKind.LOCAL_DISK and r.readable()), None
         )
         if source is None:
-            return False
+            return self._promote_from_dfs(obj)
         aligned = self._core.aligned(obj.size)
         live = self._core.segments.live
         targets = sorted(
@@ -420,6 +458,36 @@ class TierManager:
                 on_done,
                 repair=True,
                 executor=source.segment.client_id,
+            )
+            if task is not None:
+                return True
+            self.in_flight -= 1
+        return False
+
+    def _promote_from_dfs(self, obj: ObjectMeta) -> bool:
+        """A COPY of `obj`'s DFS file into memory, run by a client that sees the DFS
+        directory (`note_fetch`): into one of its own segments when one has room (a local
+        write), else into the emptiest segment (the executor writes it over the network)."""
+        dfs = self.dfs
+        if dfs is None or not self._dfs_executors:
+            return False
+        source = next((r for r in obj.replicas if r.segment is dfs.segment and r.readable()), None)
+        if source is None:
+            return False
+        executors = self._prune_dfs_executors()
+        if not executors:
+            return False
+        mine = set(executors)
+        aligned = self._core.aligned(obj.size)
+        targets = sorted(
+            (s for s in self._core.segments.live if s.allocator.largest_free() >= aligned),
+            key=lambda s: (s.client_id not in mine, s.allocator.allocated),
+        )
+        for seg in targets[:2]:
+            executor = seg.client_id if seg.client_id in mine else executors[0]
+            on_done = self._done("promoted", "promote_failed")
+            task, _code = self._tasks.start(
+                TaskType.COPY, obj, source, [seg.name], on_done, repair=True, executor=executor
             )
             if task is not None:
                 return True

@@ -53,6 +53,7 @@ from kvpool.protocol.messages import (
     PutRevoke,
     PutStart,
     PutStartReply,
+    ReplicaKind,
     ReplicaStatus,
     Reply,
     TenantId,
@@ -62,6 +63,7 @@ from kvpool.protocol.messages import (
 __all__ = ["WritePath"]
 
 _COMPLETE = ReplicaStatus.COMPLETE
+_DFS = ReplicaKind.DFS
 _EXISTS = Claim.EXISTS
 _OK_REPLY = Reply(OK)
 
@@ -115,6 +117,13 @@ class WritePath:
             a = self._config.alignment
             plan.region_left = sum((s + a - 1) // a * a for s in sizes if s > 0)
         try:
+            if req.config.dfs_replica_num > 0:  # tiers: each key's DFS copy too
+                return BatchPutStartReply(
+                    [
+                        put_one(plan, keys[i], sizes[i], groups[i] if groups else "", now, True)
+                        for i in range(n)
+                    ]
+                )
             if groups:
                 return BatchPutStartReply(
                     [put_one(plan, keys[i], sizes[i], groups[i], now) for i in range(n)]
@@ -179,7 +188,8 @@ class WritePath:
         if plan.code != OK:
             return PutStartReply(plan.code)
         group = req.config.group_ids[0] if req.config.group_ids else None
-        reply = self._upsert_one(plan, req.key, req.size, group, self._clock())
+        dfs = req.config.dfs_replica_num > 0
+        reply = self._upsert_one(plan, req.key, req.size, group, self._clock(), dfs)
         if plan.fresh_tenant:
             self._planner.finish(plan)
         return reply
@@ -193,22 +203,26 @@ class WritePath:
         groups = req.config.group_ids
         now = self._clock()
         upsert = self._upsert_one
+        dfs = req.config.dfs_replica_num > 0
         reply = BatchPutStartReply(
-            [upsert(plan, keys[i], sizes[i], groups[i] if groups else None, now) for i in range(n)]
+            [
+                upsert(plan, keys[i], sizes[i], groups[i] if groups else None, now, dfs)
+                for i in range(n)
+            ]
         )
         if plan.fresh_tenant:
             self._planner.finish(plan)
         return reply
 
-    def _upsert_one(
-        self, plan: PutPlan, key: str, size: int, group: str | None, now: float
+    def _upsert_one(  # noqa: PLR0917
+        self, plan: PutPlan, key: str, size: int, group: str | None, now: float, dfs: bool = False
     ) -> PutStartReply:
         if not key or size <= 0:
             return PutStartReply(INVALID_PARAMS)
         core = self._core
         obj = core.lookup(plan.tenant, key)
         if obj is None:
-            return self._put_one(plan, key, size, group or "", now)
+            return self._put_one(plan, key, size, group or "", now, dfs)
         if group is not None and group != obj.group_id:
             # group_membership_is_immutable: a group is fixed for the object's lifetime.
             return PutStartReply(INVALID_PARAMS)
@@ -220,8 +234,10 @@ class WritePath:
                 return PutStartReply(OBJECT_REPLICA_BUSY)  # another write of it is in progress
             # `_put_one` claims the key again (the same verdict) and preempts only once it
             # holds new ranges.
-            return self._put_one(plan, key, size, obj.group_id, now)
-        if size == obj.size and now >= obj.lease_deadline and not _on_silent(obj):
+            return self._put_one(plan, key, size, obj.group_id, now, dfs)
+        # A DFS copy asked of an object without one takes new ranges (case C) and its file.
+        want_dfs = dfs and self.dfs_replica is not None and not _has_dfs(obj)
+        if size == obj.size and now >= obj.lease_deadline and not _on_silent(obj) and not want_dfs:
             # Case B: rewrite in place; unreadable until PutEnd. (Not onto a silent segment:
             # its owner cannot be written now, and the old bytes there must not come back
             # under the new checksum.)
@@ -234,10 +250,17 @@ class WritePath:
             fresh = core.allocate(size, plan)
             if not fresh:
                 return PutStartReply(NO_AVAILABLE_HANDLE, [], plan.retry_after_ms or 0)
+        short = fresh is not None and len(fresh) < plan.replica_num
+        if fresh is not None and (dfs or _has_dfs(obj)) and self.dfs_replica is not None:
+            # tiers: the new value's file (the old one goes with the old replicas); a copy
+            # the old value had is kept for the new one.
+            extra = self.dfs_replica(size)
+            if extra is not None:
+                fresh = (*fresh, extra)
         obj = core.rewrite_object(
             obj, size, fresh, plan.client_id, now, plan.action, plan.soft_pin, plan.replica_num
         )
-        if fresh is not None and len(fresh) < plan.replica_num:
+        if short:
             core.note_short(obj)
         return PutStartReply(OK, [r.desc(obj.size) for r in obj.replicas])
 
@@ -334,6 +357,11 @@ def _same_put(obj: ObjectMeta, replica_id: int | None) -> bool:
         return True
     reps = obj.replicas
     return bool(reps) and reps[0].replica_id == replica_id
+
+
+def _has_dfs(obj: ObjectMeta) -> bool:
+    """Whether `obj` has a DFS replica (docs/parts/tiers.md, the DFS tier)."""
+    return any(r.kind is _DFS for r in obj.replicas)
 
 
 def _on_silent(obj: ObjectMeta) -> bool:

@@ -36,6 +36,7 @@ from kvpool.protocol.messages import Stats
 
 if TYPE_CHECKING:
     from kvpool.master.server import MasterServer
+    from kvpool.master.tiers import TierManager
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -188,6 +189,16 @@ class RequestCounters:
         return sum(c.requests for k, c in self.kinds.items() if op_name(k) == name)
 
 
+def _tier_counters(tiers: TierManager) -> Iterator[Any]:
+    """The tier manager's counters (`kvpool_tier_<name>`) and its DFS tier's
+    (`kvpool_dfs_<name>`: written, removed, abandoned, vanished, orphans)."""
+    for name, n in tiers.counters.items():
+        yield _counter(f"kvpool_tier_{name}", f"Tiers below memory: {name}.", n)
+    if tiers.dfs is not None:
+        for name, n in tiers.dfs.counters.items():
+            yield _counter(f"kvpool_dfs_{name}", f"DFS tier: {name} (files).", n)
+
+
 class MasterCollector(Collector):
     """The master's metric families (see the module docstring)."""
 
@@ -244,6 +255,7 @@ class MasterCollector(Collector):
         yield _counter("kvpool_repair_failed", "Repair copies that failed.", st.repair_failed)
         yield _gauge("kvpool_uptime_seconds", "Seconds since the master started.", st.uptime_s)
         yield from self._reclaim(svc.hooks)
+        yield from _tier_counters(svc.tiers)  # tiers (docs/parts/tiers.md)
         if self._counters is not None:
             yield from self._requests(self._counters)
 

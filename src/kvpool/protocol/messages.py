@@ -677,6 +677,7 @@ class FetchTasks(Message):
 
     client_id: ClientId
     max_tasks: int = 16
+    dfs: bool = False  # the executor sees the DFS directory: it may promote from DFS files
 
 
 class FetchTasksReply(Message):

@@ -4,6 +4,12 @@
 the keys written; the keys whose write failed on a dead node's segment, that the master
 refused while making room, or that a leader switch lost are started again within the Writer's
 retry bounds (`_put_batch_retrying`, `_put_batch_when_room`, `_put_batch_after_switch`).
+
+A key whose PutStart answer ends with a DFS replica (`dfs_replica_num=1`, or an upsert of an
+object that has one) gets its file written (`kvpool.client.dfs.write`) before the batch's
+memory writes; the DFS replica is no place of the engine batch. A file that fails fails its
+key (revoked like a failed memory write), and the file of a key revoked, ended in vain or of
+a batch that raised is removed (docs/parts/tiers.md, "The DFS tier").
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
+from kvpool.client import dfs
 from kvpool.client.replica import digest_or_checksum
 from kvpool.client.validation import check_count
 from kvpool.client.writer.base import (
@@ -31,6 +38,8 @@ from kvpool.protocol.messages import (
     BatchPutStartReply,
     BatchReply,
     BatchUpsertStart,
+    ReplicaDesc,
+    ReplicaKind,
     ReplicateConfigMsg,
 )
 from kvpool.transfer.request import TransferOp
@@ -38,6 +47,8 @@ from kvpool.transfer.request import TransferOp
 __all__ = ["BatchPuts"]
 
 log = logging.getLogger(__name__)
+
+_DFS = ReplicaKind.DFS
 
 
 class BatchPuts(StartedPuts):
@@ -188,6 +199,7 @@ class BatchPuts(StartedPuts):
         owner: list[int] = []
         first: list[bool] = []
         short: list[int] = []
+        dfs_of: dict[int, ReplicaDesc] = {}
         for i, r in enumerate(rep.results):
             if r.code:
                 out[i] = ErrorCode.of(r.code)
@@ -213,6 +225,12 @@ class BatchPuts(StartedPuts):
             if not replicas or any(d.size != size for d in replicas):
                 out[i] = _check_replicas(replicas, size)
                 continue
+            if replicas[-1].kind is _DFS:  # tiers: its file is written before the memory
+                dfs_of[i] = replicas[-1]
+                replicas = replicas[:-1]
+                if not replicas:  # never answered (memory replicas come first): refused
+                    out[i] = ErrorCode.INVALID_REPLICA
+                    continue
             if len(replicas) < want:
                 short.append(i)
             view = views[i]
@@ -225,6 +243,9 @@ class BatchPuts(StartedPuts):
                 first.append(head)
                 head = False
         try:
+            for i, d in dfs_of.items():  # a failed file fails its key, as a failed write
+                if out[i] == ok:
+                    out[i] = dfs.write(d, views[i])
             codes, digests = self._opened().move_many(TransferOp.WRITE, places, segs, offs, first)
             sums: dict[int, int] = {}
             for i, head, taken in zip(owner, first, digests, strict=True):
@@ -232,6 +253,8 @@ class BatchPuts(StartedPuts):
                     sums[i] = digest_or_checksum(taken, views[i])
         except BaseException:
             self._revoke([keys[i] for i in started], _put_ids(rep, started), park=True)
+            for d in dfs_of.values():
+                dfs.remove(d)
             raise
         for i, code, seg in zip(owner, codes, segs, strict=True):
             if code != ok:
@@ -243,8 +266,12 @@ class BatchPuts(StartedPuts):
         if len(good) != len(started):
             bad = [i for i in started if out[i] != ok]
             self._revoke([keys[i] for i in bad], _put_ids(rep, bad), park=True)
+            for i in bad:
+                failed_file = dfs_of.get(i)
+                if failed_file is not None:
+                    dfs.remove(failed_file)
         if good:
-            self._end_batch(keys, good, sums, out, _put_ids(rep, good))
+            self._end_batch(keys, good, sums, out, _put_ids(rep, good), dfs_of=dfs_of)
         if short:
             stored = [i for i in short if out[i] == ok]
             if stored:
@@ -260,9 +287,11 @@ class BatchPuts(StartedPuts):
         sums: dict[int, int],
         out: list[ErrorCode],
         ids: list[int],
+        *,
+        dfs_of: dict[int, ReplicaDesc] | None = None,
     ) -> None:
         """BatchPutEnd of the keys `good` (all written; `ids` name their puts); a key whose
-        end failed is revoked and answers why in `out`."""
+        end failed is revoked and answers why in `out`, and its DFS file (`dfs_of`) removed."""
         good_keys = keys if len(good) == len(keys) else [keys[i] for i in good]
         sum_list = [sums[i] for i in good]
         end = BatchPutEnd(self._node.client_id, good_keys, sum_list, self.tenant, ids)
@@ -271,6 +300,8 @@ class BatchPuts(StartedPuts):
             check_count("BatchPutEnd", len(codes), len(good))
         except BaseException:
             self._revoke(good_keys, ids)  # the complete ones refuse it: only the others go
+            # A DFS file stays: whether its put completed is not known here; the master
+            # removes the file of a put it revokes or frees (kvpool.master.dfs).
             raise
         failed: list[str] = []
         failed_ids: list[int] = []
@@ -279,6 +310,9 @@ class BatchPuts(StartedPuts):
                 out[i] = ErrorCode.of(c)
                 failed.append(keys[i])
                 failed_ids.append(put_id)
+                d = dfs_of.get(i) if dfs_of else None
+                if d is not None:
+                    dfs.remove(d)  # a preempted put's master removed it before our rename
         if failed:
             self._revoke(failed, failed_ids)
 

@@ -1,0 +1,210 @@
+"""Orphan files in the DFS directory (docs/parts/tiers.md, "The DFS tier"): files that no
+object names (a master run without `--data-dir`, a writer that died between its write and its
+commit, `.tmp` files of abandoned writes) are removed by the master's check once older than
+`--dfs-orphan-grace`; a live object's file, a young file and names that are no file id stay.
+Also the master's DFS check options, through the real command."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.client import Store
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.protocol.messages import ReplicaKind
+from kvpool.protocol.tiers import DFS_DIR, dfs_file
+from kvtest.etcd import EtcdServer
+from kvtest.ha import HaMaster, wait_leader
+from kvtest.pool import PoolFactory, pool  # noqa: F401
+from kvtest.procs import kvpool_proc, wait_until
+
+DFS = ReplicateConfig(dfs_replica_num=1)
+OLD = 3600.0
+
+
+def scrape(base: str, name: str) -> float:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m is not None, name
+    return float(m.group(1))
+
+
+def plant(path: str, age: float) -> None:
+    with open(path, "wb") as f:
+        f.write(b"orphan" * 100)
+    t = time.time() - age
+    os.utime(path, (t, t))
+
+
+@pytest.fixture
+def stores() -> Iterator[list[Store]]:
+    made: list[Store] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def test_old_orphan_and_tmp_files_go_while_live_and_young_files_stay(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    root.mkdir()
+    d = root / DFS_DIR
+    d.mkdir()
+    # Left by an earlier master run (no --data-dir) and by a writer that died.
+    orphan = dfs_file(str(root), 1 << 40)
+    stale_tmp = dfs_file(str(root), (1 << 40) + (1 << 20)) + ".tmp"
+    plant(orphan, OLD)
+    plant(stale_tmp, OLD)
+    young = dfs_file(str(root), (1 << 40) + (2 << 20))
+    plant(young, 0)
+    foreign = str(d / "README")  # not a file id: never touched
+    plant(foreign, OLD)
+    odd = str(d / "00000000000000AB")  # capitals: not a name the tier makes
+    plant(odd, OLD)
+    p = pool(
+        nodes=1,
+        segment_size="16MiB",
+        master_args=(
+            "--dfs-root",
+            str(root),
+            "--dfs-orphan-grace",
+            "20s",
+            "--dfs-check-interval",
+            "20ms",
+            "--dfs-check-per-round",
+            "2",  # several rounds per pass over the directory
+            "--http-port",
+            "0",
+        ),
+    )
+    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
+    base = f"http://{m.group(1)}:{m.group(2)}"
+    s = Store(p.address, rpc_timeout=20.0)
+    stores.append(s)
+    assert s.put("live", b"v" * 4096, DFS)
+    live_id = next(r.offset for r in s.get_replica_desc("live") if r.kind == ReplicaKind.DFS)
+    live = dfs_file(str(root), live_id)
+    t = time.time() - OLD
+    os.utime(live, (t, t))  # old, but named by an object
+    wait_until(
+        lambda: not os.path.exists(orphan) and not os.path.exists(stale_tmp),
+        timeout=20,
+        what="the old orphan files removed",
+    )
+    passes = scrape(base, "kvpool_dfs_orphans_total")
+    assert passes == 2
+    # A few more passes over the directory: nothing else goes.
+    deadline = time.monotonic() + 0.5
+    wait_until(lambda: time.monotonic() >= deadline, timeout=5, what="more rounds")
+    for kept in (young, foreign, odd, live):
+        assert os.path.exists(kept), kept
+    assert s.get("live") == b"v" * 4096
+    assert scrape(base, "kvpool_dfs_orphans_total") == 2
+
+
+def test_the_grace_is_an_age(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "dfs"
+    (root / DFS_DIR).mkdir(parents=True)
+    young = dfs_file(str(root), 5 << 20)
+    plant(young, 0)
+    pool(
+        nodes=0,
+        master_args=(
+            "--dfs-root",
+            str(root),
+            "--dfs-orphan-grace",
+            "1s",
+            "--dfs-check-interval",
+            "50ms",
+        ),
+    )
+    assert os.path.exists(young)  # younger than a second when the master came up
+    wait_until(lambda: not os.path.exists(young), timeout=20, what="the file aged past grace")
+
+
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [
+        ("--dfs-check-interval", "0"),
+        ("--dfs-check-interval", "2h"),
+        ("--dfs-check-interval", "soon"),
+        ("--dfs-check-per-round", "0"),
+        ("--dfs-orphan-grace", "-1s"),
+        ("--dfs-orphan-grace", "40d"),
+    ],
+)
+def test_bad_dfs_check_options_are_refused_naming_the_option(
+    tmp_path: Path, option: str, bad: str
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvpool",
+            "master",
+            "--port",
+            "0",
+            "--dfs-root",
+            str(tmp_path),
+            option,
+            bad,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2, out.stderr
+    assert option in out.stderr, out.stderr
+
+
+def test_only_the_leader_removes_orphans(
+    etcd_shared: EtcdServer,
+    cluster: str,
+    tmp_path: Path,
+) -> None:
+    # A standby's metadata names no file: were it to sweep, it would take every live one
+    # (the grace is 0 here).
+    root = tmp_path / "dfs"
+    flags = ("--dfs-root", str(root), "--dfs-orphan-grace", "0s", "--dfs-check-interval", "20ms")
+    with contextlib.ExitStack() as stack:
+        masters = [HaMaster(etcd_shared.endpoint, cluster, n, *flags) for n in "ab"]
+        for m in masters:
+            stack.callback(m.stop)
+        leader = wait_leader(masters)
+        standby = next(m for m in masters if m is not leader)
+        url = f"etcd://{etcd_shared.endpoint}/{cluster}"
+        node = kvpool_proc("node", "--master", url, "--segment-size", "16MiB", "--no-progress")
+        stack.callback(node.stop)
+        node.wait_ready(timeout=60)
+        s = stack.enter_context(Store(url, rpc_timeout=20.0))
+        for i in range(3):
+            assert s.put(f"h{i}", bytes([i]) * 8192, DFS)
+        wait_until(
+            lambda: (st := standby.status()) is not None and st.objects == 3,
+            timeout=10,
+            what="the standby's copy to hold every object",
+        )
+        orphan = dfs_file(str(root), 1 << 40)
+        plant(orphan, OLD)
+        wait_until(lambda: not os.path.exists(orphan), timeout=20, what="the leader's sweep")
+        # The standby ran rounds meanwhile too (same interval); every live file is there.
+        assert len(os.listdir(root / DFS_DIR)) == 3
+        for i in range(3):
+            assert s.get(f"h{i}") == bytes([i]) * 8192

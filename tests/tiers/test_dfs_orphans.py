@@ -208,3 +208,32 @@ def test_only_the_leader_removes_orphans(
         assert len(os.listdir(root / DFS_DIR)) == 3
         for i in range(3):
             assert s.get(f"h{i}") == bytes([i]) * 8192
+
+
+def test_a_closed_master_releases_the_sweeps_directory_handle(tmp_path: Path) -> None:
+    """The orphan sweep keeps a directory iterator open between rounds (it resumes where it
+    stopped): closing the master, or an HA master replacing its service, releases it."""
+    from kvpool.master.config import MasterConfig
+    from kvpool.master.server import MasterServer
+    from kvpool.master.service import MasterService
+    from kvpool.master.tier_config import TierConfig
+    from kvpool.rpc.thread import ServerThread
+
+    os.makedirs(tmp_path / DFS_DIR)
+    for i in range(8):  # more entries than one round looks at
+        plant(str(tmp_path / DFS_DIR / f"junk-{i}"), OLD)
+    tiers = TierConfig(dfs_root=str(tmp_path), dfs_check_per_round=2, dfs_check_interval=3600)
+    config = MasterConfig(port=0, unix_socket=False, tiers=tiers)
+    server = MasterServer(config)
+    first = server.service.tiers.dfs
+    assert first is not None
+    first.sweep()
+    assert first._scan is not None  # mid-directory: the iterator stays open
+    server._install(MasterService(config))  # what an HA master does when it takes office
+    assert first._scan is None
+    second = server.service.tiers.dfs
+    assert second is not None
+    with ServerThread(server, name="dfs-close"):
+        second.sweep()
+        assert second._scan is not None
+    assert second._scan is None

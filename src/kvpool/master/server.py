@@ -141,6 +141,9 @@ class MasterServer:
 
     def _install(self, service: MasterService) -> None:
         """Serve `service` from now on (an HA master replaces a stale one)."""
+        old = getattr(self, "service", None)
+        if old is not None and old is not service and old.tiers.dfs is not None:
+            old.tiers.dfs.close()  # the replaced service's open directory iterator
         self.service = service
         service.set_quotas(self.quotas)
         if service.tiers.dfs is not None:  # tiers: only a leader removes orphan DFS files
@@ -224,6 +227,8 @@ class MasterServer:
         await self.rpc.close()
         if self.service.durable is not None:
             self.service.durable.close()
+        if self.service.tiers.dfs is not None:
+            self.service.tiers.dfs.close()
 
     async def __aenter__(self) -> MasterServer:
         await self.start()

@@ -26,6 +26,9 @@ Modules:
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
   its own); `call`, `call_many`, `call_as`. Idle connections are checked before use and a
   forked child connects anew.
+* `connector`: `Connector`, how a client opens a connection (TCP, TLS, the handshake and its
+  proof, the deposed-leader check, the move to the Unix socket); `parse_address`.
+* `channel`: `Channel`, one client connection's socket and calls in flight; `Sent`.
 * `aio`: `AsyncRpcClient`, the same calls as coroutines.
 * `thread`: `ServerThread`, anything `Serving` (an `RpcServer`, the master) in a background
   thread on its own loop (tests, embedding the master).

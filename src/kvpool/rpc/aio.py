@@ -52,13 +52,8 @@ from kvpool.protocol.handshake import (
     check_unix_welcome,
     is_abstract_unix_address,
 )
-from kvpool.rpc.client import (
-    Transport,
-    _check_timeout,
-    _proof_for,
-    parse_address,
-    unix_enabled,
-)
+from kvpool.rpc.channel import Transport
+from kvpool.rpc.connector import check_timeout, parse_address, proof_for, unix_enabled
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]
@@ -190,7 +185,7 @@ class AsyncRpcClient:
         #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
         self.tls = tls
         self._host, self._port = parse_address(address)
-        self.timeout = float(_check_timeout(timeout))
+        self.timeout = float(check_timeout(timeout))
         #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
         self.unix = unix_enabled(unix)
         self.cluster_id = cluster_id
@@ -238,7 +233,7 @@ class AsyncRpcClient:
 
     async def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply; concurrent calls pipeline."""
-        budget = self.timeout if timeout is None else _check_timeout(timeout)
+        budget = self.timeout if timeout is None else check_timeout(timeout)
         payload = self._payload(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
@@ -269,7 +264,7 @@ class AsyncRpcClient:
         `RpcClient.call_many`."""
         if not isinstance(window, int) or window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
-        budget = self.timeout if timeout is None else _check_timeout(timeout)
+        budget = self.timeout if timeout is None else check_timeout(timeout)
         payloads = [self._payload(r) for r in requests]
         if not payloads:
             return []
@@ -513,7 +508,7 @@ class AsyncRpcClient:
                     raise problem
                 if not welcome.challenge:
                     break
-                proof = _proof_for(
+                proof = proof_for(
                     self.token, welcome.challenge, self.cluster_id, self.client_name, where
                 )
                 welcome = await self._exchange(proto, where, proof)

@@ -13,7 +13,6 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvpool"
 LIMIT = 800
 OVER = {
-    "rpc/server.py": 878,
     "master/core.py": 809,
 }
 """Module (relative to src/kvpool) → the most lines it may have until it is split."""

@@ -49,11 +49,16 @@ from kvpool.protocol.handshake import (
     Hello,
     Proof,
     Welcome,
-    check_unix_welcome,
     is_abstract_unix_address,
 )
 from kvpool.rpc.channel import Transport
-from kvpool.rpc.connector import check_timeout, parse_address, proof_for, unix_enabled
+from kvpool.rpc.connector import (
+    answer_welcome,
+    check_timeout,
+    parse_address,
+    unix_enabled,
+    welcome_of,
+)
 from kvpool.rpc.server import union_members
 
 __all__ = ["AsyncRpcClient"]
@@ -486,10 +491,7 @@ class AsyncRpcClient:
             HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
         )
         rid, payload = await proto.welcome
-        if rid & ERROR_FLAG:
-            refusal = self._decode_error(payload)
-            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-        return msgspec.msgpack.decode(payload, type=Welcome)
+        return welcome_of(rid, payload, where)
 
     async def _handshake(self, proto: _Protocol, where: str, *, unix_address: str = "") -> Welcome:
         """Send the Hello and check the Welcome (for the Unix socket `unix_address` when
@@ -498,19 +500,17 @@ class AsyncRpcClient:
             assert proto.transport is not None
             welcome = await self._exchange(proto, where, self._hello)
             for _ in range(2):
-                problem = check_unix_welcome(
+                proof = answer_welcome(
                     welcome,
+                    token=self.token,
                     cluster_id=self.cluster_id,
-                    unix_address=unix_address,  # "" over TCP: the plain checks only
+                    client_name=self.client_name,
                     protocol_version=self.protocol_version,
+                    unix_address=unix_address,
+                    where=where,
                 )
-                if problem is not None:
-                    raise problem
-                if not welcome.challenge:
+                if proof is None:
                     break
-                proof = proof_for(
-                    self.token, welcome.challenge, self.cluster_id, self.client_name, where
-                )
                 welcome = await self._exchange(proto, where, proof)
             else:
                 raise RpcError(f"{where} challenged the proof of its own challenge")

@@ -61,7 +61,15 @@ from kvpool.protocol.handshake import (
 from kvpool.rpc.auth import unwrap_data_key
 from kvpool.rpc.channel import RECV_BYTES, Channel
 
-__all__ = ["Connector", "check_timeout", "parse_address", "proof_for", "unix_enabled"]
+__all__ = [
+    "Connector",
+    "answer_welcome",
+    "check_timeout",
+    "parse_address",
+    "proof_for",
+    "unix_enabled",
+    "welcome_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +108,44 @@ def proof_for(
     return Proof(token_key_id(token), auth_proof(token, challenge, cluster_id, client_name))
 
 
+_decode_refusal = msgspec.msgpack.Decoder(ErrorReply).decode
+
+
+def welcome_of(request_id: int, payload: bytes, where: str) -> Welcome:
+    """The `Welcome` in the server's answer to a handshake frame; when the server refused, the
+    exception of the refusal's code (shared with `kvpool.rpc.aio`)."""
+    if request_id & ERROR_FLAG:
+        refusal = _decode_refusal(payload)
+        raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
+    return msgspec.msgpack.decode(payload, type=Welcome)
+
+
+def answer_welcome(
+    welcome: Welcome,
+    *,
+    token: bytes | None,
+    cluster_id: str,
+    client_name: str,
+    protocol_version: int,
+    unix_address: str,
+    where: str,
+) -> Proof | None:
+    """Check `welcome` (for the Unix socket `unix_address` when given; "" over TCP: the plain
+    checks only) and raise its problem; then None when it admits the client, or the `Proof`
+    its challenge asks for (shared with `kvpool.rpc.aio`)."""
+    problem = check_unix_welcome(
+        welcome,
+        cluster_id=cluster_id,
+        unix_address=unix_address,
+        protocol_version=protocol_version,
+    )
+    if problem is not None:
+        raise problem
+    if not welcome.challenge:
+        return None
+    return proof_for(token, welcome.challenge, cluster_id, client_name, where)
+
+
 class Connector:
     """Opens and handshakes the connections of one client (module docstring).
 
@@ -136,7 +182,6 @@ class Connector:
         self.max_frame_bytes = max_frame_bytes
         self._hello = Hello(protocol_version, cluster_id, client_name, auth)
         self._encode = msgspec.msgpack.Encoder().encode
-        self._decode_error = msgspec.msgpack.Decoder(ErrorReply).decode
         self.server_name = ""
         #: The tenant and role of the token the server accepted ("" without credentials).
         self.auth_tenant = self.auth_role = ""
@@ -257,17 +302,17 @@ class Connector:
                 message=self._hello,
             )
             for _ in range(2):
-                problem = check_unix_welcome(
+                proof = answer_welcome(
                     welcome,
+                    token=self.token,
                     cluster_id=self.cluster_id,
-                    unix_address=unix_address,  # "" over TCP: the plain checks only
+                    client_name=self.client_name,
                     protocol_version=self.protocol_version,
+                    unix_address=unix_address,
+                    where=where,
                 )
-                if problem is not None:
-                    raise problem
-                if not welcome.challenge:
+                if proof is None:
                     break
-                proof = self._proof(welcome.challenge, where)
                 nonce = welcome.challenge
                 welcome = self._exchange(
                     sock,
@@ -326,10 +371,4 @@ class Connector:
                 raise ConnectionError("server closed the connection during the handshake")
             frames.extend(decoder.feed(data))
         request_id, payload = frames.pop(0)
-        if request_id & ERROR_FLAG:
-            refusal = self._decode_error(payload)
-            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-        return msgspec.msgpack.decode(payload, type=Welcome)
-
-    def _proof(self, challenge: bytes, where: str) -> Proof:
-        return proof_for(self.token, challenge, self.cluster_id, self.client_name, where)
+        return welcome_of(request_id, payload, where)

@@ -500,15 +500,7 @@ class AsyncRpcClient:
             assert proto.transport is not None
             welcome = await self._exchange(proto, where, self._hello)
             for _ in range(2):
-                proof = answer_welcome(
-                    welcome,
-                    token=self.token,
-                    cluster_id=self.cluster_id,
-                    client_name=self.client_name,
-                    protocol_version=self.protocol_version,
-                    unix_address=unix_address,
-                    where=where,
-                )
+                proof = answer_welcome(welcome, self._hello, self.token, unix_address, where)
                 if proof is None:
                     break
                 welcome = await self._exchange(proto, where, proof)

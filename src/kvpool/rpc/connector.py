@@ -121,29 +121,22 @@ def welcome_of(request_id: int, payload: bytes, where: str) -> Welcome:
 
 
 def answer_welcome(
-    welcome: Welcome,
-    *,
-    token: bytes | None,
-    cluster_id: str,
-    client_name: str,
-    protocol_version: int,
-    unix_address: str,
-    where: str,
+    welcome: Welcome, hello: Hello, token: bytes | None, unix_address: str, where: str
 ) -> Proof | None:
-    """Check `welcome` (for the Unix socket `unix_address` when given; "" over TCP: the plain
-    checks only) and raise its problem; then None when it admits the client, or the `Proof`
-    its challenge asks for (shared with `kvpool.rpc.aio`)."""
+    """Check `welcome`, the answer to `hello` (for the Unix socket `unix_address` when given;
+    "" over TCP: the plain checks only), and raise its problem; then None when it admits the
+    client, or the `Proof` of `token` its challenge asks for (shared with `kvpool.rpc.aio`)."""
     problem = check_unix_welcome(
         welcome,
-        cluster_id=cluster_id,
+        cluster_id=hello.cluster_id,
         unix_address=unix_address,
-        protocol_version=protocol_version,
+        protocol_version=hello.protocol_version,
     )
     if problem is not None:
         raise problem
     if not welcome.challenge:
         return None
-    return proof_for(token, welcome.challenge, cluster_id, client_name, where)
+    return proof_for(token, welcome.challenge, hello.cluster_id, hello.client_name, where)
 
 
 class Connector:
@@ -302,15 +295,7 @@ class Connector:
                 message=self._hello,
             )
             for _ in range(2):
-                proof = answer_welcome(
-                    welcome,
-                    token=self.token,
-                    cluster_id=self.cluster_id,
-                    client_name=self.client_name,
-                    protocol_version=self.protocol_version,
-                    unix_address=unix_address,
-                    where=where,
-                )
+                proof = answer_welcome(welcome, self._hello, self.token, unix_address, where)
                 if proof is None:
                     break
                 nonce = welcome.challenge

@@ -3,7 +3,9 @@ guide's: past about 800 lines a module becomes a package, split by concept).
 
 `OVER` lists the modules that were already longer when this test was added, each capped at its
 length on main then: they may shrink (and must leave the list once under the limit), never
-grow. Split them as client/writer.py was split into the `kvpool.client.writer` package.
+grow. Split them as client/writer.py was split into the `kvpool.client.writer` package. It is
+empty now: rpc/client.py gave `rpc.connector` and `rpc.channel`, rpc/server.py gave
+`rpc.connection`, master/core.py gave `master.observer`; keep it so, splitting instead.
 """
 
 from __future__ import annotations
@@ -12,11 +14,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvpool"
 LIMIT = 800
-OVER = {
-    "rpc/client.py": 1040,
-    "rpc/server.py": 878,
-    "master/core.py": 809,
-}
+OVER: dict[str, int] = {}
 """Module (relative to src/kvpool) → the most lines it may have until it is split."""
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from kvpool import histogram
 from kvpool.client.datapath import DataPath
 from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered
@@ -68,23 +69,9 @@ __all__ = [
     "register_store_metrics",
 ]
 
-#: Upper bounds (seconds) of the latency histograms' buckets.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.00001,
-    0.000025,
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.05,
-    0.25,
-    1.0,
-    5.0,
-)
+#: Upper bounds (seconds) of the latency histograms' buckets: the master's, and 5 s (a Store's
+#: call may wait on the network and on other hosts).
+LATENCY_BUCKETS: tuple[float, ...] = (*histogram.LATENCY_BUCKETS, 5.0)
 #: The path labels of the histograms (module docstring).
 PATHS: tuple[str, ...] = ("shm", "tcp", "disk", "hot", "mixed", "none", "any")
 _MAX_ROUTES = 4096
@@ -453,12 +440,9 @@ class StoreCollector(Collector):
             labels=["store", "op", "path"],
         )
         for (op, path), h in sorted(m.latency.items()):
-            acc = 0
-            out: list[tuple[str, float]] = []
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), h.buckets, strict=True):
-                acc += count
-                out.append(("+Inf" if bound == float("inf") else repr(bound), float(acc)))
-            hist.add_metric([self._name, op, path], out, h.sum)
+            hist.add_metric(
+                [self._name, op, path], histogram.cumulative(LATENCY_BUCKETS, h.buckets), h.sum
+            )
         yield hist
 
 

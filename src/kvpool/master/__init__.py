@@ -20,7 +20,8 @@ pyproject.toml holds that; modules on one line do not import each other):
     durable.py       Durability: --data-dir's log, forked snapshots and the restart (replay,
                      every segment silent until its node remounts it)
     core.py          MetadataCore: the metadata and the only code that changes it (named
-                     operations); MetadataObserver: how the tables hear of removals
+                     operations)
+    observer.py      MetadataObserver: how the tables hear of removals, mounts and expiries
     planner.py       PutPlanner / PutPlan: put validation, and the one rule for claiming a key
     parking.py       ParkedRanges: ranges kept allocated until a late writer is surely done
     oplog.py         the operation log's records and files; Journal: how the core logs a change

@@ -35,10 +35,10 @@ Objects with a replica on a *silent* segment (its owner missed `client_ttl`) are
 segment is still mounted, only not serving (`Segment.serving`), until its owner remounts it
 (`revive_client`) or is dropped (`expire_client`, past `client_dead_ttl`).
 
-Observers (`MetadataObserver`: the task table, the arena table, the repair queue) are told when
-an object leaves the index or loses replicas to a dropped segment, a segment is mounted,
-restored or unmounted, and a client falls silent or expires, in the order they were added;
-they may call back into the core.
+Observers (`MetadataObserver`, `kvpool.master.observer`: the task table, the arena table, the
+repair queue) are told when an object leaves the index or loses replicas to a dropped segment,
+a segment is mounted, restored or unmounted, and a client falls silent or expires, in the order
+they were added; they may call back into the core.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvpool.codes import INVALID_PARAMS, OK, SEGMENT_ALREADY_EXISTS
 from kvpool.master.config import AllocationStrategy, MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.liveness import ClientRecord, ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.observer import MetadataObserver
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.placement import Placement
 from kvpool.master.planner import Claim, PutPlan
@@ -84,41 +85,6 @@ _FORGET_DEAD = Claim.FORGET_DEAD
 _LOCAL_FIRST = AllocationStrategy.LOCAL_FIRST
 _PIN_ENABLE = SoftPinAction.ENABLE
 _PIN_DISABLE = SoftPinAction.DISABLE
-
-
-class MetadataObserver(Protocol):
-    """A component with state tied to objects, segments or clients (called on the loop, inside
-    the operation that caused the event; may call back into the core)."""
-
-    def object_removed(self, obj: ObjectMeta) -> None:
-        """`obj` left the index (for any reason)."""
-        ...
-
-    def segment_mounted(self, seg: Segment) -> None:
-        """`seg` was just mounted (a new record, though its name may have been seen before)."""
-        ...
-
-    def segment_unmounted(self, seg: Segment) -> None:
-        """`seg` was just unmounted: its allocator is gone, nothing is freed into it again."""
-        ...
-
-    def client_expired(self, client_id: ClientId) -> None:
-        """The client is dropped: its segments are unmounted and its PutStarts preempted
-        already; it is forgotten right after the observers return."""
-        ...
-
-    def client_silenced(self, client_id: ClientId) -> None:
-        """The client fell silent: its segments stopped serving (kept, not unmounted) and its
-        PutStarts are preempted already; it is kept for `client_dead_ttl`."""
-        ...
-
-    def segment_restored(self, seg: Segment) -> None:
-        """The silent `seg` serves again, with everything it held (its owner came back)."""
-        ...
-
-    def replicas_lost(self, obj: ObjectMeta) -> None:
-        """`obj` lost replicas to unmounted segments and still has at least one."""
-        ...
 
 
 class MetadataCore:

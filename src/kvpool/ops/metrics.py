@@ -31,6 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from kvpool.histogram import LATENCY_BUCKETS, cumulative
 from kvpool.master.reclaim.adapter import MasterReclaimHooks
 from kvpool.protocol.messages import Stats
 
@@ -48,22 +49,6 @@ __all__ = [
     "reclaim_stats",
 ]
 
-#: Upper bounds (seconds) of the handler latency histogram's buckets.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.00001,
-    0.000025,
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.05,
-    0.25,
-    1.0,
-)
 
 #: One request in this many (per kind) is timed for the latency histogram (a power of two).
 SAMPLE_EVERY = 16
@@ -327,12 +312,7 @@ class MasterCollector(Collector):
             fail.add_metric(label, float(c.failures))
             if c.items:
                 items.add_metric(label, float(c.items))
-            acc = 0
-            out: list[tuple[str, float]] = []
-            for bound, count in zip((*LATENCY_BUCKETS, float("inf")), c.buckets, strict=True):
-                acc += count
-                out.append(("+Inf" if bound == float("inf") else repr(bound), float(acc)))
-            hist.add_metric(label, out, c.latency_sum)
+            hist.add_metric(label, cumulative(LATENCY_BUCKETS, c.buckets), c.latency_sum)
         yield req
         yield fail
         yield items

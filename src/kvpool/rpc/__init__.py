@@ -20,12 +20,17 @@ on TCP). Behaviour is identical on both; the Unix round trip is cheaper.
 
 Modules:
 
-* `server`: `RpcServer`, `Connection` (what a handler sees). Coalesced writes, back-pressure
-  (a peer that does not read, or has ``max_inflight`` requests running, is not read further),
-  error replies for bad input; the loop that runs it owns all of its state.
+* `server`: `RpcServer`: listeners (TCP, abstract Unix), connection caps, the handshake and
+  idle sweep; the loop that runs it owns all of its state.
+* `connection`: `Connection` (what a handler sees): the handshake, coalesced writes,
+  back-pressure (a peer that does not read, or has ``max_inflight`` requests running, is not
+  read further), error replies for bad input.
 * `client`: `RpcClient`, pipelined across threads with a leader/follower reader (no thread of
   its own); `call`, `call_many`, `call_as`. Idle connections are checked before use and a
   forked child connects anew.
+* `connector`: `Connector`, how a client opens a connection (TCP, TLS, the handshake and its
+  proof, the deposed-leader check, the move to the Unix socket); `parse_address`.
+* `channel`: `Channel`, one client connection's socket and calls in flight; `Sent`.
 * `aio`: `AsyncRpcClient`, the same calls as coroutines.
 * `thread`: `ServerThread`, anything `Serving` (an `RpcServer`, the master) in a background
   thread on its own loop (tests, embedding the master).

@@ -49,15 +49,15 @@ from kvpool.protocol.handshake import (
     Hello,
     Proof,
     Welcome,
-    check_unix_welcome,
     is_abstract_unix_address,
 )
-from kvpool.rpc.client import (
-    Transport,
-    _check_timeout,
-    _proof_for,
+from kvpool.rpc.channel import Transport
+from kvpool.rpc.connector import (
+    answer_welcome,
+    check_timeout,
     parse_address,
     unix_enabled,
+    welcome_of,
 )
 from kvpool.rpc.server import union_members
 
@@ -190,7 +190,7 @@ class AsyncRpcClient:
         #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
         self.tls = tls
         self._host, self._port = parse_address(address)
-        self.timeout = float(_check_timeout(timeout))
+        self.timeout = float(check_timeout(timeout))
         #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
         self.unix = unix_enabled(unix)
         self.cluster_id = cluster_id
@@ -238,7 +238,7 @@ class AsyncRpcClient:
 
     async def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply; concurrent calls pipeline."""
-        budget = self.timeout if timeout is None else _check_timeout(timeout)
+        budget = self.timeout if timeout is None else check_timeout(timeout)
         payload = self._payload(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
@@ -269,7 +269,7 @@ class AsyncRpcClient:
         `RpcClient.call_many`."""
         if not isinstance(window, int) or window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
-        budget = self.timeout if timeout is None else _check_timeout(timeout)
+        budget = self.timeout if timeout is None else check_timeout(timeout)
         payloads = [self._payload(r) for r in requests]
         if not payloads:
             return []
@@ -491,10 +491,7 @@ class AsyncRpcClient:
             HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload
         )
         rid, payload = await proto.welcome
-        if rid & ERROR_FLAG:
-            refusal = self._decode_error(payload)
-            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-        return msgspec.msgpack.decode(payload, type=Welcome)
+        return welcome_of(rid, payload, where)
 
     async def _handshake(self, proto: _Protocol, where: str, *, unix_address: str = "") -> Welcome:
         """Send the Hello and check the Welcome (for the Unix socket `unix_address` when
@@ -503,19 +500,9 @@ class AsyncRpcClient:
             assert proto.transport is not None
             welcome = await self._exchange(proto, where, self._hello)
             for _ in range(2):
-                problem = check_unix_welcome(
-                    welcome,
-                    cluster_id=self.cluster_id,
-                    unix_address=unix_address,  # "" over TCP: the plain checks only
-                    protocol_version=self.protocol_version,
-                )
-                if problem is not None:
-                    raise problem
-                if not welcome.challenge:
+                proof = answer_welcome(welcome, self._hello, self.token, unix_address, where)
+                if proof is None:
                     break
-                proof = _proof_for(
-                    self.token, welcome.challenge, self.cluster_id, self.client_name, where
-                )
                 welcome = await self._exchange(proto, where, proof)
             else:
                 raise RpcError(f"{where} challenged the proof of its own challenge")

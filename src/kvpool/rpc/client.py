@@ -12,17 +12,11 @@ own reply arrives; then it passes the reading role to one waiting follower. With
 no thread switch at all, which a dedicated reader thread would add to every call (measured in
 docs/parts/perf-rpc.md). Having no thread of its own also means the client leaks none.
 
-Transport: the client always dials the server's TCP address and handshakes there. When the
-`Welcome` names an abstract Unix socket (`RpcServer` listens on one by default) and the client's
-``unix`` option is on (the default; ``KVPOOL_RPC_UNIX=0`` turns it off for every client), it
-connects to that socket, handshakes again, checks that the second `Welcome` names the same
-socket and cluster, and drops the TCP connection: a same-host round trip is then cheaper
-(docs/parts/perf-rpc.md). The name resolves only on the server's host (in its network
-namespace), so a client elsewhere gets ECONNREFUSED at once and keeps its TCP connection, as it
-does on any other failure of that attempt (refusal, handshake error, half the time budget
-spent). Every reconnect, and the first call of a forked child, goes through the same steps.
-Calls, faults, timeouts and pipelining are the same on either transport; `transport` says which
-one is in use.
+Transport: the client dials the server's TCP address (through TLS when given a context) and
+moves to the server's abstract Unix socket when the `Welcome` names one and the ``unix`` option
+allows; the `Connector` (`kvpool.rpc.connector`) opens every connection and says how. Calls,
+faults, timeouts and pipelining are the same on either transport; `transport` says which one is
+in use. Each connection is a `Channel` (`kvpool.rpc.channel`), replaced after a fault.
 
 Fork: a child process forked while a client exists drops the parent's connection (without
 disturbing it) and connects anew on its first call, so a client made before ``fork()`` (as
@@ -44,24 +38,20 @@ import logging
 import os
 import socket
 import ssl
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal, TypeVar, Union
+from typing import Any, Final, TypeVar, Union
 
 import msgspec
 
-from kvpool.config import env
 from kvpool.errors import (
     ErrorCode,
     InvalidParams,
     KVPoolError,
-    NotLeader,
     RpcError,
     StoreClosed,
-    Unauthenticated,
     error_for_code,
 )
 from kvpool.protocol.framing import (
@@ -72,33 +62,29 @@ from kvpool.protocol.framing import (
     MIN_FRAME_LENGTH,
     ErrorReply,
     Frame,
-    FrameDecoder,
     FrameError,
     FrameTooLarge,
 )
-from kvpool.protocol.handshake import (
-    HANDSHAKE_REQUEST_ID,
-    PROTOCOL_VERSION,
-    Hello,
-    Proof,
-    Welcome,
-    auth_proof,
-    check_unix_welcome,
-    is_abstract_unix_address,
-    token_key_id,
-)
+from kvpool.protocol.handshake import PROTOCOL_VERSION
 from kvpool.protocol.invalidation import PUSH_REQUEST_ID
-from kvpool.rpc.auth import unwrap_data_key
+from kvpool.rpc.channel import (
+    RECV_BYTES,
+    Call,
+    Channel,
+    Sent,
+    Transport,
+    as_rpc_error,
+    set_kernel_timeout,
+)
+from kvpool.rpc.connector import Connector, check_timeout, parse_address, unix_enabled
 from kvpool.rpc.server import union_members
-from kvpool.rpc.tls import TlsStream
 
-__all__ = ["RpcClient", "Transport", "parse_address", "unix_enabled"]
+__all__ = ["RpcClient", "Sent", "Transport", "parse_address", "unix_enabled"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_RECV_BYTES: Final = 64 << 10
 #: call_many keeps the request bytes sent and not yet answered under this (at least one request
 #: is in flight), so that it never waits on socket buffers the peer cannot drain while we do
 #: not read.
@@ -108,114 +94,6 @@ _WINDOW_BYTES: Final = 1 << 20
 #: its replies unread, has stopped reading, until the send timeout.
 _UNIX_WINDOW_BYTES: Final = 96 << 10
 _DEFAULT_WINDOW: Final = 128
-
-
-#: Which socket a connected client talks over.
-Transport = Literal["tcp", "unix"]
-
-
-def unix_enabled(unix: bool) -> bool:
-    """A client's ``unix`` option as it applies: off when ``KVPOOL_RPC_UNIX=0``."""
-    return bool(unix) and env("RPC_UNIX", "1") != "0"
-
-
-def _check_timeout(timeout: float) -> float:
-    if not isinstance(timeout, int | float) or not timeout > 0:
-        raise InvalidParams(f"timeout: {timeout!r} must be a positive number of seconds")
-    return timeout
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` → (host, port); raises `InvalidParams` naming the bad value."""
-    if not isinstance(address, str):
-        raise InvalidParams(f"address: expected 'host:port', got {address!r}")
-    host, sep, port_s = address.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-        raise InvalidParams(f"address: expected 'host:port', got {address!r}")
-    return host, int(port_s)
-
-
-class _Call:
-    """One request in flight: filled in by whichever thread reads its reply."""
-
-    __slots__ = ("cond", "done", "error", "request_id", "value")
-
-    def __init__(self, request_id: int) -> None:
-        self.request_id = request_id
-        self.done = False
-        self.value: Any = None
-        self.error: BaseException | None = None
-        # Made only when the caller has to sleep (a follower): the lock-step path never needs it.
-        self.cond: threading.Condition | None = None
-
-    def take_error(self) -> BaseException:
-        """The call's error, no longer kept here (the raiser's traceback holds it alone)."""
-        error, self.error = self.error, None
-        assert error is not None
-        return error
-
-
-class _Conn:
-    """One connection's socket and bookkeeping; replaced, never reused, after a fault."""
-
-    __slots__ = (
-        "broken",
-        "decoder",
-        "last_used",
-        "pending",
-        "reading",
-        "recv_timeout",
-        "send_lock",
-        "sleepers",
-        "sock",
-        "tls",
-        "transport",
-    )
-
-    def __init__(
-        self,
-        sock: socket.socket,
-        decoder: FrameDecoder,
-        send_timeout: float,
-        transport: Transport,
-    ) -> None:
-        # A blocking socket with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO) rather than
-        # Python's settimeout(): in timeout mode CPython polls before every recv and send,
-        # a large share of a lock-step round trip (docs/parts/perf-rpc.md). TLS goes through a
-        # `TlsStream` instead: non-blocking, one ssl call at a time (`kvpool.rpc.tls`).
-        self.tls = TlsStream(sock) if isinstance(sock, ssl.SSLSocket) else None
-        if self.tls is None:
-            sock.settimeout(None)
-            _set_kernel_timeout(sock, socket.SO_SNDTIMEO, send_timeout)
-        self.sock = sock
-        self.decoder = decoder
-        self.transport: Transport = transport
-        self.send_lock = threading.Lock()
-        # Only the leader touches this: the SO_RCVTIMEO now set on the socket.
-        self.recv_timeout = 0.0
-        self.last_used = time.monotonic()
-        # Guarded by the client's _lock:
-        self.pending: dict[int, _Call] = {}
-        self.sleepers: dict[int, _Call] = {}
-        self.reading = False
-        self.broken: BaseException | None = None
-
-
-class Sent:
-    """A request `RpcClient.send` sent, whose reply `RpcClient.receive` takes; `done` says
-    whether the reply (or the failure) is already here."""
-
-    __slots__ = ("at", "call", "conn")
-
-    def __init__(self, conn: _Conn, call: _Call, at: float) -> None:
-        self.conn = conn
-        self.call = call
-        self.at = at
-
-    @property
-    def done(self) -> bool:
-        return self.call.done
 
 
 class RpcClient:
@@ -243,13 +121,8 @@ class RpcClient:
         token: bytes | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.address = address
-        #: The token proven when the server challenges (None: none; a challenge then fails).
-        self.token = token
-        #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
-        self.tls = tls
-        self._host, self._port = parse_address(address)
-        self.timeout = float(_check_timeout(timeout))
+        host, port = parse_address(address)
+        self.timeout = float(check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
             raise InvalidParams(f"idle_check_after: {idle_check_after!r} must be >= 0 seconds")
         #: A call on a connection idle this long first checks (one non-blocking peek) that the
@@ -257,12 +130,30 @@ class RpcClient:
         #: server restart or a service-side close then costs no failed call; back-to-back calls
         #: skip the check, so the lock-step path keeps its two syscalls.
         self.idle_check_after = float(idle_check_after)
+        #: Opens the connections and keeps what their handshakes said (`kvpool.rpc.connector`).
+        self._connector = Connector(
+            address,
+            host,
+            port,
+            cluster_id=cluster_id,
+            client_name=client_name,
+            timeout=self.timeout,
+            max_frame_bytes=max_frame_bytes,
+            auth=auth,
+            protocol_version=protocol_version,
+            unix=unix_enabled(unix),
+            token=token,
+            tls=tls,
+        )
+        #: The token proven when the server challenges (None: none; a challenge then fails).
+        self.token = token
+        #: TLS for the TCP connection (`kvpool.rpc.tls`; None: plain TCP).
+        self.tls = tls
         #: Whether connecting may move to the server's Unix socket (``unix`` and the env).
-        self.unix = unix_enabled(unix)
+        self.unix = self._connector.unix
         self.cluster_id = cluster_id
         self.client_name = client_name
         self.protocol_version = protocol_version
-        self._hello = Hello(protocol_version, cluster_id, client_name, auth)
         self.max_frame_bytes = max_frame_bytes
         members = union_members(response_type)
         try:
@@ -277,20 +168,9 @@ class RpcClient:
         self._encode = msgspec.msgpack.Encoder().encode
         self._lock = threading.Lock()
         self._connect_lock = threading.Lock()
-        self._conn: _Conn | None = None
+        self._conn: Channel | None = None
         self._ids = itertools.count(1)
         self._closed = False
-        self.server_name = ""
-        #: The tenant and role of the token the server accepted ("" without credentials).
-        self.auth_tenant = self.auth_role = ""
-        #: The data-plane key the master handed this client (None: no credentials).
-        self.data_key: bytes | None = None
-        #: The leader term in the last `Welcome` (0: not an HA master, or not leading).
-        self.server_term = 0
-        #: The highest leader term seen (set by the caller from discovery too): a server whose
-        #: Welcome carries a non-zero term below it is a deposed leader and is refused with
-        #: `NotLeader` (NOT_LEADER).
-        self.min_term = 0
         #: `retarget`s that moved the client so far, and time.monotonic() of the last one:
         #: a caller that noted `epoch` before a request knows whether its master may have
         #: changed since (an HA leader switch).
@@ -298,19 +178,62 @@ class RpcClient:
         self.retargeted_at = 0.0
         _live_clients.add(self)
 
+    # -- what the handshakes said (kept by the connector) ----------------------------------
+
+    @property
+    def address(self) -> str:
+        """The server's ``"host:port"`` (`retarget` moves it)."""
+        return self._connector.address
+
+    @property
+    def server_name(self) -> str:
+        """The name in the last `Welcome` ("" before the first connection)."""
+        return self._connector.server_name
+
+    @property
+    def auth_tenant(self) -> str:
+        """The tenant of the token the server accepted ("" without credentials)."""
+        return self._connector.auth_tenant
+
+    @property
+    def auth_role(self) -> str:
+        """The role of the token the server accepted ("" without credentials)."""
+        return self._connector.auth_role
+
+    @property
+    def data_key(self) -> bytes | None:
+        """The data-plane key the master handed this client (None: no credentials)."""
+        return self._connector.data_key
+
+    @property
+    def server_term(self) -> int:
+        """The leader term in the last `Welcome` (0: not an HA master, or not leading)."""
+        return self._connector.server_term
+
+    @property
+    def min_term(self) -> int:
+        """The highest leader term seen (set by the caller from discovery too): a server whose
+        Welcome carries a non-zero term below it is a deposed leader and is refused with
+        `NotLeader` (NOT_LEADER)."""
+        return self._connector.min_term
+
+    @min_term.setter
+    def min_term(self, term: int) -> None:
+        self._connector.min_term = term
+
     # -- public API -------------------------------------------------------------------------
 
     def call(self, request: Any, timeout: float | None = None) -> Any:
         """Send `request` and return its reply. Thread-safe; concurrent calls pipeline."""
         now = time.monotonic()
-        deadline = now + (self.timeout if timeout is None else _check_timeout(timeout))
+        deadline = now + (self.timeout if timeout is None else check_timeout(timeout))
         payload = self._payload(request)
         conn = self._usable_conn(now) or self._connect(deadline)
         with self._lock:
             if conn.broken is not None:
-                raise _as_rpc_error(conn.broken, fresh=True)
+                raise as_rpc_error(conn.broken, fresh=True)
             request_id = next(self._ids)
-            call = _Call(request_id)
+            call = Call(request_id)
             conn.pending[request_id] = call
             # Claim the reading role now if it is free: the lock-step path then takes the lock
             # only twice per call (here, and when its reply is filed).
@@ -358,12 +281,12 @@ class RpcClient:
         if not isinstance(window, int) or window < 1:
             raise InvalidParams(f"window: {window!r} must be at least 1")
         now = time.monotonic()
-        deadline = now + (self.timeout if timeout is None else _check_timeout(timeout))
+        deadline = now + (self.timeout if timeout is None else check_timeout(timeout))
         payloads = [self._payload(r) for r in requests]
         results: list[Any] = [None] * len(payloads)
         first_error: BaseException | None = None
         conn = (self._usable_conn(now) or self._connect(deadline)) if payloads else None
-        inflight: list[tuple[int, _Call]] = []
+        inflight: list[tuple[int, Call]] = []
         head = 0  # next index of `inflight` to collect
         sent = 0
         # Refill once half the window has come back: one sendall per half window rather than
@@ -387,7 +310,7 @@ class RpcClient:
                         and (len(inflight) == head or pending + nbytes < cap)
                     ):
                         request_id = next(self._ids)
-                        call = _Call(request_id)
+                        call = Call(request_id)
                         conn.pending[request_id] = call
                         inflight.append((sent, call))
                         payload = payloads[sent]
@@ -398,7 +321,7 @@ class RpcClient:
                         sent += 1
                 if broken is not None:
                     # Nothing more can be sent: the rest fail like the connection did.
-                    err = _as_rpc_error(broken, fresh=True)
+                    err = as_rpc_error(broken, fresh=True)
                     for i in range(sent, len(payloads)):
                         results[i] = err
                     first_error = first_error or err
@@ -436,9 +359,9 @@ class RpcClient:
         conn = self._usable_conn(now) or self._connect(now + self.timeout)
         with self._lock:
             if conn.broken is not None:
-                raise _as_rpc_error(conn.broken, fresh=True)
+                raise as_rpc_error(conn.broken, fresh=True)
             request_id = next(self._ids)
-            call = _Call(request_id)
+            call = Call(request_id)
             conn.pending[request_id] = call
         self._send(conn, HEADER.pack(len(payload) + MIN_FRAME_LENGTH, request_id) + payload)
         return Sent(conn, call, now)
@@ -464,12 +387,12 @@ class RpcClient:
         try:
             try:
                 if conn.tls is not None:  # (an SSLSocket takes no recv flags)
-                    got = conn.tls.recv(_RECV_BYTES, 0.0)
+                    got = conn.tls.recv(RECV_BYTES, 0.0)
                     if got is None:
                         return
                     data = got
                 else:
-                    data = conn.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+                    data = conn.sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
                 if not data:
                     raise ConnectionResetError("closed by the server")
                 frames = conn.decoder.feed(data)
@@ -511,7 +434,7 @@ class RpcClient:
     def receive(self, sent: Sent, timeout: float | None = None) -> Any:
         """The reply to the request of `sent` (`send`), waiting at most `timeout` (default:
         the client's) counted from when it was sent; raises as `call` does."""
-        deadline = sent.at + (self.timeout if timeout is None else _check_timeout(timeout))
+        deadline = sent.at + (self.timeout if timeout is None else check_timeout(timeout))
         call = sent.call
         if not call.done:
             self._wait(sent.conn, call, deadline)
@@ -551,8 +474,8 @@ class RpcClient:
         with self._connect_lock:
             if self._closed or address == self.address:
                 return False
-            old, self.address = self.address, address
-            self._host, self._port = host, port
+            old = self.address
+            self._connector.move(address, host, port)
             self.epoch += 1
             self.retargeted_at = time.monotonic()
             conn = self._conn
@@ -602,7 +525,7 @@ class RpcClient:
         if conn is not None:
             conn.sock.close()
 
-    def _usable_conn(self, now: float) -> _Conn | None:
+    def _usable_conn(self, now: float) -> Channel | None:
         """The current connection, unless it was found closed by the server while idle."""
         conn = self._conn
         if conn is None:
@@ -626,210 +549,30 @@ class RpcClient:
         conn.last_used = now
         return conn
 
-    def _connect(self, deadline: float) -> _Conn:
+    def _connect(self, deadline: float) -> Channel:
         with self._connect_lock:
             if self._closed:
                 raise StoreClosed(f"client of {self.address} is closed")
             conn = self._conn
             if conn is not None:
                 return conn
-            conn = self._open(deadline)
+            conn = self._connector.open(deadline)
             self._conn = conn
             return conn
 
-    def _open(self, deadline: float) -> _Conn:
-        """Dial TCP and handshake; move to the server's Unix socket when it names one."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RpcError(f"timed out before connecting to {self.address}", ErrorCode.RPC_TIMEOUT)
-        try:
-            sock = socket.create_connection((self._host, self._port), timeout=remaining)
-        except TimeoutError as exc:
-            raise RpcError(
-                f"connecting to {self.address} timed out", ErrorCode.RPC_TIMEOUT
-            ) from exc
-        except OSError as exc:
-            raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.tls is not None:  # the TLS handshake, within the connect deadline
-                sock = self.tls.wrap_socket(sock, server_hostname=self._host)
-        except TimeoutError as exc:
-            sock.close()
-            raise RpcError(f"TLS with {self.address} timed out", ErrorCode.RPC_TIMEOUT) from exc
-        except OSError as exc:
-            sock.close()
-            raise RpcError(f"cannot connect to {self.address}: {exc}") from exc
-        welcome, decoder = self._handshake(sock, deadline, self.address)
-        self.server_name = welcome.server_name
-        self.auth_tenant, self.auth_role = welcome.tenant, welcome.role
-        if welcome.term:
-            if welcome.term < self.min_term:
-                sock.close()
-                raise NotLeader(
-                    f"{self.address} answered as leader of term {welcome.term}, "
-                    f"older than term {self.min_term} seen before",
-                    ErrorCode.NOT_LEADER,
-                )
-            self.min_term = welcome.term
-        self.server_term = welcome.term
-        if self.unix and welcome.unix_address:
-            try:
-                unix = self._open_unix(welcome.unix_address, deadline)
-            except BaseException:  # KeyboardInterrupt and the like: leave nothing open
-                sock.close()
-                raise
-            if unix is not None:
-                sock.close()  # no request went over it: the server just sees it close
-                return _Conn(unix[0], unix[1], self.timeout, "unix")
-        return _Conn(sock, decoder, self.timeout, "tcp")
-
-    def _open_unix(self, name: str, deadline: float) -> tuple[socket.socket, FrameDecoder] | None:
-        """A handshaken connection to the server's Unix socket `name`, or None (keep TCP)."""
-        if not is_abstract_unix_address(name):
-            log.warning(
-                "%s advertises %r, not an abstract Unix socket: using TCP", self.address, name
-            )
-            return None
-        # At most half of what is left: when this attempt fails, the call still has time
-        # to run on the TCP connection.
-        now = time.monotonic()
-        budget = (deadline - now) / 2
-        if budget <= 0:
-            return None
-        unix_deadline = now + budget
-        where = f"{self.address} (unix {name[1:]!r})"
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except OSError as exc:  # EMFILE and the like: the TCP connection still serves
-            log.warning("no Unix socket for %s (%s): using TCP", where, exc)
-            return None
-        try:
-            sock.settimeout(budget)
-            sock.connect(name)
-        except OSError as exc:
-            sock.close()
-            # ECONNREFUSED: another host or network namespace (the expected case), or a server
-            # that closed its listener; either way TCP serves.
-            log.debug("%s unreachable (%s): using TCP", where, exc)
-            return None
-        except BaseException:  # an interrupt: leave nothing open
-            sock.close()
-            raise
-        try:
-            _, decoder = self._handshake(sock, unix_deadline, where, unix_address=name)
-        except KVPoolError as exc:
-            log.warning("handshake with %s failed (%s): using TCP", where, exc)
-            return None
-        return sock, decoder
-
-    def _handshake(
-        self, sock: socket.socket, deadline: float, where: str, *, unix_address: str = ""
-    ) -> tuple[Welcome, FrameDecoder]:
-        """Send the Hello on `sock` and check the Welcome (for the Unix socket `unix_address`
-        when given); `sock` is closed on any failure, which raises as a connect does."""
-        try:
-            decoder = FrameDecoder(self.max_frame_bytes)
-            frames: list[tuple[int, bytes]] = []
-            welcome = self._exchange(
-                sock,
-                decoder=decoder,
-                frames=frames,
-                deadline=deadline,
-                where=where,
-                message=self._hello,
-            )
-            for _ in range(2):
-                problem = check_unix_welcome(
-                    welcome,
-                    cluster_id=self.cluster_id,
-                    unix_address=unix_address,  # "" over TCP: the plain checks only
-                    protocol_version=self.protocol_version,
-                )
-                if problem is not None:
-                    raise problem
-                if not welcome.challenge:
-                    break
-                proof = self._proof(welcome.challenge, where)
-                nonce = welcome.challenge
-                welcome = self._exchange(
-                    sock,
-                    decoder=decoder,
-                    frames=frames,
-                    deadline=deadline,
-                    where=where,
-                    message=proof,
-                )
-                if self.token is not None:  # the data-plane key (kvpool.rpc.auth)
-                    key = unwrap_data_key(
-                        welcome.data_key, self.token, nonce, self.cluster_id, self.client_name
-                    )
-                    self.data_key = key if key is not None else self.data_key
-            else:
-                raise RpcError(f"{where} challenged the proof of its own challenge")
-        except FrameError as exc:
-            sock.close()
-            raise RpcError(f"bad frame from {where} during the handshake: {exc}") from exc
-        except KVPoolError:
-            sock.close()
-            raise
-        except TimeoutError as exc:
-            sock.close()
-            raise RpcError(f"handshake with {where} timed out", ErrorCode.RPC_TIMEOUT) from exc
-        except (OSError, msgspec.DecodeError) as exc:
-            sock.close()
-            raise RpcError(f"handshake with {where} failed: {exc}") from exc
-        except BaseException:
-            sock.close()
-            raise
-        return welcome, decoder
-
-    def _exchange(
-        self,
-        sock: socket.socket,
-        *,
-        decoder: FrameDecoder,
-        frames: list[tuple[int, bytes]],
-        deadline: float,
-        where: str,
-        message: Hello | Proof,
-    ) -> Welcome:
-        """Send one handshake frame and read the `Welcome` that answers it (raising the
-        refusal when the server refuses)."""
-        payload = self._encode(message)
-        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        sock.sendall(HEADER.pack(len(payload) + MIN_FRAME_LENGTH, HANDSHAKE_REQUEST_ID) + payload)
-        while not frames:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            sock.settimeout(remaining)
-            data = sock.recv(_RECV_BYTES)
-            if not data:
-                raise ConnectionError("server closed the connection during the handshake")
-            frames.extend(decoder.feed(data))
-        request_id, payload = frames.pop(0)
-        if request_id & ERROR_FLAG:
-            refusal = self._decode_error(payload)
-            raise error_for_code(refusal.code, f"{where} refused: {refusal.message}")
-        return msgspec.msgpack.decode(payload, type=Welcome)
-
-    def _proof(self, challenge: bytes, where: str) -> Proof:
-        return _proof_for(self.token, challenge, self.cluster_id, self.client_name, where)
-
-    def _fail(self, conn: _Conn, exc: BaseException) -> None:
+    def _fail(self, conn: Channel, exc: BaseException) -> None:
         """Mark `conn` broken: fail its calls, wake their threads, shut the socket."""
         with self._lock:
             if conn.broken is not None:
                 return
             # Kept untraced: a traced exception would hold the failing frame, whose locals
             # hold this connection (a cycle a process that freezes its heap never frees).
-            conn.broken = _as_rpc_error(exc, fresh=True)
+            conn.broken = as_rpc_error(exc, fresh=True)
             if self._conn is conn:
                 self._conn = None
             conn.sleepers.clear()
             for call in conn.pending.values():
-                call.error = _as_rpc_error(exc, fresh=True)
+                call.error = as_rpc_error(exc, fresh=True)
                 call.done = True
                 if call.cond is not None:
                     call.cond.notify()
@@ -854,7 +597,7 @@ class RpcClient:
             raise FrameTooLarge(len(payload) + MIN_FRAME_LENGTH, self.max_frame_bytes)
         return payload
 
-    def _send(self, conn: _Conn, data: bytes) -> None:
+    def _send(self, conn: Channel, data: bytes) -> None:
         try:
             with conn.send_lock:
                 if conn.tls is not None:
@@ -867,7 +610,7 @@ class RpcClient:
             self._fail(conn, err)
             raise err from exc
 
-    def _wait(self, conn: _Conn, call: _Call, deadline: float) -> None:
+    def _wait(self, conn: Channel, call: Call, deadline: float) -> None:
         """Return once `call` is done (reply, error or timeout recorded in it), leading the
         reading of the socket whenever nobody else is."""
         lock = self._lock
@@ -889,7 +632,7 @@ class RpcClient:
                 return
         self._lead(conn, call, deadline)
 
-    def _lead(self, conn: _Conn, call: _Call, deadline: float) -> None:
+    def _lead(self, conn: Channel, call: Call, deadline: float) -> None:
         """Read the socket for everyone until `call` is done, then pass the role on.
 
         The caller holds the reading role (``conn.reading``); every way out gives it back.
@@ -910,16 +653,16 @@ class RpcClient:
                 # early, so the lock-step path usually makes no extra syscall.
                 tls = conn.tls
                 if tls is None and not remaining <= conn.recv_timeout <= remaining * 1.25 + 0.002:
-                    _set_kernel_timeout(sock, socket.SO_RCVTIMEO, remaining)
+                    set_kernel_timeout(sock, socket.SO_RCVTIMEO, remaining)
                     conn.recv_timeout = remaining
                 try:
                     if tls is not None:
-                        got = tls.recv(_RECV_BYTES, remaining)
+                        got = tls.recv(RECV_BYTES, remaining)
                         if got is None:
                             continue  # nothing yet: the loop checks the deadline
                         data = got
                     else:
-                        data = sock.recv(_RECV_BYTES)
+                        data = sock.recv(RECV_BYTES)
                     if not data:
                         raise ConnectionResetError("closed by the server")
                     frames = feed(data)
@@ -962,11 +705,11 @@ class RpcClient:
             self._release(conn)  # KeyboardInterrupt and the like: never keep the role
             raise
 
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, conn: Channel) -> None:
         with self._lock:
             self._release_locked(conn)
 
-    def _release_locked(self, conn: _Conn) -> None:
+    def _release_locked(self, conn: Channel) -> None:
         """Give up the reading role (caller holds self._lock): wake a sleeping caller whose
         reply is still to come to take it over, or close the socket of a broken connection."""
         if not conn.reading:
@@ -990,7 +733,7 @@ class RpcClient:
                 f"reply from {self.address} does not decode: {exc}", ErrorCode.DESERIALIZE_FAIL
             )
 
-    def _time_out(self, conn: _Conn, call: _Call) -> None:
+    def _time_out(self, conn: Channel, call: Call) -> None:
         # Caller holds self._lock. Forgetting the id is what drops the late reply.
         conn.pending.pop(call.request_id, None)
         call.error = RpcError(
@@ -1004,37 +747,9 @@ class RpcClient:
 _live_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
 
 
-def _proof_for(
-    token: bytes | None, challenge: bytes, cluster_id: str, client_name: str, where: str
-) -> Proof:
-    """The answer to `challenge` (shared with the async client)."""
-    if not token:
-        raise Unauthenticated(
-            f"{where} requires a token: pass token=..., --token-file, or set KVPOOL_AUTH_TOKEN"
-        )
-    return Proof(token_key_id(token), auth_proof(token, challenge, cluster_id, client_name))
-
-
 def _forget_connections_in_child() -> None:
     for client in list(_live_clients):
         client._after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_forget_connections_in_child)
-
-_TIMEVAL = struct.Struct("@ll")
-
-
-def _set_kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
-    """SO_RCVTIMEO / SO_SNDTIMEO on a blocking socket (never 0, which means "forever")."""
-    seconds = max(seconds, 1e-3)
-    whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, option, _TIMEVAL.pack(whole, int((seconds - whole) * 1e6)))
-
-
-def _as_rpc_error(exc: BaseException, *, fresh: bool = False) -> BaseException:
-    """`exc` as a kvpool error; `fresh` makes a new instance for each thread that raises it
-    (one exception object raised in several threads would share a traceback)."""
-    if isinstance(exc, KVPoolError):
-        return type(exc)(exc.message, exc.code) if fresh else exc
-    return RpcError(str(exc))

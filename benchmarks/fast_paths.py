@@ -1,0 +1,221 @@
+"""Large single puts and gets of the fast modes next to their physical limits, interleaved.
+
+A narrower, faster A/B tool than `kvpool bench compare` for the issue-18 rows that compare a
+kvpool path with a limit: `limit/memcpy` against `kvpool/shm+fast` (cached reads, nowait
+writes) and, with `--tcp`, `limit/socket` against `kvpool/tcp+fast`. It uses the same drivers
+as `kvpool bench compare` (`kvpool.bench.peers`), so the same pool, the same page-aligned
+buffers and the same client calls; every api of each driver is measured (not only the fastest),
+each round runs every (driver, op, api) once in turn, and every value read is compared with
+what was put.
+
+    .venv/bin/python benchmarks/fast_paths.py --sizes 1MiB,16MiB --rounds 7 [--tcp] [--strict]
+    .venv/bin/python benchmarks/fast_paths.py --profile get_into --sizes 1MiB   # cProfile one
+
+Reported per row: p50 of the call (median over rounds of each round's median) and the
+throughput (median over rounds of calls / time), and the same-round ratio limit ÷ row by
+throughput and by p50 (above 0.7 meets the issue's target). Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvpool.bench.peers.base import BenchError, Driver
+from kvpool.bench.peers.kvpool_peer import KvpoolDriver
+from kvpool.bench.peers.limits import MemcpyDriver, SocketDriver
+from kvpool.bench.peers.workload import page_aligned
+from kvpool.config import parse_size
+
+MiB = 1 << 20
+_ROUND_BYTES = 128 * MiB
+"""Bytes of values held at once: past the L3, so every get copies from memory."""
+
+
+@dataclass
+class Series:
+    """The timings of one (driver, op, api), round by round."""
+
+    p50: list[float] = field(default_factory=list)
+    thru: list[float] = field(default_factory=list)
+
+
+def _timed(n: int, fn: Callable[[int], object]) -> tuple[float, float]:
+    """(p50 seconds per call, calls per second) of `n` calls of `fn(i)`."""
+    times = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--sizes", default="1MiB,16MiB")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--passes", type=int, default=3, help="Get passes over the keys per round.")
+    ap.add_argument("--tcp", action="store_true", help="Also kvpool/tcp+fast and limit/socket.")
+    ap.add_argument("--strict", action="store_true", help="Also the strict kvpool rows.")
+    ap.add_argument("--shm", action="store_true", default=True)
+    ap.add_argument("--profile", default="", help="cProfile this api (put, put_from, get...).")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+
+    drivers: list[Driver] = [MemcpyDriver(), KvpoolDriver("shm", fast=True)]
+    if args.strict:
+        drivers.append(KvpoolDriver("shm"))
+    if args.tcp:
+        drivers += [SocketDriver(), KvpoolDriver("tcp", fast=True)]
+        if args.strict:
+            drivers.append(KvpoolDriver("tcp"))
+    prof = cProfile.Profile() if args.profile else None
+    results: dict[tuple[int, str, str, str], Series] = {}
+    try:
+        for d in drivers:
+            d.setup(2 * _ROUND_BYTES)
+        for size in sizes:
+            keys = max(4, min(64, _ROUND_BYTES // size))
+            values = [page_aligned(size) for _ in range(min(keys, 8))]
+            rng = np.random.default_rng(size)
+            for v in values:
+                v[:] = rng.integers(0, 256, size, dtype=np.uint8)
+            out = page_aligned(size)
+            out.fill(0)
+            for r in range(args.rounds):
+                for d in drivers:
+                    _round(d, size, keys, values, out, r, args.passes, results, prof, args.profile)
+    finally:
+        for d in drivers:
+            d.teardown()
+    _report(results, sizes, args.json)
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+
+
+def _round(
+    d: Driver,
+    size: int,
+    keys: int,
+    values: list[np.ndarray],  # type: ignore[type-arg]
+    out: np.ndarray,  # type: ignore[type-arg]
+    r: int,
+    passes: int,
+    results: dict[tuple[int, str, str, str], Series],
+    prof: cProfile.Profile | None,
+    profiled: str,
+) -> None:
+    views = [memoryview(v) for v in values]
+    out_mv = memoryview(out)
+    for v in views:
+        d.register(v)
+    d.register(out_mv)
+    try:
+        for api in d.apis("put", False):
+            d.reset()
+            d.use_api("put", False, api)
+            names = [f"k{r}.{api}.{i}" for i in range(keys)]
+
+            def put(i: int, names: list[str] = names) -> None:
+                d.put(names[i], views[i % len(views)])
+
+            _run(d, size, "put", api, keys, put, results, prof if api == profiled else None)
+        for api in d.apis("get", False):
+            d.use_api("get", False, api)
+            got = d.get(names[0], out_mv)
+            if bytes(got) != bytes(views[0]):
+                raise BenchError(f"{d.label} {api}: wrong bytes")
+
+            def get(i: int, names: list[str] = names) -> None:
+                d.get(names[i % keys], out_mv)
+
+            _run(
+                d, size, "get", api, keys * passes, get, results, prof if api == profiled else None
+            )
+            got = d.get(names[keys - 1], out_mv)
+            if bytes(got) != bytes(views[(keys - 1) % len(views)]):
+                raise BenchError(f"{d.label} {api}: wrong bytes")
+        d.reset()
+    finally:
+        for v in views:
+            d.unregister(v)
+        d.unregister(out_mv)
+
+
+def _run(
+    d: Driver,
+    size: int,
+    op: str,
+    api: str,
+    n: int,
+    fn: Callable[[int], object],
+    results: dict[tuple[int, str, str, str], Series],
+    prof: cProfile.Profile | None,
+) -> None:
+    if prof is not None:
+        prof.enable()
+    try:
+        p50, thru = _timed(n, fn)
+    finally:
+        if prof is not None:
+            prof.disable()
+    s = results.setdefault((size, d.path, op, api), Series())
+    s.p50.append(p50)
+    s.thru.append(thru)
+
+
+def _report(
+    results: dict[tuple[int, str, str, str], Series], sizes: list[int], json_path: str
+) -> None:
+    rows = []
+    print(f"{'size':>6} {'op':4} {'path':10} {'api':13} {'p50 us':>8} {'ops/s':>8}  ratio thru/p50")
+    for size in sizes:
+        for op in ("put", "get"):
+            for (sz, path, o, api), s in results.items():
+                if sz != size or o != op:
+                    continue
+                limit_path = "socket" if path.startswith("tcp") else "memcpy"
+                base = next(
+                    (
+                        v
+                        for (z, p, oo, _), v in results.items()
+                        if (z, p, oo) == (sz, limit_path, o)
+                    ),
+                    None,
+                )
+                ratio = ""
+                row = {
+                    "size": size,
+                    "op": op,
+                    "path": path,
+                    "api": api,
+                    "p50_us": statistics.median(s.p50) * 1e6,
+                    "ops_per_s": statistics.median(s.thru),
+                }
+                if base is not None and base is not s:
+                    rt = statistics.median([a / b for a, b in zip(s.thru, base.thru, strict=True)])
+                    rp = statistics.median([b / a for a, b in zip(s.p50, base.p50, strict=True)])
+                    ratio = f"{rt:.2f} / {rp:.2f}"
+                    row |= {"ratio_thru": rt, "ratio_p50": rp}
+                rows.append(row)
+                print(
+                    f"{size >> 20:>4}Mi {op:4} {path:10} {api:13} {row['p50_us']:8.1f} "
+                    f"{row['ops_per_s']:8.0f}  {ratio}"
+                )
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,12 @@ what was put.
 
     .venv/bin/python benchmarks/fast_paths.py --sizes 1MiB,16MiB --rounds 7 [--tcp] [--strict]
     .venv/bin/python benchmarks/fast_paths.py --profile get_into --sizes 1MiB   # cProfile one
+    .venv/bin/python benchmarks/fast_paths.py --zero-ab --rounds 10   # in-process A/B, below
+
+`--zero-ab` runs every kvpool row twice per round, once with copies at distance 0 (both ends
+page-aligned) taken as slow (the long chunk) and once as fast (`kvpool.transfer.copy.
+zero_distance_slow`'s two answers), in alternating order, and labels the api `[0-slow]` /
+`[0-fast]`: an A/B of that choice within one process, pool and Store.
 
 Reported per row: p50 of the call (median over rounds of each round's median) and the
 throughput (median over rounds of calls / time), and the same-round ratio limit ÷ row by
@@ -34,6 +40,7 @@ from kvpool.bench.peers.kvpool_peer import KvpoolDriver
 from kvpool.bench.peers.limits import MemcpyDriver, SocketDriver
 from kvpool.bench.peers.workload import page_aligned
 from kvpool.config import parse_size
+from kvpool.transfer import copy as copy_mod
 
 MiB = 1 << 20
 _ROUND_BYTES = 128 * MiB
@@ -69,6 +76,7 @@ def main() -> None:
     ap.add_argument("--shm", action="store_true", default=True)
     ap.add_argument("--profile", default="", help="cProfile this api (put, put_from, get...).")
     ap.add_argument("--json", default="")
+    ap.add_argument("--zero-ab", action="store_true", help="A/B of the distance-0 choice.")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
@@ -94,7 +102,16 @@ def main() -> None:
             out.fill(0)
             for r in range(args.rounds):
                 for d in drivers:
-                    _round(d, size, keys, values, out, r, args.passes, results, prof, args.profile)
+                    if not args.zero_ab or not isinstance(d, KvpoolDriver):
+                        _round(
+                            d, size, keys, values, out, r, args.passes, results, prof, args.profile
+                        )
+                        continue
+                    for slow in (True, False) if r % 2 else (False, True):
+                        copy_mod._zero_slow = slow
+                        tag = " [0-slow]" if slow else " [0-fast]"
+                        _round(d, size, keys, values, out, r, args.passes, results, None, "", tag)
+                    copy_mod._zero_slow = None
     finally:
         for d in drivers:
             d.teardown()
@@ -114,6 +131,7 @@ def _round(
     results: dict[tuple[int, str, str, str], Series],
     prof: cProfile.Profile | None,
     profiled: str,
+    tag: str = "",
 ) -> None:
     views = [memoryview(v) for v in values]
     out_mv = memoryview(out)
@@ -129,7 +147,7 @@ def _round(
             def put(i: int, names: list[str] = names) -> None:
                 d.put(names[i], views[i % len(views)])
 
-            _run(d, size, "put", api, keys, put, results, prof if api == profiled else None)
+            _run(d, size, "put", api + tag, keys, put, results, prof if api == profiled else None)
         for api in d.apis("get", False):
             d.use_api("get", False, api)
             got = d.get(names[0], out_mv)
@@ -140,7 +158,14 @@ def _round(
                 d.get(names[i % keys], out_mv)
 
             _run(
-                d, size, "get", api, keys * passes, get, results, prof if api == profiled else None
+                d,
+                size,
+                "get",
+                api + tag,
+                keys * passes,
+                get,
+                results,
+                prof if api == profiled else None,
             )
             got = d.get(names[keys - 1], out_mv)
             if bytes(got) != bytes(views[(keys - 1) % len(views)]):

@@ -15,7 +15,9 @@ what was put.
 `--zero-ab` runs every kvpool row twice per round, once with copies at distance 0 (both ends
 page-aligned) taken as slow (the long chunk) and once as fast (`kvpool.transfer.copy.
 zero_distance_slow`'s two answers), in alternating order, and labels the api `[0-slow]` /
-`[0-fast]`: an A/B of that choice within one process, pool and Store.
+`[0-fast]`: an A/B of that choice within one process, pool and Store. `--ab MODULE:NAME=A,B`
+does the same for any module-level value (ints, or True/False), e.g.
+`--ab kvpool.client.reader:_DIRECT_MAX=1048576,4194304`; rows are labelled `[NAME=A]`.
 
 Reported per row: p50 of the call (median over rounds of each round's median) and the
 throughput (median over rounds of calls / time), and the same-round ratio limit ÷ row by
@@ -26,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import json
 import pstats
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +81,9 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="cProfile this api (put, put_from, get...).")
     ap.add_argument("--json", default="")
     ap.add_argument("--zero-ab", action="store_true", help="A/B of the distance-0 choice.")
+    ap.add_argument("--ab", default="", help="MODULE:NAME=A,B: an in-process A/B of a value.")
     args = ap.parse_args()
+    variants = _variants(args)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     drivers: list[Driver] = [MemcpyDriver(), KvpoolDriver("shm", fast=True)]
@@ -102,22 +108,49 @@ def main() -> None:
             out.fill(0)
             for r in range(args.rounds):
                 for d in drivers:
-                    if not args.zero_ab or not isinstance(d, KvpoolDriver):
+                    if not variants or not isinstance(d, KvpoolDriver):
                         _round(
                             d, size, keys, values, out, r, args.passes, results, prof, args.profile
                         )
                         continue
-                    for slow in (True, False) if r % 2 else (False, True):
-                        copy_mod._zero_slow = slow
-                        tag = " [0-slow]" if slow else " [0-fast]"
-                        _round(d, size, keys, values, out, r, args.passes, results, None, "", tag)
-                    copy_mod._zero_slow = None
+                    module, name = variants[0][0], variants[0][1]
+                    saved = getattr(module, name)
+                    try:
+                        for _m, _n, value, tag in variants if r % 2 else variants[::-1]:
+                            setattr(module, name, value)
+                            _round(
+                                d, size, keys, values, out, r, args.passes, results, None, "", tag
+                            )
+                    finally:
+                        setattr(module, name, saved)
     finally:
         for d in drivers:
             d.teardown()
     _report(results, sizes, args.json)
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[Any, str, object, str]]:
+    """(module, name, value, row label) of each side of the A/B asked for (none: [])."""
+    if args.zero_ab:
+        return [
+            (copy_mod, "_zero_slow", True, " [0-slow]"),
+            (copy_mod, "_zero_slow", False, " [0-fast]"),
+        ]
+    if not args.ab:
+        return []
+    where, _, values = args.ab.partition("=")
+    mod_name, _, name = where.partition(":")
+    module = importlib.import_module(mod_name)
+    getattr(module, name)  # it must exist
+    out: list[tuple[Any, str, object, str]] = []
+    for text in values.split(","):
+        value: object = {"True": True, "False": False}.get(text)
+        if value is None:
+            value = int(text)
+        out.append((module, name, value, f" [{name}={text}]"))
+    return out
 
 
 def _round(

@@ -9,13 +9,14 @@ what they return, and refuse bytes that do not match the recorded checksum.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import xxhash
 
 from kvpool.client import Store
-from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, chunk_for
+from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, DataPath, chunk_for
 from kvpool.errors import ChecksumMismatch
 from kvpool.transfer import copy as copy_mod
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
@@ -120,3 +121,35 @@ def _tear(cached: Store, key: str, value: bytes, dst: np.ndarray) -> None:
     with pytest.raises(ChecksumMismatch):
         cached.get(key)
     assert xxhash.xxh3_64_intdigest(value) != xxhash.xxh3_64_intdigest(dst)
+
+
+@pytest.mark.parametrize("size", [MiB, 3 * MiB + 5])
+def test_a_cached_get_below_the_shared_size_copies_in_one_go_and_checks_the_whole_value(
+    cached: Store, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`get` of a remembered value below SHARED_MIN on a mapped segment is one copy into the
+    new bytearray and one xxh3 of it (no zero-filled buffer, no chunked copy); a changed byte
+    anywhere in it is still refused."""
+    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    key = f"direct-{size}"
+    assert cached.put(key, value) is True
+    cached.flush()
+    chunked: list[int] = []
+    real = DataPath.copy_hashing
+
+    def spy(self: DataPath, *args: Any) -> Any:
+        chunked.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(DataPath, "copy_hashing", spy)
+    assert cached.get(key) == value
+    assert chunked == []  # the remembered place, copied in one go
+    (desc,) = cached.get_replica_desc(key)
+    data = cached._data
+    assert data is not None
+    hold = data.hold_mapped(str(desc.segment))
+    assert hold is not None
+    with hold:
+        hold.buffer[desc.offset + size - 1] ^= 0x01  # the very last byte
+    with pytest.raises(ChecksumMismatch):
+        cached.get(key)

@@ -19,6 +19,11 @@ zero_distance_slow`'s two answers), in alternating order, and labels the api `[0
 does the same for any module-level value (ints, or True/False), e.g.
 `--ab kvpool.client.reader:_DIRECT_MAX=1048576,4194304`; rows are labelled `[NAME=A]`.
 
+`--split` also times, inside the timed calls, the client's copy-and-hash
+(`DataPath.copy_hashing`), its TCP transfers (`DataPath.transfer`, `DataPath.write_hashing`)
+and its unwaited commit sends (`RpcClient.send`), and prints their mean µs per timed call next
+to the call's own mean: where a put or get spends its time.
+
 Reported per row: p50 of the call (median over rounds of each round's median) and the
 throughput (median over rounds of calls / time), and the same-round ratio limit ÷ row by
 throughput and by p50 (above 0.7 meets the issue's target). Asserts nothing.
@@ -82,7 +87,10 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--zero-ab", action="store_true", help="A/B of the distance-0 choice.")
     ap.add_argument("--ab", default="", help="MODULE:NAME=A,B: an in-process A/B of a value.")
+    ap.add_argument("--split", action="store_true", help="Time the parts of each call.")
     args = ap.parse_args()
+    if args.split:
+        _split_install()
     variants = _variants(args)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
@@ -127,8 +135,57 @@ def main() -> None:
         for d in drivers:
             d.teardown()
     _report(results, sizes, args.json)
+    if args.split:
+        _split_report(results)
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+
+
+_PARTS: dict[tuple[int, str, str, str], dict[str, float]] = {}
+"""Seconds spent in each timed part (`--split`), per row."""
+_current: list[tuple[int, str, str, str] | None] = [None]
+
+
+def _split_install() -> None:
+    """Wrap the parts `--split` times (in this process: the client)."""
+    from kvpool.client.datapath import DataPath
+    from kvpool.rpc.client import RpcClient
+
+    def wrap(cls: Any, name: str) -> None:
+        inner = getattr(cls, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            row = _current[0]
+            if row is None:
+                return inner(*a, **k)
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                parts = _PARTS.setdefault(row, {})
+                parts[name] = parts.get(name, 0.0) + time.perf_counter() - t
+
+        setattr(cls, name, timed)
+
+    for name in ("copy_hashing", "transfer", "write_hashing"):
+        wrap(DataPath, name)
+    wrap(RpcClient, "send")
+
+
+def _split_report(results: dict[tuple[int, str, str, str], Series]) -> None:
+    print("\nmean µs per timed call: the call, and the parts timed inside it (--split)")
+    for row, parts in sorted(_PARTS.items()):
+        calls = _CALLS.get(row, 0)
+        if not calls or row not in results:
+            continue
+        whole = _WHOLE.get(row, 0.0)
+        cells = ", ".join(f"{k} {v / calls * 1e6:.1f}" for k, v in sorted(parts.items()))
+        size, path, op, api = row
+        print(f"{size >> 20:>4}Mi {op:4} {path:10} {api:13} {whole / calls * 1e6:8.1f}: {cells}")
+
+
+_CALLS: dict[tuple[int, str, str, str], int] = {}
+_WHOLE: dict[tuple[int, str, str, str], float] = {}
 
 
 def _variants(args: argparse.Namespace) -> list[tuple[Any, str, object, str]]:
@@ -220,14 +277,20 @@ def _run(
     results: dict[tuple[int, str, str, str], Series],
     prof: cProfile.Profile | None,
 ) -> None:
+    row = (size, d.path, op, api)
     if prof is not None:
         prof.enable()
+    _current[0] = row
+    t0 = time.perf_counter()
     try:
         p50, thru = _timed(n, fn)
     finally:
+        _current[0] = None
+        _WHOLE[row] = _WHOLE.get(row, 0.0) + time.perf_counter() - t0
+        _CALLS[row] = _CALLS.get(row, 0) + n
         if prof is not None:
             prof.disable()
-    s = results.setdefault((size, d.path, op, api), Series())
+    s = results.setdefault(row, Series())
     s.p50.append(p50)
     s.thru.append(thru)
 

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from kvpool.transfer import copy as copy_mod
-from kvpool.transfer.copy import BOUNCE_MAX, SLOW_MIN, copy_bytes, slow_distance
+from kvpool.transfer.copy import (
+    BOUNCE_MAX,
+    SLOW_MIN,
+    copy_bytes,
+    slow_distance,
+    zero_distance_slow,
+)
 from kvpool.transfer.registration import buffer_address
 
 
@@ -21,11 +27,45 @@ def at(past_page: int, n: int) -> memoryview:
 
 def test_slow_distance_is_a_destination_just_after_the_source_mod_a_page() -> None:
     assert slow_distance(4096 + 16, 0)
-    assert slow_distance(8192 * 5, 8192)  # distance 0
+    assert slow_distance(8192 * 5, 8192) is copy_mod.zero_distance_slow()  # distance 0
     assert slow_distance(63, 0)
     assert not slow_distance(64, 0)
     assert not slow_distance(0, 16)  # destination before the source: fine
     assert not slow_distance(2048, 0)
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_distance_zero_is_slow_only_where_this_cpu_measured_it_so(
+    monkeypatch: pytest.MonkeyPatch, slow: bool
+) -> None:
+    monkeypatch.setattr(copy_mod, "_zero_slow", slow)
+    assert slow_distance(8192 * 5, 8192) is slow
+    assert slow_distance(4096, 0) is slow
+    assert slow_distance(4096 + 16, 0)  # 1-63 bytes past: slow on every such CPU
+    assert not slow_distance(4096 + 64, 0)
+
+
+def test_the_distance_zero_probe_runs_once_and_answers_a_bool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(copy_mod, "_zero_slow", None)
+    first = zero_distance_slow()
+    assert isinstance(first, bool)
+    assert copy_mod._zero_slow is first
+    assert zero_distance_slow() is first
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_copy_at_distance_zero_is_byte_exact_either_way(
+    monkeypatch: pytest.MonkeyPatch, slow: bool
+) -> None:
+    monkeypatch.setattr(copy_mod, "_zero_slow", slow)
+    n = 256 << 10
+    src = at(0, n)
+    src[:] = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8).tobytes()
+    dst = at(0, n)
+    copy_bytes(dst, src)
+    assert dst == src
 
 
 @pytest.mark.parametrize(

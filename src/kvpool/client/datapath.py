@@ -491,6 +491,31 @@ class DataPath:
                 self.forget(req.segment)
         return sent
 
+    def write_hashing(
+        self, view: memoryview, segment: str, offset: int
+    ) -> tuple[ErrorCode, int | None]:
+        """Write `view` to `offset` of `segment` through the engine (one request); returns its
+        code and the xxh3_64 of `view` when it could be taken while a TCP write waited for the
+        node's answer (None otherwise: the caller hashes it itself). A failed segment is
+        forgotten, as by `transfer`."""
+        digest: list[int] = []
+
+        def meanwhile() -> None:
+            if not digest:  # once, even when a stale pooled connection is retried
+                digest.append(xxhash.xxh3_64_intdigest(view))
+
+        try:
+            self.engine.transfer(
+                [TransferRequest(TransferOp.WRITE, view, segment, offset)],
+                self.transfer_timeout,
+                meanwhile,
+            )
+        except TransferError as exc:
+            log.debug("transfer WRITE %s@%d failed: %s", segment, offset, exc.code)
+            self.forget(segment)
+            return exc.code, None
+        return ErrorCode.OK, digest[0] if digest else None
+
     def move_many(
         self,
         op: TransferOp,

@@ -44,7 +44,7 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client import dfs
-from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.datapath import CHUNKED_MIN, SHARED_MIN, DataPath
 from kvpool.client.disk_files import DiskFiles
 from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered
@@ -86,6 +86,12 @@ from kvpool.transfer.request import TransferOp, TransferRequest
 __all__ = ["Reader"]
 
 log = logging.getLogger(__name__)
+
+_DIRECT_MAX = SHARED_MIN
+"""A cached `get` of a value below this many bytes on a mapped segment copies it into its new
+bytearray in one go (no zero-filling first), then hashes it; larger ones go through
+`DataPath.copy_hashing`, where the copy helper thread can take part. (An A/B with
+`benchmarks/fast_paths.py --ab`: docs/parts/perf-store.md.)"""
 
 _ABSENT = frozenset({ErrorCode.OBJECT_NOT_FOUND, ErrorCode.REPLICA_IS_NOT_READY})
 """What `batch_get` answers None for: no readable value (yet). Other failures raise."""
@@ -211,10 +217,10 @@ class Reader:
 
     def _get_remembered(self, data: DataPath, key: str, entry: Remembered) -> bytearray | None:
         """`get` from a remembered place: the value, or None (the entry is forgotten) when
-        the place no longer holds it. A small value on a segment mapped here is copied
-        straight into its new bytearray (no zero-filling first) and hashed in the cache."""
+        the place no longer holds it. A value below `_DIRECT_MAX` on a segment mapped here is
+        copied straight into its new bytearray (no zero-filling first) and hashed after."""
         size = entry.size
-        if size < CHUNKED_MIN:
+        if size < _DIRECT_MAX:
             hold = data.hold_mapped(entry.segment)
             if hold is not None:
                 off = entry.offset

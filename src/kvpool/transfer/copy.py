@@ -11,16 +11,21 @@ puts any value whose size is a multiple of 4 KiB); docs/performance.md has the m
 Copies in that range at a bad distance therefore go through a per-thread bounce buffer placed
 half a page away from the source: two fast copies instead of one slow one. Everything else is
 the plain slice assignment (CPython's memcpy), so the common case pays one address lookup.
+
+Distance 0 (both ends page-aligned: a registered buffer and a replica whose offset is a
+multiple of 4 KiB) is slow on some of these CPUs and not on others, so it is measured once per
+process (`zero_distance_slow`): 256 KiB copied at distance 0 against at half a page.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Final
 
 from kvpool.transfer.registration import buffer_address
 
-__all__ = ["BOUNCE_MAX", "SLOW_MIN", "copy_bytes", "slow_distance"]
+__all__ = ["BOUNCE_MAX", "SLOW_MIN", "copy_bytes", "slow_distance", "zero_distance_slow"]
 
 SLOW_MIN: Final = 2048
 """Below this glibc uses vector moves whatever the distance (its threshold is 2112 bytes)."""
@@ -45,9 +50,47 @@ _PAGE: Final = 4096
 _local = threading.local()
 
 
+_PROBE: Final = 256 << 10
+"""Bytes copied by each probe of `zero_distance_slow` (in glibc's `rep movsb` range)."""
+_PROBES: Final = 7
+"""Probes per distance; the fastest of each is compared, so a preempted probe does not count."""
+_ZERO_SLOWER: Final = 1.25
+"""Distance 0 counts as slow when its fastest probe takes this much longer than at 2 KiB."""
+_zero_slow: bool | None = None
+
+
+def zero_distance_slow() -> bool:
+    """Whether this CPU copies slowly at distance 0 (measured once per process, ~1 ms).
+
+    A wrong answer costs speed, never bytes: either way the copies are exact."""
+    global _zero_slow
+    got = _zero_slow
+    if got is None:
+        raw = bytearray(4 * _PROBE + 2 * _PAGE)
+        view = memoryview(raw)
+        base = (-buffer_address(view)) % _PAGE
+        src = view[base : base + _PROBE]
+        src[:] = b"\x01" * _PROBE  # touched: no page fault is timed
+        at_zero = view[base + 2 * _PROBE : base + 3 * _PROBE]
+        at_half = view[base + 2 * _PROBE + _PAGE // 2 : base + 3 * _PROBE + _PAGE // 2]
+        best = {0: 1.0, 1: 1.0}
+        for _ in range(_PROBES):
+            for which, dst in ((0, at_zero), (1, at_half)):
+                t = time.perf_counter()
+                dst[:] = src
+                best[which] = min(best[which], time.perf_counter() - t)
+        got = _zero_slow = best[0] > _ZERO_SLOWER * best[1]
+    return got
+
+
 def slow_distance(dst_addr: int, src_addr: int) -> bool:
-    """Whether a `rep movsb` copy from `src_addr` to `dst_addr` takes the slow path."""
-    return (dst_addr - src_addr) & (_PAGE - 1) < _SHORT
+    """Whether a `rep movsb` copy from `src_addr` to `dst_addr` takes the slow path: the
+    destination 1-63 bytes past the source modulo a page, or exactly at it where this CPU is
+    slow there too (`zero_distance_slow`)."""
+    d = (dst_addr - src_addr) & (_PAGE - 1)
+    if d:
+        return d < _SHORT
+    return zero_distance_slow()
 
 
 def _bounce() -> tuple[memoryview, int]:

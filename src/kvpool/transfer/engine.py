@@ -395,12 +395,20 @@ class TransferEngine:
         request's status."""
         return self._submit(requests, timeout, inline=False)
 
-    def transfer(self, requests: Sequence[TransferRequest], timeout: float | None = None) -> None:
+    def transfer(
+        self,
+        requests: Sequence[TransferRequest],
+        timeout: float | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> None:
         """Run a batch in the calling thread where possible and wait for it; raises
-        `TransferError` (with the failing code) naming the first failed request."""
+        `TransferError` (with the failing code) naming the first failed request.
+
+        `meanwhile`: called while one WRITE over TCP waits for the server's answer (see
+        `TcpTransport.exchange_one`); not called on any other path."""
         self._check_open()
         prepared = [self._prepare(i, r) for i, r in enumerate(requests)]
-        if len(prepared) == 1 and self._tcp_one(prepared[0], timeout):
+        if len(prepared) == 1 and self._tcp_one(prepared[0], timeout, meanwhile):
             return
         if not self._copy_all_inline(prepared):
             future = self._start(prepared, timeout, inline=True)
@@ -418,7 +426,9 @@ class TransferEngine:
         future = self._start(prepared, timeout, inline=True)
         return future.result(self.timeout if timeout is None else timeout)
 
-    def _tcp_one(self, req: _Prepared, timeout: float | None) -> bool:
+    def _tcp_one(
+        self, req: _Prepared, timeout: float | None, meanwhile: Callable[[], None] | None = None
+    ) -> bool:
         """The fast path of `transfer` for one small request over TCP (a cross-host KV get):
         one exchange on a pooled connection, no future, no lanes. False (nothing done) when
         the request does not qualify; raises `TransferError` when it fails."""
@@ -430,7 +440,10 @@ class TransferEngine:
             return False  # the general path reports it
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         code, why = self._tcp.exchange_one(
-            route.endpoint, Piece(0, int(op), view, route.wire_name, offset, n), deadline
+            route.endpoint,
+            Piece(0, int(op), view, route.wire_name, offset, n),
+            deadline,
+            meanwhile,
         )
         if code is not ErrorCode.OK:
             raise TransferError(f"request 0 ({op.name} {name}@{offset}+{n}) failed: {why}", code)

@@ -244,12 +244,22 @@ class TcpTransport(Transport):
         if inline:
             self._run_lane(endpoint, lanes[0], future, deadline, True)
 
-    def exchange_one(self, endpoint: str, p: Piece, deadline: float) -> tuple[ErrorCode, str]:
+    def exchange_one(
+        self,
+        endpoint: str,
+        p: Piece,
+        deadline: float,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> tuple[ErrorCode, str]:
         """Run one piece in the calling thread; returns its code and, on failure, why.
 
-        The same protocol and failure handling as a one-piece lane, without the future."""
+        The same protocol and failure handling as a one-piece lane, without the future. A
+        WRITE calls `meanwhile` (if given) once its payload is sent, before it waits for the
+        server's answer: work that then costs no time of its own (the writer hashes the value
+        there). It may be called again when a stale pooled connection is retried; it must not
+        raise (if it does, the connection is closed and the exception propagates)."""
         future = _OneResult()
-        self._run_lane(endpoint, [p], future, deadline, True)
+        self._run_lane(endpoint, [p], future, deadline, True, meanwhile=meanwhile)
         return future.code, future.message
 
     def _split(self, pieces: list[Piece], future: TransferFuture) -> list[Piece]:
@@ -278,6 +288,8 @@ class TcpTransport(Transport):
         future: LaneSink,
         deadline: float,
         inline: bool,
+        *,
+        meanwhile: Callable[[], None] | None = None,
     ) -> None:
         """Run one lane on one connection. A pooled connection the peer has closed meanwhile
         fails before any answer arrives; then the lane is retried once on a fresh connection
@@ -306,7 +318,7 @@ class TcpTransport(Transport):
                 if remaining < 0.9 * conn.timeout:  # (a nearly equal deadline is not worth it)
                     conn.timeout = max(remaining, 0.001)
                     conn.sock.settimeout(conn.timeout)
-                self._pipeline(conn, lane, future, progress)
+                self._pipeline(conn, lane, future, progress, meanwhile)
                 return
             except (OSError, ConnectionError) as exc:
                 conn.broken = True
@@ -330,7 +342,12 @@ class TcpTransport(Transport):
                     self._checkin(conn)
 
     def _pipeline(
-        self, conn: _Conn, lane: list[Piece], future: LaneSink, progress: list[int]
+        self,
+        conn: _Conn,
+        lane: list[Piece],
+        future: LaneSink,
+        progress: list[int],
+        meanwhile: Callable[[], None] | None = None,
     ) -> None:
         sock = conn.sock
         if len(lane) == 1:  # the common small case (one KV get or put), without the pipeline
@@ -340,6 +357,12 @@ class TcpTransport(Transport):
             hdr = REQ.pack(REQ_MAGIC, p.op, 0, len(p.name), req_id, p.offset, p.length) + p.name
             if p.op == _WRITE:
                 send_parts(sock, [hdr, p.view], len(hdr) + p.length)
+                if meanwhile is not None:
+                    try:
+                        meanwhile()  # while the server takes the last bytes and answers
+                    except BaseException:
+                        conn.broken = True  # its answer is left unread: never reuse it
+                        raise
             else:
                 sock.sendall(hdr)
             self._receive(conn, deque(((p, req_id),)), future, progress)

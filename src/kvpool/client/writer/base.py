@@ -225,11 +225,18 @@ class WriterBase:
             return got[0], digest_or_checksum(digests[0], mv), []
         rest = replicas
         if mv.nbytes >= CHUNKED_MIN:
-            # Hash while writing the first replica, when it is mapped here.
+            # Hash while writing the first replica: as it is copied when it is mapped here,
+            # else (one replica, over TCP) while the node takes the payload and answers.
             first = replicas[0]
-            done = self._opened().copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
+            data = self._opened()
+            done = data.copy_hashing(TransferOp.WRITE, mv, first.segment, first.offset)
             if done is not None:
                 codes, csum, rest = [done[0]], done[1], replicas[1:]
+            elif len(replicas) == 1:
+                code, digest = data.write_hashing(mv, first.segment, first.offset)
+                if code != ErrorCode.OK:
+                    return code, None, [str(first.segment)]
+                return code, digest_or_checksum(digest, mv), []
         reqs = [TransferRequest(TransferOp.WRITE, mv, r.segment, r.offset) for r in rest]
         codes += self._opened().transfer(reqs)
         failed = [str(r.segment) for r, c in zip(replicas, codes, strict=True) if c != ErrorCode.OK]

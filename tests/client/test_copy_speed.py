@@ -1,0 +1,155 @@
+"""The speed-motivated choices of the same-host copy paths keep every byte exact and every
+read verified (issue 18, "Speed round 2").
+
+Speed itself is measured by benchmarks (`benchmarks/fast_paths.py`, `kvpool bench compare`),
+never asserted here; these tests pin what the faster paths must still do: copy exactly, hash
+what they return, and refuse bytes that do not match the recorded checksum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.client import Store
+from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, DataPath, chunk_for
+from kvpool.errors import ChecksumMismatch
+from kvpool.transfer import copy as copy_mod
+from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def one_node(pool_module: PoolFactory) -> Pool:  # noqa: F811
+    return pool_module(nodes=1, segment_size="32MiB")
+
+
+@pytest.fixture(params=[True, False], ids=["zero-slow", "zero-fast"])
+def zero_slow(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both answers of the distance-0 probe, whatever this CPU measured."""
+    slow: bool = request.param
+    monkeypatch.setattr(copy_mod, "_zero_slow", slow)
+    return slow
+
+
+@pytest.fixture
+def cached(one_node: Pool) -> Iterator[Store]:
+    with Store(one_node.address, read_mode="cached", write_mode="nowait") as s:
+        try:
+            yield s
+        finally:
+            s.flush()
+            s.remove_all(force=True)
+
+
+def _page_aligned(n: int) -> np.ndarray:
+    raw = np.zeros(n + 4096, np.uint8)
+    start = (-raw.ctypes.data) % 4096
+    return raw[start : start + n]
+
+
+def test_page_aligned_copies_use_the_hash_chunk_where_distance_zero_is_fast(
+    zero_slow: bool,
+) -> None:
+    page = 1 << 30
+    want = LONG_CHUNK if zero_slow else HASH_CHUNK
+    assert chunk_for(page, page) == want
+    assert chunk_for(page + 8 * 4096, page) == want
+    assert chunk_for(page + 16, page) == LONG_CHUNK  # 1-63 bytes past: always the long chunk
+
+
+@pytest.mark.parametrize("size", [MiB, MiB + 4096, 3 * MiB])
+def test_page_aligned_fast_put_and_get_into_are_byte_exact(
+    zero_slow: bool, cached: Store, size: int
+) -> None:
+    src = _page_aligned(size)
+    src[:] = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    dst = _page_aligned(size)
+    cached.register_buffer(src)
+    cached.register_buffer(dst)
+    try:
+        key = f"aligned-{size}-{zero_slow}"
+        assert cached.put_from(key, src) is True
+        cached.flush()  # the commit's answer: stored
+        assert cached.get_into(key, memoryview(dst)) == size
+        assert np.array_equal(src, dst)
+        assert cached.get(key) == src.tobytes()
+    finally:
+        cached.unregister_buffer(src)
+        cached.unregister_buffer(dst)
+
+
+def test_bytes_changed_under_a_remembered_place_are_never_returned(
+    zero_slow: bool, one_node: Pool, cached: Store
+) -> None:
+    """A torn read at 1 MiB on the chunked path: the bytes at the remembered place change
+    (as when the range is freed and reused) after the value was read once. Neither the cached
+    read nor the strict read it falls back to may return them: the checksum refuses them."""
+    size = MiB
+    value = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8).tobytes()
+    key = f"torn-{zero_slow}"
+    assert cached.put(key, value) is True
+    cached.flush()
+    dst = _page_aligned(size)
+    cached.register_buffer(dst)
+    try:
+        _tear(cached, key, value, dst)
+    finally:
+        cached.unregister_buffer(dst)
+
+
+def _tear(cached: Store, key: str, value: bytes, dst: np.ndarray) -> None:
+    size = len(value)
+    assert cached.get_into(key, memoryview(dst)) == size  # remembered
+    assert dst.tobytes() == value
+    (desc,) = cached.get_replica_desc(key)
+    data = cached._data
+    assert data is not None
+    hold = data.hold_mapped(str(desc.segment))
+    assert hold is not None
+    with hold:
+        at = desc.offset + size // 2 + 123  # in the middle of a chunk
+        hold.buffer[at] ^= 0xFF
+    dst[:] = 0
+    with pytest.raises(ChecksumMismatch):
+        cached.get_into(key, memoryview(dst))
+    with pytest.raises(ChecksumMismatch):
+        cached.get(key)
+    assert xxhash.xxh3_64_intdigest(value) != xxhash.xxh3_64_intdigest(dst)
+
+
+@pytest.mark.parametrize("size", [MiB, 3 * MiB + 5])
+def test_a_cached_get_below_the_shared_size_copies_in_one_go_and_checks_the_whole_value(
+    cached: Store, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`get` of a remembered value below SHARED_MIN on a mapped segment is one copy into the
+    new bytearray and one xxh3 of it (no zero-filled buffer, no chunked copy); a changed byte
+    anywhere in it is still refused."""
+    value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    key = f"direct-{size}"
+    assert cached.put(key, value) is True
+    cached.flush()
+    chunked: list[int] = []
+    real = DataPath.copy_hashing
+
+    def spy(self: DataPath, *args: Any) -> Any:
+        chunked.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(DataPath, "copy_hashing", spy)
+    assert cached.get(key) == value
+    assert chunked == []  # the remembered place, copied in one go
+    (desc,) = cached.get_replica_desc(key)
+    data = cached._data
+    assert data is not None
+    hold = data.hold_mapped(str(desc.segment))
+    assert hold is not None
+    with hold:
+        hold.buffer[desc.offset + size - 1] ^= 0x01  # the very last byte
+    with pytest.raises(ChecksumMismatch):
+        cached.get(key)

@@ -1,7 +1,8 @@
 """The Store's same-host copy paths: chunk choice and byte-exact copies at awkward alignments.
 
 glibc copies 2 KiB..L2-sized blocks with `rep movsb`, which runs 5-15x slower on AMD when the
-destination lies less than 64 bytes past the source modulo a page; `chunk_for` steers the
+destination lies 1-63 bytes past the source modulo a page (and, on CPUs where a
+once-per-process probe measures it slow, exactly at it); `chunk_for` steers the
 chunked copy-and-hash path to chunks that avoid that range. From SHARED_MIN on, a helper thread
 copies some pieces while the caller hashes (`_Share`): who copies what depends on timing, so the
 tests run each side alone, both in every order the claims allow, and both racing for real, and

@@ -35,10 +35,10 @@ Objects with a replica on a *silent* segment (its owner missed `client_ttl`) are
 segment is still mounted, only not serving (`Segment.serving`), until its owner remounts it
 (`revive_client`) or is dropped (`expire_client`, past `client_dead_ttl`).
 
-Observers (`MetadataObserver`: the task table, the arena table, the repair queue) are told when
-an object leaves the index or loses replicas to a dropped segment, a segment is mounted,
-restored or unmounted, and a client falls silent or expires, in the order they were added;
-they may call back into the core.
+Observers (`MetadataObserver`, `kvpool.master.observer`: the task table, the arena table, the
+repair queue, the invalidation hub) are told when an object leaves the index or loses replicas
+to a dropped segment, a segment is mounted, restored or unmounted, and a client falls silent or
+expires, in the order they were added; they may call back into the core.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvpool.codes import INVALID_PARAMS, OK, SEGMENT_ALREADY_EXISTS
 from kvpool.master.config import AllocationStrategy, MasterConfig
 from kvpool.master.hooks import ReclaimHooks
 from kvpool.master.liveness import ClientRecord, ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, Replica
+from kvpool.master.observer import MetadataObserver
 from kvpool.master.parking import ParkedRanges
 from kvpool.master.placement import Placement
 from kvpool.master.planner import Claim, PutPlan
@@ -84,41 +85,6 @@ _FORGET_DEAD = Claim.FORGET_DEAD
 _LOCAL_FIRST = AllocationStrategy.LOCAL_FIRST
 _PIN_ENABLE = SoftPinAction.ENABLE
 _PIN_DISABLE = SoftPinAction.DISABLE
-
-
-class MetadataObserver(Protocol):
-    """A component with state tied to objects, segments or clients (called on the loop, inside
-    the operation that caused the event; may call back into the core)."""
-
-    def object_removed(self, obj: ObjectMeta) -> None:
-        """`obj` left the index (for any reason)."""
-        ...
-
-    def segment_mounted(self, seg: Segment) -> None:
-        """`seg` was just mounted (a new record, though its name may have been seen before)."""
-        ...
-
-    def segment_unmounted(self, seg: Segment) -> None:
-        """`seg` was just unmounted: its allocator is gone, nothing is freed into it again."""
-        ...
-
-    def client_expired(self, client_id: ClientId) -> None:
-        """The client is dropped: its segments are unmounted and its PutStarts preempted
-        already; it is forgotten right after the observers return."""
-        ...
-
-    def client_silenced(self, client_id: ClientId) -> None:
-        """The client fell silent: its segments stopped serving (kept, not unmounted) and its
-        PutStarts are preempted already; it is kept for `client_dead_ttl`."""
-        ...
-
-    def segment_restored(self, seg: Segment) -> None:
-        """The silent `seg` serves again, with everything it held (its owner came back)."""
-        ...
-
-    def replicas_lost(self, obj: ObjectMeta) -> None:
-        """`obj` lost replicas to unmounted segments and still has at least one."""
-        ...
 
 
 class MetadataCore:
@@ -332,7 +298,10 @@ class MetadataCore:
         """A copy finished: `targets` become COMPLETE replicas of `obj`."""
         for t in targets:
             t.status = _COMPLETE
+        promoted = any(r.kind is not _MEMORY_KIND for r in obj.replicas)
         self._set_replicas(obj, obj.replicas + targets)
+        if promoted:
+            self._tier_changed(obj)
         on_complete = self.hooks.on_replica_complete
         for t in targets:
             on_complete(obj, t)
@@ -358,12 +327,14 @@ class MetadataCore:
             self.park(obj.lease_deadline, obj.size, (source,))
         else:
             self._free_replica(source, obj.size)
+        if source.kind is not _MEMORY_KIND:
+            self._tier_changed(obj)
 
     def retire_replica(self, obj: ObjectMeta, replica: Replica, now: float) -> None:
         """`replica` leaves `obj`, which keeps others (one found bad): freed, or parked until
         the read lease ends while one is live (a reader may still be copying from it)."""
         self._set_replicas(obj, tuple(r for r in obj.replicas if r is not replica))
-        self.release_moved_source(obj, replica, now)
+        self.release_moved_source(obj, replica, now)  # (a disk or DFS one is told there)
         if self.journal is not None:
             self.journal.obj(obj)
 
@@ -374,9 +345,21 @@ class MetadataCore:
         self.hooks.on_replica_removed(obj, replica)
         if not obj.replicas:
             self._drop(obj)
-        elif self.journal is not None:
+            return freed
+        if replica.kind is not _MEMORY_KIND:
+            self._tier_changed(obj)
+        if self.journal is not None:
             self.journal.obj(obj)
         return freed
+
+    def _tier_changed(self, obj: ObjectMeta) -> None:
+        """`obj` gained a memory replica beside a disk or DFS one (a promotion), or lost a
+        disk or DFS replica and keeps others: observers that care are told
+        (`kvpool.master.invalidation`: cached-mode clients remember such places)."""
+        for o in self._observers:
+            changed = getattr(o, "tier_changed", None)
+            if changed is not None:
+                changed(obj)
 
     def free_object(self, obj: ObjectMeta) -> int:
         """Free every replica of `obj` now and forget it; answers the bytes freed."""

@@ -25,7 +25,7 @@ from kvpool.transfer import (
     TransferServer,
 )
 from kvpool.transfer.memory import DISK_FILE_NAME
-from kvpool.transfer.serving import SENDFILE_MIN
+from kvpool.transfer.serving import SENDFILE_MIN, SendfilePolicy
 from kvpool.transfer.wire import REQ, REQ_MAGIC, RESP, RESP_MAGIC
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import Proc, wait_until
@@ -93,6 +93,7 @@ def test_a_tcp_get_of_a_disk_only_16mib_object_is_exact_through_sendfile(
         assert _kinds(tcp, "big") == [ReplicaKind.LOCAL_DISK]
         server = owner._node.transfer_server
         assert server is not None
+        server.sendfile = SendfilePolicy.ALWAYS  # (by default only peers on other hosts)
         before = server.counters().sendfile_reads
         assert tcp.get("big") == value
         buf = bytearray(16 * MiB)
@@ -141,16 +142,26 @@ def _tier(tmp_path: Path, size: int) -> SegmentMemory:
     return SegmentMemory.map_file("tier", str(path), size, populate=False, share=True)
 
 
-@pytest.mark.parametrize("tls", [False, True])
+@pytest.mark.parametrize(
+    ("tls", "policy"),
+    [
+        (False, SendfilePolicy.ALWAYS),
+        (True, SendfilePolicy.ALWAYS),
+        (False, SendfilePolicy.REMOTE),  # the default: this peer is on loopback
+    ],
+)
 def test_plain_tcp_reads_use_sendfile_and_tls_reads_the_mapping(
     tmp_path: Path,
     pki: Pki,  # noqa: F811
     tls: bool,
+    policy: SendfilePolicy,
 ) -> None:
     size = 16 * MiB
     mem = _tier(tmp_path, size)
     cfg = TlsConfig(pki.cert, pki.key, pki.ca)
     server = TransferServer(tls=cfg.server_context() if tls else None)
+    assert server.sendfile is SendfilePolicy.REMOTE
+    server.sendfile = policy
     engine: TransferEngine | None = None
     try:
         server.add_segment(mem)
@@ -170,7 +181,7 @@ def test_plain_tcp_reads_use_sendfile_and_tls_reads_the_mapping(
         assert all(
             bytes(b) == bytes(mem.buffer[100 * i : 100 * i + 100]) for i, b in enumerate(small)
         )
-        if tls:
+        if tls or policy is not SendfilePolicy.ALWAYS:
             assert server.counters().sendfile_reads == 0
         else:
             wait_until(lambda: server.counters().sendfile_reads >= 1, what="a sendfile read")

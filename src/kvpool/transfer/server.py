@@ -62,6 +62,7 @@ from kvpool.transfer.request import TransferOp
 from kvpool.transfer.serving import (
     Conn,
     PendingWrite,
+    SendfilePolicy,
     ServeCounters,
     TierFile,
     Worker,
@@ -77,7 +78,7 @@ from kvpool.transfer.wire import (
     SocketReader,
 )
 
-__all__ = ["ServeCounters", "TransferServer"]
+__all__ = ["SendfilePolicy", "ServeCounters", "TransferServer"]
 
 log = logging.getLogger(__name__)
 limited_log = RateLimitedLog(log, 10.0)
@@ -124,6 +125,8 @@ class TransferServer:
         self._data_key = data_key
         #: TLS of every connection (a server context, `kvpool.rpc.tls`; None: plain TCP).
         self.tls = tls
+        #: Which peers get `sendfile` for a large READ of a disk tier (plain TCP only).
+        self.sendfile = SendfilePolicy.REMOTE
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
@@ -595,7 +598,8 @@ class TransferServer:
             if op == _READ:
                 tier = self._files_by_wire.get(name)
                 if tier is not None:
-                    serve_tier_read(w, tier, mem, req_id, offset, length, self.tls is None)
+                    zero_copy = self.tls is None and self.sendfile.allows(conn.loopback)
+                    serve_tier_read(w, tier, mem, req_id, offset, length, zero_copy)
                     continue
                 counts.reads += 1
                 counts.read_bytes += length

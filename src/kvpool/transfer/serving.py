@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final
 
 from kvpool.errors import ErrorCode
@@ -35,6 +36,7 @@ __all__ = [
     "Conn",
     "PendingWrite",
     "Replies",
+    "SendfilePolicy",
     "ServeCounters",
     "TierFile",
     "Worker",
@@ -55,6 +57,19 @@ def kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
     sock.setsockopt(
         socket.SOL_SOCKET, option, TIMEVAL.pack(whole, int((seconds - whole) * 1_000_000))
     )
+
+
+class SendfilePolicy(Enum):
+    """Which connections get `sendfile` for a large READ of a disk tier (`TierFile`)."""
+
+    #: Peers on other hosts; loopback peers get the mapping's `sendmsg`, which measured faster
+    #: over loopback on the test machine (docs/parts/perf-tiers.md).
+    REMOTE = "remote"
+    ALWAYS = "always"
+    NEVER = "never"
+
+    def allows(self, loopback: bool) -> bool:
+        return self is SendfilePolicy.ALWAYS or (self is SendfilePolicy.REMOTE and not loopback)
 
 
 class Replies:
@@ -114,6 +129,7 @@ class Conn:
     __slots__ = (
         "fd",
         "last_active",
+        "loopback",
         "nonce",
         "partial",
         "partial_since",
@@ -128,6 +144,8 @@ class Conn:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
+        #: The peer is on this host's loopback (`SendfilePolicy.REMOTE` sends it no sendfile).
+        self.loopback = peer.startswith(("127.", "::ffff:127.")) or peer == "::1"
         self.last_active = now
         self.served = False  # has sent at least one byte
         self.partial = b""
@@ -321,12 +339,13 @@ def serve_tier_read(  # noqa: PLR0917
     req_id: int,
     offset: int,
     length: int,
-    plain: bool,
+    zero_copy: bool,
 ) -> None:
     """Answer a READ of disk tier `mem` (held: released here) on `w`'s connection:
     FILE_READ_FAIL when its file no longer holds the range (truncated under the node), else
     the bytes, with `sendfile` from the tier's file when the READ is at least `SENDFILE_MIN`
-    and the connection `plain` TCP (TLS encrypts in user space: the mapping's path)."""
+    and `zero_copy` (plain TCP, as the server's `SendfilePolicy` allows: TLS encrypts in user
+    space, so it always takes the mapping's path)."""
     counts = w.counts
     out = w.out
     if not tier.acquire():  # the segment left meanwhile
@@ -342,7 +361,7 @@ def serve_tier_read(  # noqa: PLR0917
             return
         counts.reads += 1
         counts.read_bytes += length
-        if length < SENDFILE_MIN or not plain:
+        if length < SENDFILE_MIN or not zero_copy:
             out.add(
                 RESP.pack(RESP_MAGIC, 0, req_id, length),
                 mem.mapping.view[offset : offset + length],

@@ -19,8 +19,10 @@ import pytest
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.client.locations import Locations
-from kvpool.errors import ObjectNotFound
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.errors import KVPoolError, ObjectNotFound
 from kvpool.protocol.messages import ReplicaKind
+from kvpool.protocol.tiers import DFS_DIR
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import freeze, wait_until
 
@@ -221,3 +223,52 @@ def test_a_promotion_is_pushed_and_a_corrupted_file_is_refused(
     assert deaf.get(key) == value(index)  # refused by checksum, then read through the master
     assert not _remembered_on_disk(deaf, key)
     assert heard.get(key) == value(index)
+
+
+def test_a_cached_get_of_a_dfs_only_object_reads_its_file_without_the_master(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=1,
+        segment_size="8MiB",
+        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
+    )
+    writer = Store(p.address, rpc_timeout=30.0)
+    stores.append(writer)
+    cached = Store(p.address, read_mode="cached", location_ttl=60.0, rpc_timeout=1.0)
+    stores.append(cached)
+    assert writer.put("d", value(7), ReplicateConfig(dfs_replica_num=1))
+    for n in range(64):  # plain puts push its memory replica out (the DFS copy stays)
+        assert writer.put(f"fill{n}", value(n, b"filler.."))
+        if n % 16 == 15 and _kinds(writer, "d") == [ReplicaKind.DFS]:
+            break
+    assert _kinds(writer, "d") == [ReplicaKind.DFS]
+    wait_until(
+        lambda: (
+            cached.get("d") == value(7)
+            and (e := _locations(cached).lookup("d")) is not None
+            and e.replica is not None
+            and e.replica.kind == ReplicaKind.DFS
+        ),
+        what="the DFS place remembered",
+    )
+    buf = bytearray(MiB)
+    cached.register_buffer(buf)
+    pid = p.master.pid
+    freeze(pid)
+    try:
+        assert cached.get("d") == value(7)
+        assert cached.get_into("d", buf) == MiB
+        assert buf == value(7)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        cached.unregister_buffer(buf)
+    assert cached.batch_get(["d"]) == [value(7)]  # a batch asks the master for a DFS place
+    (name,) = os.listdir(root / DFS_DIR)
+    os.unlink(root / DFS_DIR / name)  # the file vanishes: never bytes, the entry forgotten
+    with pytest.raises(KVPoolError):
+        cached.get("d")
+    assert _locations(cached).lookup("d") is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,3 +273,52 @@ def test_a_cached_get_of_a_dfs_only_object_reads_its_file_without_the_master(
     with pytest.raises(KVPoolError):
         cached.get("d")
     assert _locations(cached).lookup("d") is None
+
+
+def test_a_cached_dfs_get_with_a_hot_cache_asks_the_master_nothing(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    """A DFS file is read here, never over TCP: the hot cache is not offered it (asking
+    whether its "segment" is reached over TCP would ask the master for a segment that is
+    none, on every get)."""
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=1,
+        segment_size="8MiB",
+        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
+    )
+    writer = Store(p.address, rpc_timeout=30.0)
+    stores.append(writer)
+    hot = Store(
+        p.address, read_mode="cached", location_ttl=60.0, hot_cache_size=8 * MiB, rpc_timeout=30.0
+    )
+    stores.append(hot)
+    assert writer.put("d", value(3), ReplicateConfig(dfs_replica_num=1))
+    for n in range(64):  # plain puts push its memory replica out (the DFS copy stays)
+        assert writer.put(f"fill{n}", value(n, b"filler.."))
+        if n % 16 == 15 and _kinds(writer, "d") == [ReplicaKind.DFS]:
+            break
+    assert _kinds(writer, "d") == [ReplicaKind.DFS]
+    wait_until(
+        lambda: (
+            hot.get("d") == value(3)
+            and (e := _locations(hot).lookup("d")) is not None
+            and e.replica is not None
+        ),
+        what="the DFS place remembered",
+    )
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(bytes(hot.get("d"))), daemon=True)
+    pid = p.master.pid
+    freeze(pid)
+    try:
+        reader.start()
+        reader.join(timeout=5.0)  # a question to the frozen master would wait 30 s
+        assert not reader.is_alive(), "the cached DFS get waited for the master"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if reader.is_alive():
+            reader.join(timeout=60.0)
+    assert got == [value(3)]

@@ -204,8 +204,8 @@ class Reader:
         epoch: int,
     ) -> None:
         """Offer a value just read to the hot cache, when it came over TCP (a replica on
-        another host, or TCP forced; `kvpool.client.hotcache`)."""
-        if data.over_tcp(segment):
+        another host, or TCP forced; `kvpool.client.hotcache`); a DFS file is read here."""
+        if segment != DFS_SEGMENT and data.over_tcp(segment):
             hot.offer(key, value, epoch)
 
     # ------------------------------------------------------------------ remembered places

@@ -33,6 +33,17 @@ def test_quick_tiers_bench_reports_every_path_and_reads_everything_beyond_ram(
             ("kvpool", "disk-tcp", "get", size),
         ):
             assert key in rates, key
+    # Every kvpool row says how it read: strict (GetReplicaList per get) or cached (remembered
+    # places); the disk and DFS gets are measured both ways, each with its ratio to the file.
+    assert all(
+        r["mode"] in ("strict", "cached") for r in rows if r["system"] == "kvpool" and "op" in r
+    )
+    modes = {(r["path"], r["op"], r["value_size"], r.get("mode")): r for r in rows if "op" in r}
+    for size in (MiB, 16 * MiB):
+        for path in ("disk-local", "disk-shm", "disk-tcp", "dfs"):
+            for op in ("get", "get_into"):
+                for mode in ("strict", "cached"):
+                    assert modes[(path, op, size, mode)]["ratio"] > 0, (path, op, size, mode)
     (cap,) = [r for r in rows if r.get("metric") == "objects_beyond_ram_readable"]
     assert cap["value"] == 1.0
     assert cap["data_bytes"] == 8 * cap["memory_bytes"]

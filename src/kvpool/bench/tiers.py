@@ -20,9 +20,14 @@ the file system) plus a pure-client Store. Rows:
   with `dfs_fsync=True` (the file `fdatasync`ed before its rename);
 * `limit`/`file`, ops `write_rename` and `write_fsync_rename`: what a DFS put does to its file
   (a new temporary file written, closed and renamed), without and with the `fdatasync`;
-* `kvpool`/`disk-local` and `disk-shm`, op `get_into`: the same reads into one registered
-  buffer (as the baseline preads into one buffer); a same-host disk replica is read with
-  `preadv` from the tier's file (`kvpool.client.disk_files`);
+* `kvpool`/`disk-local`, `disk-shm` and `disk-tcp`, op `get_into`: the same reads into one
+  registered buffer (as the baseline preads into one buffer); a same-host disk replica is read
+  with `preadv` from the tier's file (`kvpool.client.disk_files`), a TCP one is sent by the
+  owner's transfer server with `sendfile` (`kvpool.transfer.serving`);
+* every kvpool row carries `mode`: `strict` (each get asks the master, GetReplicaList) or
+  `cached` (the disk and DFS gets again by Stores made with `read_mode="cached"`, each key read
+  once untimed first so that its place is remembered: the timed gets ask nobody but the file
+  or the owning node, `kvpool.client.locations`); the `x file` ratio is given for both;
 * `metric: objects_beyond_ram_readable`: the fraction of objects read back exactly after
   writing 8x the memory in 1 MiB objects;
 * `metric: replica_tasks_failed`: offload tasks the owner failed during the run (a source
@@ -36,7 +41,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +81,8 @@ def _value(i: int, size: int, tag: str = "tiersbch") -> bytes:
 
 
 def _row(path: str, system: str, op: str, size: int, times: list[float], **extra: Any) -> Row:
+    if system == "kvpool":
+        extra.setdefault("mode", "strict")
     total = sum(times) or 1e-9
     n = len(times)
     return Row(
@@ -167,18 +174,23 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
     rows: list[Any] = []
     try:
         address = pool.start()
+        # The owner reads in cached mode for the cached rows only (`_Readers.strict`).
         owner = Store(
             address,
             segment_size=plan.memory,
             offload_dir=os.path.join(root, "disk"),
             offload_size=plan.disk,
             rpc_timeout=60.0,
+            read_mode="cached",
         )
         client = Store(address, rpc_timeout=60.0)
         tcp = Store(address, rpc_timeout=60.0, protocol="tcp")
+        cached = Store(address, rpc_timeout=60.0, read_mode="cached")
+        cached_tcp = Store(address, rpc_timeout=60.0, protocol="tcp", read_mode="cached")
+        readers = _Readers(owner, client, tcp, cached, cached_tcp)
         try:
             for size, n in plan.reps.items():
-                rows += _size_rows(owner, client, tcp, root, size, n, plan)
+                rows += _size_rows(readers, root, size, n, plan)
             rows.append(_capacity(client, plan))
             tasks = owner.task_stats
             rows.append(
@@ -191,6 +203,8 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
                 }
             )
         finally:
+            cached_tcp.close()
+            cached.close()
             tcp.close()
             client.close()
             owner.close()
@@ -200,9 +214,31 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
     return rows
 
 
-def _size_rows(  # noqa: PLR0917
-    owner: Store, client: Store, tcp: Store, root: str, size: int, n: int, plan: Plan
-) -> list[Row]:
+@dataclass(frozen=True, slots=True)
+class _Readers:
+    """The Stores of a run: `owner` (memory and the disk tier; cached mode, strict while
+    `strict()` holds), `client` (same host), `tcp` (TCP forced), and `cached` / `cached_tcp`,
+    the same two in cached read mode."""
+
+    owner: Store
+    client: Store
+    tcp: Store
+    cached: Store
+    cached_tcp: Store
+
+    @contextlib.contextmanager
+    def strict(self) -> Iterator[None]:
+        """The owner reads as a strict Store meanwhile (its remembered places set aside)."""
+        reader = self.owner._reader
+        locations, reader.locations = reader.locations, None
+        try:
+            yield
+        finally:
+            reader.locations = locations
+
+
+def _size_rows(readers: _Readers, root: str, size: int, n: int, plan: Plan) -> list[Row]:
+    owner, client, tcp = readers.owner, readers.client, readers.tcp
     base = _file_rows(root, size, n)
     file_get = base[1]
     tag = f"s{size}"
@@ -282,15 +318,35 @@ def _size_rows(  # noqa: PLR0917
             store.unregister_buffer(buf)
         return times
 
-    disk = [
-        _row("disk-local", "kvpool", "get", size, timed_gets(owner)),
-        _row("disk-shm", "kvpool", "get", size, timed_gets(client)),
-        _row("disk-tcp", "kvpool", "get", size, timed_gets(tcp)),
-        _row("disk-local", "kvpool", "get_into", size, timed_gets_into(owner)),
-        _row("disk-shm", "kvpool", "get_into", size, timed_gets_into(client)),
-        _row("dfs", "kvpool", "get", size, timed_gets(client, "x")),
-        _row("dfs", "kvpool", "get_into", size, timed_gets_into(client, "x")),
-    ]
+    def remembered(store: Store, phase: str) -> None:
+        # A cached Store's first get of a key asks the master and remembers the place: once
+        # each, untimed, so that the timed gets read the remembered places.
+        for i in range(n):
+            if xxhash.xxh3_64_intdigest(store.get(f"{tag}-{phase}{i}")) != expected[phase][i]:
+                raise KVPoolError(f"{tag}-{phase}{i} read back wrong")
+
+    with readers.strict():
+        disk = [
+            _row("disk-local", "kvpool", "get", size, timed_gets(owner)),
+            _row("disk-shm", "kvpool", "get", size, timed_gets(client)),
+            _row("disk-tcp", "kvpool", "get", size, timed_gets(tcp)),
+            _row("disk-local", "kvpool", "get_into", size, timed_gets_into(owner)),
+            _row("disk-shm", "kvpool", "get_into", size, timed_gets_into(client)),
+            _row("disk-tcp", "kvpool", "get_into", size, timed_gets_into(tcp)),
+            _row("dfs", "kvpool", "get", size, timed_gets(client, "x")),
+            _row("dfs", "kvpool", "get_into", size, timed_gets_into(client, "x")),
+        ]
+    cached = {"disk-local": owner, "disk-shm": readers.cached, "disk-tcp": readers.cached_tcp}
+    for store in cached.values():
+        remembered(store, "d")
+    remembered(readers.cached, "x")
+    for path, store in cached.items():
+        disk.append(_row(path, "kvpool", "get", size, timed_gets(store), mode="cached"))
+        disk.append(_row(path, "kvpool", "get_into", size, timed_gets_into(store), mode="cached"))
+    disk.append(_row("dfs", "kvpool", "get", size, timed_gets(readers.cached, "x"), mode="cached"))
+    disk.append(
+        _row("dfs", "kvpool", "get_into", size, timed_gets_into(readers.cached, "x"), mode="cached")
+    )
     for r in disk:
         r.ratio = r.bytes_per_s / file_get.bytes_per_s
         r.baseline = f"file pread {file_get.bytes_per_s / 1e9:.2f} GB/s"
@@ -340,6 +396,7 @@ def _capacity(client: Store, plan: Plan) -> dict[str, Any]:
 _COLUMNS = (
     Column("system", "<7", lambda r: r.system),
     Column("path", "<14", lambda r: r.path),
+    Column("mode", "<6", lambda r: str(r.extra.get("mode", ""))),
     Column("op", "<8", lambda r: r.op),
     Column("size", ">9", lambda r: f"{r.value_size // 1024} KiB"),
     Column("GB/s", ">7", lambda r: f"{r.bytes_per_s / 1e9:.2f}"),

@@ -15,7 +15,11 @@ less than `ttl` seconds after the entry was remembered, as long as its bytes are
 they were. Entries older than `ttl` are never used, so that is the bound on staleness; the
 Store's own `remove` / `upsert` forget their keys at once, and the master's invalidation stream
 (`kvpool.client.invalidation`, applied by `refresh` before each lookup) makes other clients'
-removals usually felt within a round trip. The table is an LRU of at most
+removals usually felt within a round trip. Disk-tier and DFS replicas are remembered too (a
+get then reads the tier's file, or asks the owning node for one transfer, with no master round
+trip); the master also pushes the keys whose disk or DFS replica leaves while the object stays
+(evicted from the disk tier, found bad, its file vanished) and those promoted back to memory,
+so such an entry is forgotten as soon as its place changes. The table is an LRU of at most
 `capacity` entries; every method takes one lock for a few dictionary operations.
 """
 
@@ -28,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
+
 __all__ = [
     "DEFAULT_LOCATION_CAPACITY",
     "DEFAULT_LOCATION_TTL_S",
@@ -35,6 +41,7 @@ __all__ = [
     "Locations",
     "ReadMode",
     "Remembered",
+    "segment_places",
 ]
 
 ReadMode = Literal["strict", "cached"]
@@ -48,13 +55,16 @@ DEFAULT_LOCATION_CAPACITY: Final = 100_000
 @dataclass(slots=True, frozen=True)
 class Remembered:
     """One value's place: `size` bytes at `offset` of `segment`, whose xxh3_64 is `checksum`;
-    `expires` is the monotonic time after which it is not used."""
+    `expires` is the monotonic time after which it is not used. `replica` is the replica's
+    description when it is a disk-tier or DFS replica (read from its file, not copied from a
+    segment's memory: `kvpool.client.reader`), None for a memory replica."""
 
     segment: str
     offset: int
     size: int
     checksum: int
     expires: float
+    replica: ReplicaDesc | None = None
 
 
 class Locations:
@@ -67,6 +77,7 @@ class Locations:
         "_lock",
         "capacity",
         "epoch",
+        "files",
         "hits",
         "misses",
         "refresh",
@@ -92,6 +103,9 @@ class Locations:
         #: Counts forgets and clears: a place learnt by a read that began before one of them
         #: is not remembered (its invalidation may have come while the read ran).
         self.epoch = 0
+        #: DFS places remembered so far: batches, which copy from segments, skip such entries
+        #: only when there may be some (`kvpool.client.reader`).
+        self.files = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,14 +119,17 @@ class Locations:
         checksum: int,
         *,
         epoch: int | None = None,
+        replica: ReplicaDesc | None = None,
     ) -> None:
         """Remember that `key`'s value (of `size` bytes and `checksum`) is at `offset` of
-        `segment`, for the next `ttl` seconds; not when `epoch` (read before the place was
-        learnt) is no longer current."""
-        entry = Remembered(segment, offset, size, checksum, self._clock() + self.ttl)
+        `segment` (a disk-tier or DFS `replica`, or memory), for the next `ttl` seconds; not
+        when `epoch` (read before the place was learnt) is no longer current."""
+        entry = Remembered(segment, offset, size, checksum, self._clock() + self.ttl, replica)
         with self._lock:
             if epoch is not None and epoch != self.epoch:
                 return
+            if replica is not None and replica.kind == ReplicaKind.DFS:
+                self.files += 1
             entries = self._entries
             entries[key] = entry
             entries.move_to_end(key)
@@ -193,3 +210,12 @@ class Locations:
         with self._lock:
             self.epoch += 1
             self._entries.clear()
+
+
+def segment_places(entries: list[Remembered | None]) -> list[Remembered | None]:
+    """`entries` without the DFS places (None instead): a batch copies remembered places from
+    segments, and a DFS file is none (those keys go to the master with the misses)."""
+    return [
+        None if e is not None and e.replica is not None and e.replica.kind == ReplicaKind.DFS else e
+        for e in entries
+    ]

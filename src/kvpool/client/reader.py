@@ -26,7 +26,8 @@ Remembered locations (`Store(read_mode="cached")`, `kvpool.client.locations`)
     TTL ago is read directly (no GetReplicaList, no lease) and the bytes copied are checked
     against the remembered checksum; only a match is returned. A miss, a mismatch (the range
     was freed and reused: a torn read), a vanished segment or a transfer error forgets the
-    entry and takes the strict path above, which remembers the replica it read. A batch reads
+    entry and takes the strict path above, which remembers the replica it read (a disk-tier
+    or DFS replica too: read again from its file, or with one transfer from its node). A batch reads
     its remembered keys in one copy loop and asks the master (one BatchGetLocations) only for
     the rest. What this mode may return that strict mode would not is in
     `kvpool.client.locations`.
@@ -47,7 +48,7 @@ from kvpool.client import dfs
 from kvpool.client.datapath import CHUNKED_MIN, SHARED_MIN, DataPath
 from kvpool.client.disk_files import DiskFiles
 from kvpool.client.hotcache import HotCache
-from kvpool.client.locations import Locations, Remembered
+from kvpool.client.locations import Locations, Remembered, segment_places
 from kvpool.client.node import NodeRuntime
 from kvpool.client.replica import (
     digest_or_checksum,
@@ -209,8 +210,8 @@ class Reader:
         epoch: int,
     ) -> None:
         """Offer a value just read to the hot cache, when it came over TCP (a replica on
-        another host, or TCP forced; `kvpool.client.hotcache`)."""
-        if data.over_tcp(segment):
+        another host, or TCP forced; `kvpool.client.hotcache`); a DFS file is read here."""
+        if segment != DFS_SEGMENT and data.over_tcp(segment):
             hot.offer(key, value, epoch)
 
     # ------------------------------------------------------------------ remembered places
@@ -220,7 +221,7 @@ class Reader:
         the place no longer holds it. A value below `_DIRECT_MAX` on a segment mapped here is
         copied straight into its new bytearray (no zero-filling first) and hashed after."""
         size = entry.size
-        if size < _DIRECT_MAX:
+        if size < _DIRECT_MAX and entry.replica is None:
             hold = data.hold_mapped(entry.segment)
             if hold is not None:
                 off = entry.offset
@@ -243,7 +244,10 @@ class Reader:
         seg, off = entry.segment, entry.offset
         try:
             digest: int | None = None
-            if dest.nbytes < CHUNKED_MIN:
+            tier = None if entry.replica is None else self._read_file(dest, entry.replica, True)
+            if tier is not None:
+                code, digest = tier
+            elif dest.nbytes < CHUNKED_MIN:
                 got, digests = data.move_many(TransferOp.READ, [dest], [seg], [off], True)
                 code, digest = got[0], digests[0]
             else:
@@ -267,16 +271,15 @@ class Reader:
     def _remember(
         self, key: str, rl: ReplicaListReply, done: ReplicaDesc | None, epoch: int
     ) -> None:
-        """Remember the memory replica a strict read of `key` succeeded on (cached mode),
-        unless something was forgotten since `epoch` (read before the request left)."""
+        """Remember the replica a strict read of `key` succeeded on (cached mode; a disk-tier
+        or DFS one with its description, read from its file next time), unless something was
+        forgotten since `epoch` (read before the request left)."""
         locations = self.locations
-        if (
-            locations is not None
-            and done is not None
-            and rl.checksum is not None
-            and done.kind == ReplicaKind.MEMORY
-        ):
-            locations.remember(key, done.segment, done.offset, rl.size, rl.checksum, epoch=epoch)
+        if locations is not None and done is not None and rl.checksum is not None:
+            tier = None if done.kind == ReplicaKind.MEMORY else done
+            locations.remember(
+                key, done.segment, done.offset, rl.size, rl.checksum, epoch=epoch, replica=tier
+            )
 
     def read(
         self,
@@ -296,11 +299,7 @@ class Reader:
         failure: KVPoolError | None = None
         verify = self.verify and rl.checksum is not None
         for r in order:
-            done: tuple[ErrorCode, int | None] | None = None
-            if r.kind == ReplicaKind.LOCAL_DISK:
-                done = self._read_disk(dest, r, verify)
-            elif r.kind == ReplicaKind.DFS:
-                done = dfs.read(r, dest, verify)
+            done = None if r.kind == ReplicaKind.MEMORY else self._read_file(dest, r, verify)
             if done is not None:
                 pass
             elif verify and dest.nbytes >= CHUNKED_MIN:
@@ -331,11 +330,16 @@ class Reader:
             return r
         raise failure or TransferError(f"{key!r}: every replica failed")
 
-    def _read_disk(
+    def _read_file(
         self, dest: memoryview, r: ReplicaDesc, verify: bool
     ) -> tuple[ErrorCode, int | None] | None:
-        """A disk-tier replica on this host, read from its file (`DiskFiles`); None when it
-        cannot be read that way (another host, TCP forced, not resolvable)."""
+        """A DFS replica, or a disk-tier replica on this host, read from its file; None when
+        it cannot be read that way (the caller copies it from the segment: another host, TCP
+        forced, not resolvable)."""
+        if r.kind == ReplicaKind.DFS:
+            return dfs.read(r, dest, verify)
+        if r.kind != ReplicaKind.LOCAL_DISK:
+            return None
         data = self._opened()
         if data.protocol == "tcp":
             return None
@@ -397,6 +401,8 @@ class Reader:
         None for the others (their entries forgotten when the check failed). The common case,
         every place on one segment mapped here, is one loop under one hold of the mapping."""
         out: list[bytearray | None] = [None] * len(ks)
+        if self.locations is not None and self.locations.files:
+            entries = segment_places(entries)
         hits = [i for i, e in enumerate(entries) if e is not None]
         if not hits:
             return out
@@ -500,6 +506,8 @@ class Reader:
             return self._batch_get_into_strict(ks, views)
         data = self._opened()
         entries = locations.lookup_many(ks)
+        if locations.files:
+            entries = segment_places(entries)
         out = [0] * len(ks)
         hits = [i for i, e in enumerate(entries) if e is not None and e.size <= views[i].nbytes]
         rest: list[int] = [

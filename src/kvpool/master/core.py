@@ -36,9 +36,9 @@ segment is still mounted, only not serving (`Segment.serving`), until its owner 
 (`revive_client`) or is dropped (`expire_client`, past `client_dead_ttl`).
 
 Observers (`MetadataObserver`, `kvpool.master.observer`: the task table, the arena table, the
-repair queue) are told when an object leaves the index or loses replicas to a dropped segment,
-a segment is mounted, restored or unmounted, and a client falls silent or expires, in the order
-they were added; they may call back into the core.
+repair queue, the invalidation hub) are told when an object leaves the index or loses replicas
+to a dropped segment, a segment is mounted, restored or unmounted, and a client falls silent or
+expires, in the order they were added; they may call back into the core.
 """
 
 from __future__ import annotations
@@ -298,7 +298,10 @@ class MetadataCore:
         """A copy finished: `targets` become COMPLETE replicas of `obj`."""
         for t in targets:
             t.status = _COMPLETE
+        promoted = any(r.kind is not _MEMORY_KIND for r in obj.replicas)
         self._set_replicas(obj, obj.replicas + targets)
+        if promoted:
+            self._tier_changed(obj)
         on_complete = self.hooks.on_replica_complete
         for t in targets:
             on_complete(obj, t)
@@ -324,12 +327,14 @@ class MetadataCore:
             self.park(obj.lease_deadline, obj.size, (source,))
         else:
             self._free_replica(source, obj.size)
+        if source.kind is not _MEMORY_KIND:
+            self._tier_changed(obj)
 
     def retire_replica(self, obj: ObjectMeta, replica: Replica, now: float) -> None:
         """`replica` leaves `obj`, which keeps others (one found bad): freed, or parked until
         the read lease ends while one is live (a reader may still be copying from it)."""
         self._set_replicas(obj, tuple(r for r in obj.replicas if r is not replica))
-        self.release_moved_source(obj, replica, now)
+        self.release_moved_source(obj, replica, now)  # (a disk or DFS one is told there)
         if self.journal is not None:
             self.journal.obj(obj)
 
@@ -340,9 +345,21 @@ class MetadataCore:
         self.hooks.on_replica_removed(obj, replica)
         if not obj.replicas:
             self._drop(obj)
-        elif self.journal is not None:
+            return freed
+        if replica.kind is not _MEMORY_KIND:
+            self._tier_changed(obj)
+        if self.journal is not None:
             self.journal.obj(obj)
         return freed
+
+    def _tier_changed(self, obj: ObjectMeta) -> None:
+        """`obj` gained a memory replica beside a disk or DFS one (a promotion), or lost a
+        disk or DFS replica and keeps others: observers that care are told
+        (`kvpool.master.invalidation`: cached-mode clients remember such places)."""
+        for o in self._observers:
+            changed = getattr(o, "tier_changed", None)
+            if changed is not None:
+                changed(obj)
 
     def free_object(self, obj: ObjectMeta) -> int:
         """Free every replica of `obj` now and forget it; answers the bytes freed."""

@@ -1,8 +1,9 @@
 """`InvalidationHub`: the master's side of the invalidation stream (`kvpool.protocol.invalidation`).
 
 A `MetadataObserver` of the core (`kvpool.master.core`): every object that leaves the index
-(`object_removed`: removed, evicted, replaced, forgotten), loses replicas (`replicas_lost`) or is
-rewritten in place (`object_rewritten`, called by `MetadataCore.rewrite_object`) has its key
+(`object_removed`: removed, evicted, replaced, forgotten), loses replicas (`replicas_lost`), loses
+a disk or DFS replica or is promoted from one to memory (`tier_changed`), or is rewritten in
+place (`object_rewritten`, called by `MetadataCore.rewrite_object`) has its key
 queued for each connection subscribed to its tenant; one callback per loop turn then pushes one
 `Invalidate` per connection with what was queued. A segment unmounted or silenced invalidates
 everything (its objects may be many; a client that remembered a place there re-asks anyway).
@@ -135,6 +136,11 @@ class InvalidationHub:
         self._note(obj.tenant, obj.key)
 
     def object_rewritten(self, obj: ObjectMeta) -> None:
+        self._note(obj.tenant, obj.key)
+
+    def tier_changed(self, obj: ObjectMeta) -> None:
+        """A disk or DFS replica of `obj` left it, or it was promoted to memory
+        (`MetadataCore._tier_changed`)."""
         self._note(obj.tenant, obj.key)
 
     def segment_mounted(self, seg: Segment) -> None:

@@ -4,8 +4,10 @@ hears from the core (`kvpool.master.core`).
 The task table, the arena table, the repair queue and the invalidation hub are observers; the
 core calls them in the order they were added (`MetadataCore.observe`), on the loop, inside the
 operation that caused the event, and they may call back into the core. An observer may also
-define ``object_rewritten(obj)``, called before an UpsertStart rewrites the complete `obj`
-(`kvpool.master.invalidation` does); the core looks it up on each observer that has it.
+define ``object_rewritten(obj)``, called before an UpsertStart rewrites the complete `obj`, and
+``tier_changed(obj)``, called when `obj` lost a disk or DFS replica and keeps others or gained
+a replica beside one (a promotion); `kvpool.master.invalidation` defines both, and the core
+looks them up on each observer that has them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ own address space). It prints, flushed, one line
     listening on HOST:PORT segment NAME size BYTES shm_path PATH host_id ID [raw HOST:PORT]
 
 and runs until SIGTERM/SIGINT, or until stdin reaches EOF with `--watch-stdin` (so it dies with
-a parent that spawned it with a pipe). `--raw` also serves the physical baseline of the
+a parent that spawned it with a pipe). With `--disk-dir DIR` the segment is a disk tier's data
+file instead of a memfd: `DIR/kvpool-disk.data` of `--size` bytes (created, and filled with
+`--fill`), mapped unpopulated and advertised as a disk tier mounts it (`kvpool.client.disk`),
+so its READs are served as a node serves its disk tier (`sendfile`, `kvpool.transfer.serving`). `--raw` also serves the physical baseline of the
 benchmark: a bare socket that answers "R n" by `sendall` of n bytes from a pre-faulted buffer
 and "W n" by `recv_into` n bytes then one byte back.
 """
@@ -25,7 +28,7 @@ import threading
 
 from kvpool.config import parse_size
 from kvpool.transfer.hostid import host_id
-from kvpool.transfer.memory import SegmentMemory
+from kvpool.transfer.memory import DISK_FILE_NAME, SegmentMemory
 from kvpool.transfer.server import TransferServer
 
 __all__ = ["main"]
@@ -70,6 +73,19 @@ def _raw_conn(conn: socket.socket, buf: memoryview) -> None:
                 conn.sendall(b"k")
 
 
+def _segment(name: str, size: int, disk_dir: str | None) -> SegmentMemory:
+    """A memfd segment, or (`disk_dir`) a disk tier's data file mapped as a node mounts it."""
+    if disk_dir is None:
+        return SegmentMemory.create(name, size)
+    path = os.path.join(disk_dir, DISK_FILE_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    return SegmentMemory.map_file(name, path, size, populate=False, share=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvpool.transfer.serve")
     p.add_argument("--name", default="seg")
@@ -79,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fill", action="store_true", help="fill byte i with i % 251")
     p.add_argument("--raw", action="store_true", help="also serve the raw-socket baseline")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    p.add_argument("--disk-dir", default=None, help="serve a disk tier's data file made here")
     args = p.parse_args(argv)
 
     wake_r, wake_w = os.pipe()
@@ -87,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # the wakeup fd does the work
 
-    mem = SegmentMemory.create(args.name, parse_size(args.size))
+    mem = _segment(args.name, parse_size(args.size), args.disk_dir)
     server = TransferServer(args.host, args.port)
     raw: socket.socket | None = None
     raw_thread: threading.Thread | None = None

@@ -10,8 +10,10 @@ Threads, bounded whatever peers do (docs/parts/limits.md):
   serves one connection while requests keep coming, reading requests (`kvpool.transfer.wire`)
   and answering them in order, receiving a write's payload straight into the segment mapping
   (`recv_into` on a memoryview of it) and sending a read's payload straight out of it
-  (`sendmsg`). When the connection has been quiet for `_LINGER_S` (or at once, when other
-  connections wait for a worker) it goes back to the poller. So N idle connections cost no
+  (`sendmsg`; a large READ of a disk tier with `sendfile` from the tier's file, zero-copy from
+  the page cache: `kvpool.transfer.serving.TierFile`). When the connection has been quiet for
+  `_LINGER_S` (or at once, when other connections wait for a worker) it goes back to the
+  poller. So N idle connections cost no
   thread, and a busy connection pays no hand-off per request (blocking calls, which release
   the GIL, on a socket whose kernel timeouts, SO_RCVTIMEO / SO_SNDTIMEO, cost no extra call).
 
@@ -57,7 +59,16 @@ from kvpool.transfer.proof import (
     data_proof,
 )
 from kvpool.transfer.request import TransferOp
-from kvpool.transfer.serving import Conn, PendingWrite, ServeCounters, Worker, kernel_timeout
+from kvpool.transfer.serving import (
+    Conn,
+    PendingWrite,
+    SendfilePolicy,
+    ServeCounters,
+    TierFile,
+    Worker,
+    kernel_timeout,
+    serve_tier_read,
+)
 from kvpool.transfer.wire import (
     MAX_NAME,
     REQ,
@@ -67,7 +78,7 @@ from kvpool.transfer.wire import (
     SocketReader,
 )
 
-__all__ = ["ServeCounters", "TransferServer"]
+__all__ = ["SendfilePolicy", "ServeCounters", "TransferServer"]
 
 log = logging.getLogger(__name__)
 limited_log = RateLimitedLog(log, 10.0)
@@ -114,11 +125,17 @@ class TransferServer:
         self._data_key = data_key
         #: TLS of every connection (a server context, `kvpool.rpc.tls`; None: plain TCP).
         self.tls = tls
+        #: Which peers get `sendfile` for a large READ of a disk tier (plain TCP only).
+        self.sendfile = SendfilePolicy.REMOTE
         self._max_connections = connection_cap(limits.max_connections)
         self._segments: dict[str, tuple[SegmentMemory, int]] = {}
         # The same entries keyed by the UTF-8 name as it arrives on the wire (no decode per
         # request); replaced as a whole under the lock, read without it.
         self._by_wire_name: dict[bytes, tuple[SegmentMemory, int]] = {}
+        # Disk tiers' data files by wire name (`TierFile`: READs sent with sendfile), replaced
+        # with `_by_wire_name`.
+        self._tier_files: dict[str, TierFile] = {}
+        self._files_by_wire: dict[bytes, TierFile] = {}
         self._lock = threading.Lock()
         self._conns: dict[int, Conn] = {}  # every open connection, by fd
         self._idle: dict[int, Conn] = {}  # those registered in the epoll (poller's own)
@@ -173,6 +190,9 @@ class TransferServer:
                 )
             token = mem.add_close_hook(self._on_segment_close)
             self._segments[mem.name] = (mem, token)
+            tier = TierFile.of(mem)
+            if tier is not None:
+                self._tier_files[mem.name] = tier
             self._reindex()
 
     def remove_segment(self, name: str) -> None:
@@ -180,7 +200,10 @@ class TransferServer:
         when it is not served."""
         with self._lock:
             entry = self._segments.pop(name, None)
+            tier = self._tier_files.pop(name, None)
             self._reindex()
+        if tier is not None:
+            tier.drop()
         if entry is None:
             raise SegmentError(f"segment {name} is not served here")
         entry[0].remove_close_hook(entry[1])
@@ -192,13 +215,18 @@ class TransferServer:
     def _reindex(self) -> None:
         """Rebuild the wire-name index (call with the lock held)."""
         self._by_wire_name = {name.encode(): e for name, e in self._segments.items()}
+        self._files_by_wire = {name.encode(): f for name, f in self._tier_files.items()}
 
     def _on_segment_close(self, mem: SegmentMemory) -> None:
         with self._lock:
             entry = self._segments.get(mem.name)
+            tier = None
             if entry is not None and entry[0] is mem:
                 del self._segments[mem.name]
+                tier = self._tier_files.pop(mem.name, None)
                 self._reindex()
+        if tier is not None:
+            tier.drop()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -211,10 +239,14 @@ class TransferServer:
             conns = list(self._conns.values())
             segments = list(self._segments.values())
             self._segments.clear()
+            tiers = list(self._tier_files.values())
+            self._tier_files.clear()
             self._reindex()
             workers = list(self._workers)
         for mem, token in segments:
             mem.remove_close_hook(token)
+        for tier in tiers:
+            tier.drop()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
         self._poller.join(timeout=5)
@@ -548,7 +580,8 @@ class TransferServer:
                 out.flush()
                 if not reader.fill(name_len):
                     return False
-            code, mem = self._check(bytes(reader.take(name_len)), offset, length)
+            name = bytes(reader.take(name_len))
+            code, mem = self._check(name, offset, length)
             if mem is None:
                 w.counts.refused += 1
                 if op == _WRITE and length:
@@ -563,6 +596,11 @@ class TransferServer:
                 continue
             counts = w.counts
             if op == _READ:
+                tier = self._files_by_wire.get(name)
+                if tier is not None:
+                    zero_copy = self.tls is None and self.sendfile.allows(conn.loopback)
+                    serve_tier_read(w, tier, mem, req_id, offset, length, zero_copy)
+                    continue
                 counts.reads += 1
                 counts.read_bytes += length
                 out.add(

@@ -5,21 +5,49 @@ header it has sent (`partial`), the challenge it has not proven yet (`nonce`), a
 payload is still coming (`PendingWrite`). `Worker` is what one worker thread reuses for every
 connection it serves: its `SocketReader`, its queue of answers not sent yet (`Replies`) and its
 counters (`ServeCounters`).
+
+`TierFile` is the server's own descriptor of a disk tier's data file (a segment mapped from a
+`DISK_FILE_NAME` file, `kvpool.client.disk`): a READ of it on a plain TCP connection is sent
+with `os.sendfile` from that descriptor (`send_file`), zero-copy from the page cache, instead
+of from the mapping (whose unpopulated pages fault in on first touch, then a user-space copy
+into the socket). Before the answer's header goes out the file's size is checked, so a file
+truncated under the server answers FILE_READ_FAIL instead of a SIGBUS from the mapping.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import struct
+import threading
+import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final
 
 from kvpool.errors import ErrorCode
 from kvpool.transfer.limits import ServerLimits
-from kvpool.transfer.memory import SegmentMemory
-from kvpool.transfer.wire import SocketReader, send_parts
+from kvpool.transfer.memory import DISK_FILE_NAME, SegmentMemory
+from kvpool.transfer.wire import RESP, RESP_MAGIC, SocketReader, send_parts
 
-__all__ = ["Conn", "PendingWrite", "Replies", "ServeCounters", "Worker", "kernel_timeout"]
+__all__ = [
+    "SENDFILE_MIN",
+    "Conn",
+    "PendingWrite",
+    "Replies",
+    "SendfilePolicy",
+    "ServeCounters",
+    "TierFile",
+    "Worker",
+    "kernel_timeout",
+    "send_file",
+    "serve_tier_read",
+]
+
+SENDFILE_MIN: Final = 64 << 10
+"""READs of a disk tier this large or larger are sent with `sendfile`; smaller ones join the
+batched `sendmsg` of the answers around them (one syscall for many, the common small case)."""
 
 TIMEVAL: Final = struct.Struct("@ll")
 
@@ -29,6 +57,19 @@ def kernel_timeout(sock: socket.socket, option: int, seconds: float) -> None:
     sock.setsockopt(
         socket.SOL_SOCKET, option, TIMEVAL.pack(whole, int((seconds - whole) * 1_000_000))
     )
+
+
+class SendfilePolicy(Enum):
+    """Which connections get `sendfile` for a large READ of a disk tier (`TierFile`)."""
+
+    #: Peers on other hosts; loopback peers get the mapping's `sendmsg`, which measured faster
+    #: over loopback on the test machine (docs/parts/perf-tiers.md).
+    REMOTE = "remote"
+    ALWAYS = "always"
+    NEVER = "never"
+
+    def allows(self, loopback: bool) -> bool:
+        return self is SendfilePolicy.ALWAYS or (self is SendfilePolicy.REMOTE and not loopback)
 
 
 class Replies:
@@ -88,6 +129,7 @@ class Conn:
     __slots__ = (
         "fd",
         "last_active",
+        "loopback",
         "nonce",
         "partial",
         "partial_since",
@@ -102,6 +144,8 @@ class Conn:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
+        #: The peer is on this host's loopback (`SendfilePolicy.REMOTE` sends it no sendfile).
+        self.loopback = peer.startswith(("127.", "::ffff:127.")) or peer == "::1"
         self.last_active = now
         self.served = False  # has sent at least one byte
         self.partial = b""
@@ -149,6 +193,7 @@ class ServeCounters:
         "read_bytes",
         "reads",
         "refused",
+        "sendfile_reads",
         "stalls",
         "unproven",
         "write_bytes",
@@ -168,6 +213,8 @@ class ServeCounters:
         """Connections that ended on a socket error or a failure of the server."""
         self.unproven = 0
         """Connections closed because their first bytes were not a proof of the data key."""
+        self.sendfile_reads = 0
+        """READs of a disk tier sent with `sendfile` (a `TierFile`), counted in `reads` too."""
 
     def add(self, other: ServeCounters) -> None:
         for f in ServeCounters.__slots__:
@@ -188,3 +235,145 @@ class Worker:
         self.out.grace = grace
         self.scratch: memoryview | None = None  # only a refused write needs it
         self.counts = ServeCounters()
+
+
+class TierFile:
+    """The server's read-only descriptor of one disk tier's data file, closed once dropped
+    (the segment is no longer served) and no READ uses it: a descriptor closed under a
+    `sendfile` would be reused by the next `open`, and the peer sent another file's bytes."""
+
+    __slots__ = ("_dropped", "_lock", "_users", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._users = 0
+        self._dropped = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, mem: SegmentMemory) -> TierFile | None:
+        """The data file of `mem` when it is a disk tier mapped from offset 0 of a file of
+        exactly its size (what `kvpool.client.disk` mounts), else None (served from the
+        mapping as any segment)."""
+        path = mem.shm_path
+        if not path:
+            return None
+        try:
+            if os.path.basename(os.readlink(path)) != DISK_FILE_NAME:
+                return None
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != mem.size:
+            os.close(fd)
+            return None
+        return cls(fd)
+
+    def acquire(self) -> bool:
+        """Hold the descriptor for one READ (`release` it); False once dropped."""
+        with self._lock:
+            if self._dropped:
+                return False
+            self._users += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            close = self._dropped and self._users == 0
+        if close:
+            os.close(self.fd)
+
+    def drop(self) -> None:
+        """No new READ uses it; closed now or by the last `release` (idempotent)."""
+        with self._lock:
+            if self._dropped:
+                return
+            self._dropped = True
+            close = self._users == 0
+        if close:
+            os.close(self.fd)
+
+    def holds(self, offset: int, length: int) -> bool:
+        """Whether the file still has [offset, offset + length) (it may have been truncated
+        under the server: the mapping would then kill the process with SIGBUS)."""
+        try:
+            return os.fstat(self.fd).st_size >= offset + length
+        except OSError:
+            return False
+
+
+def send_file(  # noqa: PLR0917
+    sock: socket.socket, fd: int, offset: int, length: int, min_rate: int, grace: float
+) -> None:
+    """Send [offset, offset + length) of file `fd` on the blocking socket `sock` with
+    `os.sendfile`, looping over partial sends. A send that moves nothing within the socket's
+    SO_SNDTIMEO (the server's stall timeout: the kernel answers EAGAIN) raises `TimeoutError`,
+    as does one slower than `min_rate` bytes/s past `grace` (the pace rule of `send_parts`);
+    a file that ends early (truncated meanwhile) raises `OSError`: the connection is closed,
+    since its answer's header already promised `length` bytes."""
+    out = sock.fileno()
+    moved = 0
+    started = time.monotonic() if min_rate else 0.0
+    while moved < length:
+        try:
+            sent = os.sendfile(out, fd, offset + moved, length - moved)
+        except BlockingIOError as exc:
+            raise TimeoutError(f"sendfile moved nothing after {moved} of {length} bytes") from exc
+        if sent == 0:
+            raise OSError(f"the tier file ended after {moved} of {length} bytes")
+        moved += sent
+        if min_rate and time.monotonic() - started > grace + moved / min_rate:
+            raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")
+
+
+def serve_tier_read(  # noqa: PLR0917
+    w: Worker,
+    tier: TierFile,
+    mem: SegmentMemory,
+    req_id: int,
+    offset: int,
+    length: int,
+    zero_copy: bool,
+) -> None:
+    """Answer a READ of disk tier `mem` (held: released here) on `w`'s connection:
+    FILE_READ_FAIL when its file no longer holds the range (truncated under the node), else
+    the bytes, with `sendfile` from the tier's file when the READ is at least `SENDFILE_MIN`
+    and `zero_copy` (plain TCP, as the server's `SendfilePolicy` allows: TLS encrypts in user
+    space, so it always takes the mapping's path)."""
+    counts = w.counts
+    out = w.out
+    if not tier.acquire():  # the segment left meanwhile
+        mem.mapping.release()
+        counts.refused += 1
+        out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.SEGMENT_NOT_FOUND), req_id, 0))
+        return
+    try:
+        if not tier.holds(offset, length):
+            mem.mapping.release()
+            counts.refused += 1
+            out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.FILE_READ_FAIL), req_id, 0))
+            return
+        counts.reads += 1
+        counts.read_bytes += length
+        if length < SENDFILE_MIN or not zero_copy:
+            out.add(
+                RESP.pack(RESP_MAGIC, 0, req_id, length),
+                mem.mapping.view[offset : offset + length],
+                mem,
+            )
+            return
+        try:
+            out.add(RESP.pack(RESP_MAGIC, 0, req_id, length))
+            out.flush()
+            send_file(out.sock, tier.fd, offset, length, out.min_rate, out.grace)
+        finally:
+            mem.mapping.release()
+        counts.sendfile_reads += 1
+    finally:
+        tier.release()

@@ -31,6 +31,7 @@ def test_quick_tiers_bench_reports_every_path_and_reads_everything_beyond_ram(
             ("kvpool", "disk-local", "get", size),
             ("kvpool", "disk-shm", "get", size),
             ("kvpool", "disk-tcp", "get", size),
+            ("limit", "file+tcp", "get", size),
         ):
             assert key in rates, key
     # Every kvpool row says how it read: strict (GetReplicaList per get) or cached (remembered
@@ -44,6 +45,9 @@ def test_quick_tiers_bench_reports_every_path_and_reads_everything_beyond_ram(
             for op in ("get", "get_into"):
                 for mode in ("strict", "cached"):
                     assert modes[(path, op, size, mode)]["ratio"] > 0, (path, op, size, mode)
+                    # TCP reads also against a file served over a loopback socket, same run.
+                    socket_ratio = modes[(path, op, size, mode)].get("x_socket")
+                    assert (socket_ratio is not None and socket_ratio > 0) == (path == "disk-tcp")
     (cap,) = [r for r in rows if r.get("metric") == "objects_beyond_ram_readable"]
     assert cap["value"] == 1.0
     assert cap["data_bytes"] == 8 * cap["memory_bytes"]

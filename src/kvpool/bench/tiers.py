@@ -18,6 +18,10 @@ the file system) plus a pure-client Store. Rows:
   `--dfs-root`, in DIR), and get/get_into of such objects once the filler dropped their memory
   replicas (read from the file with `preadv`); op `put_fsync`: the same put by a Store made
   with `dfs_fsync=True` (the file `fdatasync`ed before its rename);
+* `limit`/`file+tcp`, op `get`: the same bytes `pread` from a file by a server thread and sent
+  over a loopback TCP connection to this thread, which receives them into one buffer (lock-step,
+  8-byte request): the most a file served over a socket moves here, same run; the `disk-tcp`
+  rows carry their ratio to it (`x socket`) beside `x file`;
 * `limit`/`file`, ops `write_rename` and `write_fsync_rename`: what a DFS put does to its file
   (a new temporary file written, closed and renamed), without and with the `fdatasync`;
 * `kvpool`/`disk-local`, `disk-shm` and `disk-tcp`, op `get_into`: the same reads into one
@@ -39,7 +43,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
+import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -127,6 +134,61 @@ def _file_rows(directory: str, size: int, n: int) -> list[Row]:
         for i in range(n):
             os.unlink(os.path.join(directory, f"baseline-new-{i}"))
     return rows
+
+
+def _file_socket_row(directory: str, size: int, n: int) -> Row:
+    """`limit`/`file+tcp` get (module docstring): `pread` then `sendall` by a server thread,
+    `recv_into` one buffer here, over a loopback TCP connection."""
+    path = os.path.join(directory, f"baseline-tcp-{size}")
+    data = _value(7, size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)  # the thread's accept ends even if the client never comes
+    out, into = bytearray(size), bytearray(size)
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = bytearray(8)
+            while not done.is_set():
+                if conn.recv_into(head, 8, socket.MSG_WAITALL) != 8:
+                    return  # the client closed
+                (offset,) = struct.unpack("<Q", head)
+                os.preadv(fd, [out], offset)
+                conn.sendall(out)
+
+    server = threading.Thread(target=serve, name="bench-file-tcp", daemon=True)
+    try:
+        for i in range(n):
+            os.pwrite(fd, data, i * size)
+        server.start()
+        with socket.create_connection(listener.getsockname(), timeout=30) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            view = memoryview(into)
+
+            def get(i: int) -> None:
+                c.sendall(struct.pack("<Q", i * size))
+                got = 0
+                while got < size:
+                    k = c.recv_into(view[got:], size - got)
+                    if not k:
+                        raise KVPoolError("the baseline's file server closed")
+                    got += k
+
+            times = _timed(n, get)
+            if into != data:
+                raise KVPoolError("the file+tcp baseline read back wrong")
+            done.set()
+    finally:
+        done.set()
+        listener.close()
+        server.join(timeout=10)
+        os.close(fd)
+        os.unlink(path)
+    return _row("file+tcp", "limit", "get", size, times)
 
 
 def _new_file(directory: str, data: bytes, sync: bool) -> Callable[[int], None]:
@@ -241,6 +303,8 @@ def _size_rows(readers: _Readers, root: str, size: int, n: int, plan: Plan) -> l
     owner, client, tcp = readers.owner, readers.client, readers.tcp
     base = _file_rows(root, size, n)
     file_get = base[1]
+    base.append(_file_socket_row(root, size, n))
+    file_tcp = base[-1]
     tag = f"s{size}"
     # Memory: the last objects written stay in memory.
     owner.remove_all(force=True)
@@ -350,6 +414,8 @@ def _size_rows(readers: _Readers, root: str, size: int, n: int, plan: Plan) -> l
     for r in disk:
         r.ratio = r.bytes_per_s / file_get.bytes_per_s
         r.baseline = f"file pread {file_get.bytes_per_s / 1e9:.2f} GB/s"
+        if r.path == "disk-tcp":
+            r.extra["x_socket"] = r.bytes_per_s / file_tcp.bytes_per_s
     return [*base, *rows, *disk]
 
 
@@ -403,6 +469,9 @@ _COLUMNS = (
     Column("p50 us", ">9", lambda r: f"{r.p50_us:.0f}"),
     Column("p99 us", ">9", lambda r: f"{r.p99_us:.0f}"),
     Column("x file", ">7", lambda r: "" if r.ratio is None else f"{r.ratio:.2f}"),
+    Column(
+        "x socket", ">8", lambda r: f"{r.extra['x_socket']:.2f}" if "x_socket" in r.extra else ""
+    ),
 )
 
 

@@ -53,3 +53,46 @@ def test_setup_with_ssd_offload_keeps_objects_beyond_memory_on_local_disk(
         assert (tmp_path / "ssd" / "kvpool-disk.data").exists()
     finally:
         store.close()
+
+
+def test_offload_rpc_read_count_counts_disk_reads_served_to_other_clients(
+    master: str, tmp_path: Path
+) -> None:
+    """`get_offload_rpc_read_count()`: the reads of this store's disk tier that its transfer
+    server served others (Mooncake's offload RPC reads); its own reads are not counted."""
+    from kvpool.client import Store
+    from kvpool.protocol.messages import ReplicaKind
+
+    store = MooncakeDistributedStore()
+    rc = store.setup(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        16 * MiB,
+        16 * MiB,
+        "tcp",
+        "",
+        master,
+        enable_ssd_offload=True,
+        ssd_offload_path=str(tmp_path / "ssd"),
+    )
+    assert rc == 0
+    try:
+        values = {f"k{i}": bytes([i]) * MiB for i in range(48)}  # 3x the memory
+        for key, value in values.items():
+            assert store.put(key, value) == 0
+        with Store(master, protocol="tcp") as other:
+            on_disk = [
+                k
+                for k in values
+                if [ReplicaKind(d.kind) for d in other.get_replica_desc(k)]
+                == [ReplicaKind.LOCAL_DISK]
+            ]
+            assert len(on_disk) >= 8
+            assert store.get(on_disk[0]) == values[on_disk[0]]  # its own read: not counted
+            assert store.get_offload_rpc_read_count() == 0
+            for k in on_disk[:8]:
+                assert other.get(k) == values[k]
+            assert store.get_offload_rpc_read_count() >= 8
+    finally:
+        store.close()
+    assert store.get_offload_rpc_read_count() == 0  # closed: no server

@@ -48,3 +48,5 @@ def test_node_exports_segment_bytes_and_transfer_counters(pool: PoolFactory) -> 
     assert delta('kvpool_transfer_bytes_total{op="read"}') == 100_000
     assert after["kvpool_transfer_connections_accepted_total"] >= 1
     assert after["kvpool_transfer_refused_requests_total"] == 0
+    assert delta("kvpool_transfer_tier_reads_total") == 0  # memory reads: no disk tier read
+    assert "kvpool_transfer_sendfile_reads_total" in after

@@ -106,6 +106,7 @@ def test_a_tcp_get_of_a_disk_only_16mib_object_is_exact_through_sendfile(
         wait_until(  # (counted by the worker once its send returned)
             lambda: server.counters().sendfile_reads >= before + 2, what="two sendfile reads"
         )
+        assert server.counters().tier_reads >= server.counters().sendfile_reads
 
 
 @pytest.fixture

@@ -79,6 +79,7 @@ from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 from kvpool.rpc.tls import TlsConfig
+from kvpool.transfer.serving import ServeCounters
 
 __all__ = [
     "DEFAULT_TRANSFER_TIMEOUT_S",
@@ -480,6 +481,11 @@ class Store:
     def disk_tier(self) -> DiskTier | None:
         """This Store's disk tier (None without `offload_dir`)."""
         return self._disk
+
+    def served(self) -> ServeCounters | None:
+        """What this Store's transfer server served peers (None before it owns a segment)."""
+        server = self._node.transfer_server
+        return server.counters() if server is not None else None
 
     def unmount_segment(self, name: str) -> None:
         """Take segment `name` out of the pool: the master unmounts it (and drops the

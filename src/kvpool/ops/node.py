@@ -68,6 +68,12 @@ class NodeCollector(Collector):
                 c.refused,
             ),
             ("kvpool_transfer_stalls", "Connections closed for stalling.", c.stalls),
+            ("kvpool_transfer_tier_reads", "READs of a disk tier served.", c.tier_reads),
+            (
+                "kvpool_transfer_sendfile_reads",
+                "Disk-tier READs sent with sendfile.",
+                c.sendfile_reads,
+            ),
             ("kvpool_transfer_errors", "Connections ended by an error.", c.errors),
             (
                 "kvpool_transfer_connections_accepted",

@@ -195,6 +195,7 @@ class ServeCounters:
         "refused",
         "sendfile_reads",
         "stalls",
+        "tier_reads",
         "unproven",
         "write_bytes",
         "writes",
@@ -215,6 +216,9 @@ class ServeCounters:
         """Connections closed because their first bytes were not a proof of the data key."""
         self.sendfile_reads = 0
         """READs of a disk tier sent with `sendfile` (a `TierFile`), counted in `reads` too."""
+        self.tier_reads = 0
+        """READs of a disk tier answered with its bytes (peers' reads of offloaded objects,
+        Mooncake's offload RPC reads), counted in `reads` too."""
 
     def add(self, other: ServeCounters) -> None:
         for f in ServeCounters.__slots__:
@@ -360,6 +364,7 @@ def serve_tier_read(  # noqa: PLR0917
             out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.FILE_READ_FAIL), req_id, 0))
             return
         counts.reads += 1
+        counts.tier_reads += 1
         counts.read_bytes += length
         if length < SENDFILE_MIN or not zero_copy:
             out.add(

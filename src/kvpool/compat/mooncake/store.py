@@ -327,9 +327,12 @@ class MooncakeDistributedStore(
         return address
 
     def get_offload_rpc_read_count(self) -> int:
-        """Reads served by this client's SSD-offload RPC server: always 0 (kvpool stores have
-        no disk tier; Mooncake answers 0 too without one)."""
-        return 0
+        """Reads of this client's disk tier (`enable_ssd_offload`) that its transfer server
+        served other clients (Mooncake's offload RPC reads); 0 without a disk tier, as in
+        Mooncake, or before setup."""
+        store = self._store
+        served = store.served() if store is not None and store.disk_tier is not None else None
+        return served.tier_reads if served is not None else 0
 
     def get_hostname(self) -> str:
         """This store's "host:port" (its segment name in Mooncake); "" before setup."""

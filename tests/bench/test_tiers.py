@@ -48,6 +48,11 @@ def test_quick_tiers_bench_reports_every_path_and_reads_everything_beyond_ram(
                     # TCP reads also against a file served over a loopback socket, same run.
                     socket_ratio = modes[(path, op, size, mode)].get("x_socket")
                     assert (socket_ratio is not None and socket_ratio > 0) == (path == "disk-tcp")
+    # Promotion on hit: the re-read hot set came back to memory (within the phase's deadline).
+    metrics = {r["metric"]: r["value"] for r in rows if "metric" in r}
+    assert 0 < metrics["promotion_seconds"] < 60
+    assert metrics["promotion_rounds"] >= 1
+    assert metrics["promoted_get_vs_memory"] > 0 and metrics["disk_get_vs_memory"] > 0
     (cap,) = [r for r in rows if r.get("metric") == "objects_beyond_ram_readable"]
     assert cap["value"] == 1.0
     assert cap["data_bytes"] == 8 * cap["memory_bytes"]

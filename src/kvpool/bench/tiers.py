@@ -34,6 +34,9 @@ the file system) plus a pure-client Store. Rows:
   or the owning node, `kvpool.client.locations`); the `x file` ratio is given for both;
 * `metric: objects_beyond_ram_readable`: the fraction of objects read back exactly after
   writing 8x the memory in 1 MiB objects;
+* `metric: promotion_seconds`, `promotion_rounds`, `promoted_get_vs_memory`,
+  `disk_get_vs_memory`: a re-read hot set coming back to memory by promotion on hit, in a pool
+  of its own (`kvpool.bench.promotion`);
 * `metric: replica_tasks_failed`: offload tasks the owner failed during the run (a source
   that did not match its checksum among them; 0 expected).
 """
@@ -55,6 +58,7 @@ from typing import Any
 import click
 import xxhash
 
+from kvpool.bench.promotion import promotion_rows
 from kvpool.bench.rows import Column, Row, percentile, render_table, write_json
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.client.replicate import ReplicateConfig
@@ -254,6 +258,7 @@ def run(quick: bool = False, directory: str | None = None) -> list[Any]:
             for size, n in plan.reps.items():
                 rows += _size_rows(readers, root, size, n, plan)
             rows.append(_capacity(client, plan))
+            rows += promotion_rows(plan.memory, plan.disk, root)
             tasks = owner.task_stats
             rows.append(
                 {

@@ -17,7 +17,7 @@ The index only stores and finds; every rule about what may change lives in `serv
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import xxhash
 
@@ -183,11 +183,15 @@ class TenantShards:
 class ObjectIndex:
     """Objects by (tenant, key) in `num_shards` dicts per tenant."""
 
-    __slots__ = ("_num_shards", "_tenants", "count", "tenant_bytes")
+    __slots__ = ("_num_shards", "_tenants", "count", "tenant", "tenant_bytes")
 
     def __init__(self, num_shards: int) -> None:
         self._num_shards = num_shards
         self._tenants: dict[str, TenantShards] = {}
+        #: `tenant(name)`: the tenant's shards, None when it never had an object. The dict's
+        #: own bound `get` (never replaced: the dict is), so every read path's lookup costs no
+        #: Python call.
+        self.tenant: Callable[[str], TenantShards | None] = self._tenants.get
         #: Objects indexed (kept by `add` / `discard`; read it through len()).
         self.count = 0
         #: Bytes charged per tenant (tenant quotas, `kvpool.master.quota`): an indexed
@@ -203,10 +207,6 @@ class ObjectIndex:
     @property
     def num_shards(self) -> int:
         return self._num_shards
-
-    def tenant(self, tenant: str) -> TenantShards | None:
-        """The tenant's shards, None when it never had an object."""
-        return self._tenants.get(tenant)
 
     def tenant_for_insert(self, tenant: str) -> TenantShards:
         t = self._tenants.get(tenant)

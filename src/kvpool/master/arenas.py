@@ -195,10 +195,11 @@ class ArenaPath:
             soft_pin,
             plan.hard_pin,
             groups[0] if groups else "",
+            1,
+            True,  # complete
+            req.checksum,
+            now,  # lease_deadline
         )
-        obj.complete = True
-        obj.checksum = req.checksum
-        obj.lease_deadline = now
         core.create_committed(d, obj)
         core.commit_objects([(obj, replica)], now + soft_pin if soft_pin is not None else None)
         return OK
@@ -325,10 +326,11 @@ class ArenaPath:
                 soft_pin,
                 hard_pin,
                 groups[i] if groups else "",
+                1,
+                True,  # complete
+                sums[i] if sums else None,
+                now,  # lease_deadline
             )
-            obj.complete = True
-            obj.checksum = sums[i] if sums else None
-            obj.lease_deadline = now
             create(d, obj)
             done.append((obj, replica))
             out.append(OK)

@@ -116,6 +116,9 @@ class ObjectMeta:
         hard_pin: bool,
         group_id: str,
         replica_num: int = 1,
+        complete: bool = False,
+        checksum: int | None = None,
+        lease_deadline: float = 0.0,
     ) -> None:
         self.key = key
         self.tenant = tenant
@@ -129,10 +132,13 @@ class ObjectMeta:
         # `complete` (bit 0), `hard_pin` (bit 1) and the replica count asked for (above) share
         # one slot: 14 slots make a 144-byte record, 15 made a 160-byte one (allocations come
         # in 16-byte steps).
-        self._bits = (replica_num << 2) | (_HARD_PIN if hard_pin else 0)  # 2: _REPLICAS_SHIFT
+        # 2: _REPLICAS_SHIFT; `complete` given here saves a commit the property setter's call.
+        self._bits = (
+            (replica_num << 2) | (_HARD_PIN if hard_pin else 0) | (_COMPLETE_BIT if complete else 0)
+        )
         self.group_id = group_id
-        self.checksum: int | None = None
-        self.lease_deadline = 0.0
+        self.checksum = checksum
+        self.lease_deadline = lease_deadline
         self.reclaim: object = None
 
     @property

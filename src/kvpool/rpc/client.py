@@ -228,7 +228,12 @@ class RpcClient:
         now = time.monotonic()
         deadline = now + (self.timeout if timeout is None else check_timeout(timeout))
         payload = self._payload(request)
-        conn = self._usable_conn(now) or self._connect(deadline)
+        conn = self._conn
+        if conn is None or (now - conn.last_used > self.idle_check_after and not conn.pending):
+            # (`_usable_conn`'s checks, made only when they can find something)
+            conn = self._usable_conn(now) or self._connect(deadline)
+        else:
+            conn.last_used = now
         with self._lock:
             if conn.broken is not None:
                 raise as_rpc_error(conn.broken, fresh=True)

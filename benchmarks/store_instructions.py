@@ -76,8 +76,12 @@ def _measure(n: int) -> list[tuple[str, int]]:
             phase("echo", n, n, lambda i: rpc.call(Echo(b"")))
             phase("put_from", n, n, lambda i: store.put_from(keys[i], one))
             phase("get_into", n, n, lambda i: store.get_into(keys[i], one))
-            phase("batch_put_from", nb, nb * _BATCH, lambda j: store.batch_put_from(bkeys[j], views))
-            phase("batch_get_into", nb, nb * _BATCH, lambda j: store.batch_get_into(bkeys[j], views))
+            phase(
+                "batch_put_from", nb, nb * _BATCH, lambda j: store.batch_put_from(bkeys[j], views)
+            )
+            phase(
+                "batch_get_into", nb, nb * _BATCH, lambda j: store.batch_get_into(bkeys[j], views)
+            )
     finally:
         if node is not None:
             node.stop()

@@ -4,7 +4,7 @@ phase turns it on (`callgrind_control -i on`), sends N lock-step requests of one
 process, turns it off and dumps, so each dump holds one phase. An `idle` phase (2 s of nothing)
 measures the background tasks, whose share is subtracted by the phase's wall time.
 
-    .venv/bin/python benchmarks/master_instructions.py [--n 2000] [--src DIR]
+    .venv/bin/python benchmarks/master_instructions.py [--n 2000] [--src DIR] [--keep DIR]
 
 `--src DIR` runs the master from another checkout's `src` (PYTHONPATH), for before/after in one
 session. Needs valgrind. Prints a table (instructions per request, or per key for the batches of
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000, help="requests per single-key phase")
     ap.add_argument("--src", default=None, help="run the master from this src directory")
+    ap.add_argument("--keep", default=None, help="copy the callgrind dumps into this directory")
     args = ap.parse_args()
     n = args.n
     env = dict(os.environ)
@@ -174,6 +176,12 @@ def main() -> None:
         finally:
             master.stop(grace=60)
         dumps = sorted(out.glob("cg.*.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+        if args.keep:
+            # One file per phase, named after it, for callgrind_annotate.
+            keep = Path(args.keep)
+            keep.mkdir(parents=True, exist_ok=True)
+            for name, dump in zip(per, dumps, strict=False):
+                shutil.copy(dump, keep / f"{name.split(' ', maxsplit=1)[0]}.callgrind")
         if os.environ.get("KVPOOL_BENCH_DEBUG"):
             print([(p.name, _instructions(p)) for p in dumps])
         names = list(per)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 import random
+from collections.abc import Callable
 
 from kvpool.codes import NO_AVAILABLE_HANDLE, OK
 from kvpool.master.core import MetadataCore, MetadataObserver
@@ -112,13 +113,13 @@ class ArenaTable(MetadataObserver):
         self._config = core.config
         self._clock = core.clock
         self._arenas: dict[int, Arena] = {}
+        #: `get(arena_id)`: the live arena, or None. The dict's own bound `get` (the dict is
+        #: never replaced), so the commit path's lookup costs no Python call.
+        self.get: Callable[[int], Arena | None] = self._arenas.get
         self._arenas_of: dict[ClientId, dict[int, Arena]] = {}
         self._ghosts: dict[SegmentName, list[tuple[int, int, float]]] = {}
         #: Seconds a request naming an arena keeps it the client's.
         self.lease = min(ARENA_LEASE_S, self._config.client_ttl)
-
-    def get(self, arena_id: int) -> Arena | None:
-        return self._arenas.get(arena_id)
 
     def arenas_of(self, client_id: ClientId) -> list[Arena]:
         """The client's live arenas."""

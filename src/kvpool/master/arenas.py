@@ -87,6 +87,7 @@ __all__ = ["ArenaPath"]
 _COMPLETE = ReplicaStatus.COMPLETE
 _EXISTS = Claim.EXISTS
 _OK_REPLY = Reply(OK)
+_INVALID_WRITE_REPLY = Reply(INVALID_WRITE)
 
 
 class ArenaPath:
@@ -129,10 +130,23 @@ class ArenaPath:
         return _OK_REPLY
 
     def put_commit(self, req: PutCommit) -> Reply:
-        plan, arena, code = self._commit_plan(req.client_id, req.tenant, req.config, req.arena_id)
-        if code != OK:
-            return Reply(code)
-        assert plan is not None and arena is not None
+        # `_commit_plan`, inlined for the one-key request: the same checks in the same order.
+        arena = self._arenas.get(req.arena_id)
+        client_id = req.client_id
+        if arena is None or arena.client_id != client_id:
+            return _INVALID_WRITE_REPLY
+        seg = arena.segment
+        if not seg.serving or seg.draining:
+            return _INVALID_WRITE_REPLY
+        arena.deadline = self._clock() + self._arenas.lease  # ArenaTable.renew
+        cfg = req.config
+        plan = self._planner.plan(client_id, req.tenant, cfg, 1)
+        if plan.code != OK:
+            return Reply(plan.code)
+        if cfg.replica_num != 1 or cfg.preferred_segments:
+            if plan.fresh_tenant:
+                self._planner.finish(plan)
+            return Reply(INVALID_PARAMS)
         code = self._commit_one(plan, arena, req)
         if plan.fresh_tenant:
             self._planner.finish(plan)
@@ -181,10 +195,11 @@ class ArenaPath:
             soft_pin,
             plan.hard_pin,
             groups[0] if groups else "",
+            1,
+            True,  # complete
+            req.checksum,
+            now,  # lease_deadline
         )
-        obj.complete = True
-        obj.checksum = req.checksum
-        obj.lease_deadline = now
         core.create_committed(d, obj)
         core.commit_objects([(obj, replica)], now + soft_pin if soft_pin is not None else None)
         return OK
@@ -311,10 +326,11 @@ class ArenaPath:
                 soft_pin,
                 hard_pin,
                 groups[i] if groups else "",
+                1,
+                True,  # complete
+                sums[i] if sums else None,
+                now,  # lease_deadline
             )
-            obj.complete = True
-            obj.checksum = sums[i] if sums else None
-            obj.lease_deadline = now
             create(d, obj)
             done.append((obj, replica))
             out.append(OK)

@@ -17,7 +17,7 @@ The index only stores and finds; every rule about what may change lives in `serv
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import xxhash
 
@@ -116,6 +116,9 @@ class ObjectMeta:
         hard_pin: bool,
         group_id: str,
         replica_num: int = 1,
+        complete: bool = False,
+        checksum: int | None = None,
+        lease_deadline: float = 0.0,
     ) -> None:
         self.key = key
         self.tenant = tenant
@@ -129,10 +132,13 @@ class ObjectMeta:
         # `complete` (bit 0), `hard_pin` (bit 1) and the replica count asked for (above) share
         # one slot: 14 slots make a 144-byte record, 15 made a 160-byte one (allocations come
         # in 16-byte steps).
-        self._bits = (replica_num << 2) | (_HARD_PIN if hard_pin else 0)  # 2: _REPLICAS_SHIFT
+        # 2: _REPLICAS_SHIFT; `complete` given here saves a commit the property setter's call.
+        self._bits = (
+            (replica_num << 2) | (_HARD_PIN if hard_pin else 0) | (_COMPLETE_BIT if complete else 0)
+        )
         self.group_id = group_id
-        self.checksum: int | None = None
-        self.lease_deadline = 0.0
+        self.checksum = checksum
+        self.lease_deadline = lease_deadline
         self.reclaim: object = None
 
     @property
@@ -183,11 +189,15 @@ class TenantShards:
 class ObjectIndex:
     """Objects by (tenant, key) in `num_shards` dicts per tenant."""
 
-    __slots__ = ("_num_shards", "_tenants", "count", "tenant_bytes")
+    __slots__ = ("_num_shards", "_tenants", "count", "tenant", "tenant_bytes")
 
     def __init__(self, num_shards: int) -> None:
         self._num_shards = num_shards
         self._tenants: dict[str, TenantShards] = {}
+        #: `tenant(name)`: the tenant's shards, None when it never had an object. The dict's
+        #: own bound `get` (never replaced: the dict is), so every read path's lookup costs no
+        #: Python call.
+        self.tenant: Callable[[str], TenantShards | None] = self._tenants.get
         #: Objects indexed (kept by `add` / `discard`; read it through len()).
         self.count = 0
         #: Bytes charged per tenant (tenant quotas, `kvpool.master.quota`): an indexed
@@ -203,10 +213,6 @@ class ObjectIndex:
     @property
     def num_shards(self) -> int:
         return self._num_shards
-
-    def tenant(self, tenant: str) -> TenantShards | None:
-        """The tenant's shards, None when it never had an object."""
-        return self._tenants.get(tenant)
 
     def tenant_for_insert(self, tenant: str) -> TenantShards:
         t = self._tenants.get(tenant)

@@ -78,6 +78,28 @@ class ReadPath:
         obj = shards[xxhash.xxh3_64_intdigest(key.encode(), t.seed) % len(shards)].get(key)
         if obj is None:
             return _NOT_FOUND_LIST
+        reps = obj.replicas
+        if len(reps) == 1:
+            # The common case, `_read_obj` inlined: one memory replica, readable.
+            r = reps[0]
+            seg = r.segment
+            if r.kind is _MEMORY and r.status is _COMPLETE and seg.serving:
+                deadline = self._clock() + self._lease_ttl
+                if obj.lease_deadline < deadline:  # noqa: PLR1730 (max() is a call per read)
+                    obj.lease_deadline = deadline
+                self._hooks.on_access(obj)
+                size = obj.size
+                offset = r.offset
+                desc = ReplicaDesc(
+                    (seg.number << REPLICA_ID_SHIFT) | offset,
+                    _MEMORY,
+                    _COMPLETE,
+                    seg.name,
+                    offset,
+                    size,
+                    seg.endpoint,
+                )
+                return ReplicaListReply(OK, [desc], size, obj.checksum, self._lease_ttl_ms)
         return self._read_obj(obj, self._clock() + self._lease_ttl)
 
     def batch_get_replica_list(self, req: BatchGetReplicaList) -> BatchReplicaListReply:

@@ -13,10 +13,13 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
+import msgspec
+
 from kvpool.errors import KVPoolError, RpcError
-from kvpool.protocol.framing import FrameDecoder
+from kvpool.protocol.framing import HEADER, HEADER_SIZE, FrameDecoder
 from kvpool.rpc.tls import TlsStream
 
 __all__ = [
@@ -100,6 +103,61 @@ class Channel:
         self.sleepers: dict[int, Call] = {}
         self.reading = False
         self.broken: BaseException | None = None
+
+    def release_reading(self) -> None:
+        """Give up the reading role (the client's lock held): wake a sleeping caller whose
+        reply is still to come to take it over, or close the socket of a broken connection."""
+        if not self.reading:
+            return
+        self.reading = False
+        if self.broken is not None:
+            self.sock.close()
+        elif self.sleepers:
+            successor = next(iter(self.sleepers.values()))
+            assert successor.cond is not None
+            successor.cond.notify()
+
+    def read_own(
+        self,
+        request_id: int,
+        deadline: float,
+        decode: Callable[[bytes], Any],
+        lock: threading.Lock,
+    ) -> bytes | None:
+        """The lock-step fast path of the leader (`RpcClient.call`), called holding the
+        reading role: one ``recv``; when it holds exactly the reply to `request_id` (one whole
+        frame, no error flag, `decode` takes it), file it in its `Call`, give up the role and
+        answer None. Otherwise answer what was read (b"" when nothing was: the recv failed, or
+        the kernel timeout needs resetting first), which the leader's loop then parses in
+        full, as if it had read it itself."""
+        if self.tls is not None or self.decoder._buf:  # (`buffered`, without its call)
+            return b""
+        remaining = deadline - time.monotonic()
+        # A kernel timeout a little short is harmless here (an early wake-up goes to the
+        # loop, which checks the deadline); one far too short or too long is reset there.
+        if not 0 < remaining * 0.8 <= self.recv_timeout <= remaining * 1.25 + 0.002:
+            return b""
+        try:
+            data = self.sock.recv(RECV_BYTES)
+        except OSError:
+            return b""  # the loop reads again and handles what that says
+        n = len(data)
+        if n < HEADER_SIZE:
+            return data
+        length, rid = HEADER.unpack_from(data)
+        if rid != request_id or length + 4 != n:
+            return data
+        try:
+            value = decode(data[HEADER_SIZE:])
+        except msgspec.DecodeError:
+            return data  # the loop answers DESERIALIZE_FAIL for it
+        with lock:
+            call = self.pending.pop(request_id, None)
+            if call is not None:  # (None: failed meanwhile by another thread; it says why)
+                call.value = value
+                call.done = True
+            self.release_reading()
+        return None
 
 
 class Sent:

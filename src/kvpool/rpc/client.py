@@ -228,7 +228,12 @@ class RpcClient:
         now = time.monotonic()
         deadline = now + (self.timeout if timeout is None else check_timeout(timeout))
         payload = self._payload(request)
-        conn = self._usable_conn(now) or self._connect(deadline)
+        conn = self._conn
+        if conn is None or (now - conn.last_used > self.idle_check_after and not conn.pending):
+            # (`_usable_conn`'s checks, made only when they can find something)
+            conn = self._usable_conn(now) or self._connect(deadline)
+        else:
+            conn.last_used = now
         with self._lock:
             if conn.broken is not None:
                 raise as_rpc_error(conn.broken, fresh=True)
@@ -246,7 +251,9 @@ class RpcClient:
                 self._release(conn)
             raise
         if lead:
-            self._lead(conn, call, deadline)
+            first = conn.read_own(request_id, deadline, self._decode, self._lock)
+            if first is not None:
+                self._lead(conn, call, deadline, first)
         else:
             self._wait(conn, call, deadline)
         if call.error is not None:
@@ -632,8 +639,9 @@ class RpcClient:
                 return
         self._lead(conn, call, deadline)
 
-    def _lead(self, conn: Channel, call: Call, deadline: float) -> None:
-        """Read the socket for everyone until `call` is done, then pass the role on.
+    def _lead(self, conn: Channel, call: Call, deadline: float, first: bytes = b"") -> None:
+        """Read the socket for everyone until `call` is done, then pass the role on; `first`
+        is what the caller already read from the socket (`_read_own`), parsed first.
 
         The caller holds the reading role (``conn.reading``); every way out gives it back.
         """
@@ -642,6 +650,18 @@ class RpcClient:
         feed = conn.decoder.feed
         try:
             while True:
+                if first:
+                    data, first = first, b""
+                    try:
+                        frames = feed(data)
+                    except FrameError as exc:
+                        self._fail(conn, RpcError(f"connection to {self.address} failed: {exc}"))
+                        self._release(conn)
+                        return
+                    if frames:
+                        if self._file(conn, call, frames):
+                            return
+                        continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     with lock:
@@ -672,55 +692,52 @@ class RpcClient:
                     self._fail(conn, RpcError(f"connection to {self.address} failed: {exc}"))
                     self._release(conn)
                     return
-                if not frames:
-                    continue
-                if self.on_push is not None:
-                    frames = self._pushed(frames)
-                outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
-                with lock:
-                    pending = conn.pending
-                    for rid, value, error in outcomes:
-                        other = pending.pop(rid & MAX_REQUEST_ID, None)
-                        if other is None:
-                            continue  # late reply to a call that timed out: dropped
-                        other.value = value
-                        other.error = error
-                        other.done = True
-                        if other is not call and other.cond is not None:
-                            # Out of the sleepers at once: a sleeper already answered must
-                            # never be picked as the next reader (it would just return, and
-                            # the callers still waiting would have no one reading for them).
-                            conn.sleepers.pop(other.request_id, None)
-                            other.cond.notify()
-                    broken = conn.decoder.error
-                    if call.done and broken is None:
-                        self._release_locked(conn)
-                        return
-                if broken is not None:
-                    # The frames before the break were delivered; the rest cannot be.
-                    self._fail(conn, RpcError(f"bad frame from {self.address}: {broken}"))
-                    self._release(conn)
+                if frames and self._file(conn, call, frames):
                     return
         except BaseException:
             self._release(conn)  # KeyboardInterrupt and the like: never keep the role
             raise
+
+    def _file(self, conn: Channel, call: Call, frames: list[Frame]) -> bool:
+        """Deliver the replies in `frames` to their calls (the leader's own `call` among them,
+        perhaps); True when the leader is done reading (its reply came, and the role was
+        passed on, or the stream broke)."""
+        if self.on_push is not None:
+            frames = self._pushed(frames)
+        outcomes = [(rid, *self._decode_reply(rid, payload)) for rid, payload in frames]
+        with self._lock:
+            pending = conn.pending
+            for rid, value, error in outcomes:
+                other = pending.pop(rid & MAX_REQUEST_ID, None)
+                if other is None:
+                    continue  # late reply to a call that timed out: dropped
+                other.value = value
+                other.error = error
+                other.done = True
+                if other is not call and other.cond is not None:
+                    # Out of the sleepers at once: a sleeper already answered must
+                    # never be picked as the next reader (it would just return, and
+                    # the callers still waiting would have no one reading for them).
+                    conn.sleepers.pop(other.request_id, None)
+                    other.cond.notify()
+            broken = conn.decoder.error
+            if call.done and broken is None:
+                self._release_locked(conn)
+                return True
+        if broken is not None:
+            # The frames before the break were delivered; the rest cannot be.
+            self._fail(conn, RpcError(f"bad frame from {self.address}: {broken}"))
+            self._release(conn)
+            return True
+        return False
 
     def _release(self, conn: Channel) -> None:
         with self._lock:
             self._release_locked(conn)
 
     def _release_locked(self, conn: Channel) -> None:
-        """Give up the reading role (caller holds self._lock): wake a sleeping caller whose
-        reply is still to come to take it over, or close the socket of a broken connection."""
-        if not conn.reading:
-            return
-        conn.reading = False
-        if conn.broken is not None:
-            conn.sock.close()
-        elif conn.sleepers:
-            successor = next(iter(conn.sleepers.values()))
-            assert successor.cond is not None
-            successor.cond.notify()
+        """Give up the reading role (caller holds self._lock; `Channel.release_reading`)."""
+        conn.release_reading()
 
     def _decode_reply(self, rid: int, payload: bytes) -> tuple[Any, BaseException | None]:
         try:

@@ -201,6 +201,9 @@ class RpcServer:
         self._proof_decoder = msgspec.msgpack.Decoder(Proof)
         # Replies of any service are encoded; the encoder also checks the peer's frame limit.
         self._encoder = FrameEncoder(max_frame_bytes)
+        #: The bare msgpack encoder of replies, for the connections' hot path (which adds the
+        #: header and checks the frame limit itself).
+        self._encode_payload = msgspec.msgpack.Encoder().encode
         self._server: asyncio.Server | None = None
         self._unix_server: asyncio.Server | None = None
         self._unix_address = ""

@@ -10,14 +10,19 @@ object's replicas in their stored order (`core.rewrite_object`, `live = ...obj.r
 a promotion from DFS, merged this session, adds the memory copy *after* the DFS replica
 (`MetadataCore.add_replicas` appends), so the answer is [DFS, MEMORY]. The writer then takes
 the DFS replica for a memory segment named `kvpool-dfs` and the MEMORY one for the last: the
-file write is sent to the transfer engine, which knows no such segment; the write fails, the
-put is revoked, and the key is gone (an in-place rewrite already made the object unreadable).
+file write is sent to the transfer engine, which knows no such segment (SEGMENT_NOT_FOUND), and
+the put is revoked with the key (an in-place rewrite already made the old value unreadable).
+A put that names its segments is not started again: the upsert raises and the key is gone.
+Without named segments the writer starts it again (counted in `put_stats.retries`), now as a
+new put of a missing key: it succeeds, but the key did not exist in between (readers get
+OBJECT_NOT_FOUND, another client's `put` may take it) and the file is another one.
 docs/parts/tiers.md ("Upserts"): "an object that has one keeps one through every upsert: in
 place at the same size (the file is written again, temporary file and rename)".
 
 A real pool (master with `--dfs-root`, one node), the promotion as in
-tests/tiers/test_dfs_promotion.py: the node killed so the file is the only copy, a Store that
-sees the directory and gives memory runs the promotion; then an upsert of the same size.
+tests/tiers/test_dfs_promotion.py: the node stopped (its segment unmounted) so the file is the
+only copy, a Store that sees the directory and gives memory runs the promotion; then an upsert
+of the same size asking for the copy again (`dfs_replica_num=1`: PutStart, no arena).
 """
 
 from __future__ import annotations

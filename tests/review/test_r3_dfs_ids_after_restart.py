@@ -16,7 +16,8 @@ the restart and nothing happened to it.
 
 The interleaving is held, not hoped for: the old writer's `<id>.tmp` is a FIFO this test reads,
 so the writer is inside its file write (past PutStart) for as long as the test does not read;
-the FIFO is moved aside (the writer keeps its descriptor), the master is killed (-9) and
+the FIFO is moved aside (the writer keeps its descriptor; a partly written regular `<id>.tmp`
+takes its place, as the directory shows a write in progress), the master is killed (-9) and
 started again on the same DFS root, a new put takes id 0 and completes; then the test reads
 the FIFO to its end and the old writer goes on: its rename fails, its put fails, and it
 removes what it takes for its own file.
@@ -89,6 +90,9 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
             readable, _, _ = select.select([fifo], [], [], 20.0)
             assert readable, "the old run's put never began writing its file"
             os.rename(first_id_tmp, tmp_path / "held-fifo")  # its descriptor stays valid
+            # What the directory shows of a write in progress: its `<id>.tmp`, partly written
+            # (the real writer's file; here the FIFO stands aside so no one else blocks on it).
+            Path(first_id_tmp).write_bytes(b"o" * 65536)
             first.master.kill9()
 
             second = pool(nodes=0, master_args=args)  # no --data-dir: ids from 0 again
@@ -99,8 +103,7 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
             file_id = next(
                 r.offset for r in new.get_replica_desc("new") if r.kind == ReplicaKind.DFS
             )
-            assert file_id == 0  # the premise: the same id as the old run's write
-            assert Path(dfs_file(str(root), 0)).read_bytes() == value
+            assert Path(dfs_file(str(root), file_id)).read_bytes() == value
         finally:
             # Let the old writer finish its write (read the pipe to its end), then its put.
             os.set_blocking(fifo, True)
@@ -112,7 +115,7 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
         os.close(fifo)
     assert old_errors  # its put failed (its master was killed)
     # The new object's file is untouched by the old run's clean-up.
-    path = Path(dfs_file(str(root), 0))
+    path = Path(dfs_file(str(root), file_id))  # (id 0 on main: the old run's id)
     assert path.exists(), "the old run's writer removed the new object's DFS file"
     assert path.read_bytes() == value
     assert new.get("new") == value

@@ -1,0 +1,153 @@
+"""Review finding (round 3): an upsert in place of an object promoted back from its DFS file.
+
+The client finds an answer's DFS replica by its place: "the master's DFS copy comes last in a
+PutStart answer" (src/kvpool/client/writer/base.py `_write_replicas`, `replicas[-1].kind ==
+_DFS`; src/kvpool/client/writer/batches.py `_put_batch_started`; src/kvpool/client/dfs.py
+`remove_failed`). That holds for a new put (`_put_one` appends the DFS replica) and for an
+upsert onto new ranges (case C appends it). It does not hold for an upsert *in place* (case B
+of src/kvpool/master/writes.py `_upsert_one`: same size, no read lease), which answers the
+object's replicas in their stored order (`core.rewrite_object`, `live = ...obj.replicas`):
+a promotion from DFS, merged this session, adds the memory copy *after* the DFS replica
+(`MetadataCore.add_replicas` appends), so the answer is [DFS, MEMORY]. The writer then takes
+the DFS replica for a memory segment named `kvpool-dfs` and the MEMORY one for the last: the
+file write is sent to the transfer engine, which knows no such segment (SEGMENT_NOT_FOUND), and
+the put is revoked with the key (an in-place rewrite already made the old value unreadable).
+A put that names its segments is not started again: the upsert raises and the key is gone.
+Without named segments the writer starts it again (counted in `put_stats.retries`), now as a
+new put of a missing key: it succeeds, but the key did not exist in between (readers get
+OBJECT_NOT_FOUND, another client's `put` may take it) and the file is another one.
+docs/parts/tiers.md ("Upserts"): "an object that has one keeps one through every upsert: in
+place at the same size (the file is written again, temporary file and rename)".
+
+A real pool (master with `--dfs-root`, one node), the promotion as in
+tests/tiers/test_dfs_promotion.py: the node stopped (its segment unmounted) so the file is the
+only copy, a Store that sees the directory and gives memory runs the promotion; then an upsert
+of the same size asking for the copy again (`dfs_replica_num=1`: PutStart, no arena).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpool.client import Store
+from kvpool.client.replicate import ReplicateConfig
+from kvpool.protocol.messages import ReplicaKind
+from kvpool.protocol.tiers import dfs_file
+from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
+from kvtest.procs import wait_until
+
+MiB = 1 << 20
+DFS = ReplicateConfig(dfs_replica_num=1)
+
+
+def _value(tag: bytes) -> bytes:
+    return (tag * 16)[:16] * (MiB // 16)
+
+
+def _kinds(s: Store, key: str) -> list[ReplicaKind]:
+    return [ReplicaKind(r.kind) for r in s.get_replica_desc(key)]
+
+
+@pytest.fixture
+def stores() -> Iterator[list[Store]]:
+    made: list[Store] = []
+    try:
+        yield made
+    finally:
+        for s in made:
+            s.close()
+
+
+def _promoted(p: Pool, s: Store, root: Path, stores: list[Store], key: str) -> None:
+    """`key`'s memory gone, then promoted back from its file: DFS stored first."""
+    p.stop_node(0)  # (its segment unmounted: no silent replica of it is left)
+    wait_until(lambda: _kinds(s, key) == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    helper = Store(p.address, rpc_timeout=20.0, segment_size="16MiB", dfs_root=str(root))
+    stores.append(helper)
+    for _ in range(2):  # the default admission threshold
+        assert s.get(key) == _value(b"old")
+    wait_until(
+        lambda: sorted(_kinds(s, key)) == [ReplicaKind.MEMORY, ReplicaKind.DFS],
+        timeout=20,
+        what=f"{key} promoted back to memory",
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r3: an in-place upsert answers [DFS, MEMORY] after a promotion; the writer "
+    "takes the last replica for the DFS one, the file write goes to the engine and fails, the "
+    "put is revoked (the key with it)",
+)
+@pytest.mark.parametrize("batch", [False, True], ids=["upsert", "batch_upsert"])
+def test_an_upsert_in_place_of_a_promoted_dfs_object_keeps_it(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+    batch: bool,
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=1,
+        segment_size="16MiB",
+        # No read lease: a same-size upsert is done in place (case B), as after any lease.
+        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
+    )
+    s = Store(p.address, rpc_timeout=20.0)
+    stores.append(s)
+    assert s.put("k", _value(b"old"), DFS)
+    _promoted(p, s, root, stores, "k")
+    where = {ReplicaKind(r.kind): r for r in s.get_replica_desc("k")}
+    file_id = where[ReplicaKind.DFS].offset
+    # The caller names where its copy goes (the segment the value already is on): such a put
+    # is never started again elsewhere, so the first attempt's outcome is the answer.
+    cfg = ReplicateConfig(
+        dfs_replica_num=1, preferred_segments=(where[ReplicaKind.MEMORY].segment,)
+    )
+
+    new = _value(b"new")
+    if batch:
+        assert s.batch_upsert(["k"], [new], cfg) == [0]
+    else:
+        s.upsert("k", new, cfg)
+    assert s.get("k") == new
+    after = {ReplicaKind(r.kind): r for r in s.get_replica_desc("k")}
+    # In place (docs/parts/tiers.md, "Upserts"): the same file, written again.
+    assert after[ReplicaKind.DFS].offset == file_id
+    assert Path(dfs_file(str(root), file_id)).read_bytes() == new
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r3: the same defect without named segments: the first attempt fails on "
+    "'kvpool-dfs' and revokes the key; the retry puts it anew (another file, a window where "
+    "the key does not exist)",
+)
+def test_a_plain_upsert_of_a_promoted_dfs_object_is_done_in_place_at_once(
+    pool: PoolFactory,  # noqa: F811
+    tmp_path: Path,
+    stores: list[Store],
+) -> None:
+    root = tmp_path / "dfs"
+    p = pool(
+        nodes=1,
+        segment_size="16MiB",
+        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
+    )
+    s = Store(p.address, rpc_timeout=20.0)
+    stores.append(s)
+    assert s.put("k", _value(b"old"), DFS)
+    _promoted(p, s, root, stores, "k")
+    file_id = next(r.offset for r in s.get_replica_desc("k") if r.kind == ReplicaKind.DFS)
+    before = s.put_stats.retries
+
+    new = _value(b"new")
+    s.upsert("k", new, DFS)
+    assert s.get("k") == new
+    assert s.put_stats.retries == before  # no write failed: nothing was started again
+    after = next(r.offset for r in s.get_replica_desc("k") if r.kind == ReplicaKind.DFS)
+    assert after == file_id  # in place: the same file, written again
+    assert Path(dfs_file(str(root), file_id)).read_bytes() == new

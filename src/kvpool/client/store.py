@@ -482,10 +482,10 @@ class Store:
         """This Store's disk tier (None without `offload_dir`)."""
         return self._disk
 
+    @property
     def served(self) -> ServeCounters | None:
         """What this Store's transfer server served peers (None before it owns a segment)."""
-        server = self._node.transfer_server
-        return server.counters() if server is not None else None
+        return None if (server := self._node.transfer_server) is None else server.counters()
 
     def unmount_segment(self, name: str) -> None:
         """Take segment `name` out of the pool: the master unmounts it (and drops the

@@ -331,7 +331,7 @@ class MooncakeDistributedStore(
         served other clients (Mooncake's offload RPC reads); 0 without a disk tier, as in
         Mooncake, or before setup."""
         store = self._store
-        served = store.served() if store is not None and store.disk_tier is not None else None
+        served = store.served if store is not None and store.disk_tier is not None else None
         return served.tier_reads if served is not None else 0
 
     def get_hostname(self) -> str:

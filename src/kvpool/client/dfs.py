@@ -165,11 +165,24 @@ def remove(r: ReplicaDesc) -> None:
             os.unlink(name)
 
 
+def split(
+    replicas: Sequence[ReplicaDesc],
+) -> tuple[ReplicaDesc | None, Sequence[ReplicaDesc]]:
+    """The DFS replica of a put's answer (found by kind: a fresh put lists it last, but an
+    in-place upsert answers the stored order, where a promotion from DFS put the memory copy
+    after it) and the other replicas in their order; (None, `replicas`) without one."""
+    for i, r in enumerate(replicas):
+        if r.kind is ReplicaKind.DFS:
+            return r, [*replicas[:i], *replicas[i + 1 :]]
+    return None, replicas
+
+
 def remove_failed(replicas: Sequence[ReplicaDesc]) -> None:
-    """A failed put removes the DFS file it may have written (the master's DFS replica comes
-    last in a PutStart answer)."""
-    if replicas and replicas[-1].kind == ReplicaKind.DFS:
-        remove(replicas[-1])
+    """A failed put removes the DFS file it may have written (its DFS replica, wherever the
+    answer lists it)."""
+    for r in replicas:
+        if r.kind is ReplicaKind.DFS:
+            remove(r)
 
 
 def read(r: ReplicaDesc, dest: memoryview, want_hash: bool) -> tuple[ErrorCode, int | None]:

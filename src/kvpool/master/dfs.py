@@ -24,6 +24,14 @@ the object) or when its file is found gone:
   that died. Counted in `orphans`. Only a leading master sweeps (`leading`: a standby's
   metadata is not the cluster's), and never a name that is not a file id.
 
+Ids are never handed out twice to files that may meet: a fresh tier (`__init__`: a start or a
+restart, with or without `--data-dir`) starts its ids past every id named in the directory
+(`<id>` and `<id>.tmp`, one scan of at most `START_SCAN_LIMIT` names) plus `START_GAP`, so a
+writer of an earlier run that fails its put after the restart removes only its own file (the
+gap covers ids that run handed out whose files were not there yet). An HA master scans again
+when it begins to lead (`_lead`: its first `tick` or `allocate` while leading), past what the
+old leader wrote since this master started; `restore` moves the ids past restored replicas.
+
 `tick` runs both every `check_interval`. File operations are unlinks and stats of one path
 each, on the master's loop, bounded per round.
 """
@@ -50,6 +58,11 @@ log = logging.getLogger(__name__)
 
 SPACE: Final = 1 << 44
 """The virtual space DFS file ids are allocated in (replica ids keep 44 bits of offset)."""
+START_GAP: Final = 1 << 36
+"""Ids skipped past the highest id found at a start (module docstring): puts an earlier run
+answered whose files did not exist yet; 256 restarts before the space wraps."""
+START_SCAN_LIMIT: Final = 1 << 22
+"""Directory entries read at most by a start's scan (names only, no stat)."""
 
 
 class DfsTier:
@@ -90,7 +103,9 @@ class DfsTier:
             kind=ReplicaKind.DFS,
         )
         self._complete: OrderedDict[int, ObjectMeta] = OrderedDict()
-        self._next = 0
+        self._next = self._past_files()
+        self._led = False
+        """Whether `_lead` ran (an HA master that begins to lead scans once more)."""
         self.counters: dict[str, int] = dict.fromkeys(
             ("written", "removed", "abandoned", "vanished", "orphans"), 0
         )
@@ -100,6 +115,8 @@ class DfsTier:
         in increasing order, not the lowest free one: an id is not handed out again until the
         space wrapped (16 TiB of DFS puts later), so a writer cleaning up after a failed put
         never removes the file of a later put that got its id."""
+        if not self._led:
+            self._lead()
         seg = self.segment
         aligned = self._core.aligned(size)
         offset = self._next if self._next + aligned <= SPACE else 0
@@ -115,6 +132,39 @@ class DfsTier:
         self._ids.add(offset)
         seg.objects += 1
         return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
+
+    def _lead(self) -> None:
+        """This master begins to hand out ids: an HA master (`leading` set) starts past the
+        files another leader wrote since this tier was made (a promoted standby)."""
+        self._led = True
+        if self.leading is not None:
+            self._next = max(self._next, self._past_files())
+
+    def _past_files(self) -> int:
+        """Where ids start so that none names a file in the directory: past the highest id
+        there plus `START_GAP` (0 when there is none or the directory cannot be read)."""
+        top = -1
+        try:
+            with os.scandir(os.path.join(self.root, DFS_DIR)) as scan:
+                for n, entry in enumerate(scan):
+                    if n >= START_SCAN_LIMIT:
+                        log.warning(
+                            "DFS: more than %d entries in %s; new ids start past the first %d",
+                            START_SCAN_LIMIT,
+                            self.root,
+                            START_SCAN_LIMIT,
+                        )
+                        break
+                    file_id = _file_id(entry.name)
+                    if file_id is not None and file_id > top:
+                        top = file_id
+        except OSError as exc:
+            log.warning("DFS: cannot list %s for the ids in use: %s", self.root, exc)
+            return 0
+        if top < 0:
+            return 0
+        start = self._core.aligned(top + 1) + START_GAP
+        return start if start < SPACE else 0  # wrapped: `allocate` finds free ids from 0
 
     def _free_after(self, start: int, aligned: int) -> int | None:
         """The first offset at or after `start` where `aligned` bytes are free, else the
@@ -163,6 +213,8 @@ class DfsTier:
         if now < self._due:
             return
         self._due = now + self.check_interval
+        if not self._led and self.leading is not None and self.leading():
+            self._lead()
         self.check()
         if self.leading is None or self.leading():
             self.sweep()

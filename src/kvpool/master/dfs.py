@@ -38,6 +38,7 @@ each, on the master's loop, bounded per round.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -50,7 +51,7 @@ from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.segments import Segment
 from kvpool.protocol.messages import ClientId, HostId, ReplicaKind, ReplicaStatus
-from kvpool.protocol.tiers import DFS_DIR, DFS_SEGMENT, dfs_file
+from kvpool.protocol.tiers import DFS_DIR, DFS_ROOT_FILE, DFS_SEGMENT, dfs_file
 
 __all__ = ["DfsTier"]
 
@@ -91,6 +92,7 @@ class DfsTier:
         self.leading: Callable[[], bool] | None = None
         """Whether this master leads (None: it always does, no HA); only a leader sweeps."""
         os.makedirs(os.path.join(root, DFS_DIR), exist_ok=True)
+        _name_root(root)
         self.segment = Segment(
             number=0,
             name=DFS_SEGMENT,
@@ -324,3 +326,19 @@ def _file_id(name: str) -> int | None:
     except ValueError:
         return None
     return file_id if f"{file_id:016x}" == base else None  # no sign, "_" or capitals
+
+
+def _name_root(root: str) -> None:
+    """Write `root` into the directory's `DFS_ROOT_FILE` (temporary file, then a rename), so a
+    client that mounts it at another path maps this master's replicas, and only them, there
+    (`kvpool.client.dfs`). Best effort: without it such a client uses the replicas' path."""
+    path = os.path.join(root, DFS_ROOT_FILE)
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(root)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("DFS: cannot name the root in %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -145,10 +145,10 @@ def _root(endpoint: str) -> str:
         return known
     try:
         with open(os.path.join(local, DFS_ROOT_FILE), encoding="utf-8") as f:
-            named: str | None = f.read(_ROOT_FILE_MAX)
-    except OSError:
-        named = None
-    if named == endpoint:
+            named = f.read(_ROOT_FILE_MAX).splitlines()
+    except (OSError, ValueError):
+        named = []
+    if endpoint in named:
         where = local
     else:
         try:

@@ -62,6 +62,10 @@ SPACE: Final = 1 << 44
 START_GAP: Final = 1 << 36
 """Ids skipped past the highest id found at a start (module docstring): puts an earlier run
 answered whose files did not exist yet; 256 restarts before the space wraps."""
+ROOTS_KEPT: Final = 16
+"""Roots `DFS_ROOT_FILE` keeps (the last named)."""
+ROOTS_FILE_MAX: Final = 1 << 16
+"""Characters of `DFS_ROOT_FILE` read at most."""
 START_SCAN_LIMIT: Final = 1 << 22
 """Directory entries read at most by a start's scan (names only, no stat)."""
 
@@ -329,14 +333,22 @@ def _file_id(name: str) -> int | None:
 
 
 def _name_root(root: str) -> None:
-    """Write `root` into the directory's `DFS_ROOT_FILE` (temporary file, then a rename), so a
-    client that mounts it at another path maps this master's replicas, and only them, there
+    """Add `root` to the directory's `DFS_ROOT_FILE` (one root a line, the last `ROOTS_KEPT`:
+    HA masters may mount it at different paths; a temporary file, then a rename), so a client
+    that mounts it at another path maps the replicas of its masters, and only them, there
     (`kvpool.client.dfs`). Best effort: without it such a client uses the replicas' path."""
     path = os.path.join(root, DFS_ROOT_FILE)
     tmp = f"{path}.{os.getpid()}"
     try:
+        try:
+            with open(path, encoding="utf-8") as f:
+                roots = f.read(ROOTS_FILE_MAX).splitlines()
+        except FileNotFoundError:
+            roots = []
+        if root in roots:
+            return
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(root)
+            f.write("\n".join([*roots, root][-ROOTS_KEPT:]) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("DFS: cannot name the root in %s: %s", path, exc)

@@ -22,8 +22,9 @@ id and its `endpoint` the master's `--dfs-root` (docs/parts/tiers.md, "The DFS t
 DFS_DIR = "kvpool-dfs"
 """The directory under the DFS root that holds the objects' files."""
 DFS_ROOT_FILE = "kvpool-dfs-root"
-"""A file beside `DFS_DIR` (in the root) holding the master's `--dfs-root` as it names it (written at its start):
-a client that mounts the directory elsewhere knows by it which master's replicas it serves."""
+"""A file beside `DFS_DIR` (in the root) naming the roots its masters call it, one a line (each
+master adds its `--dfs-root` at its start): a client that mounts the directory elsewhere knows
+by it which masters' replicas it serves (`kvpool.client.dfs`)."""
 
 
 def dfs_file(root: str, file_id: int) -> str:

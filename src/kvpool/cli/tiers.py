@@ -268,6 +268,7 @@ def node_tier_options(f: F) -> F:
 
 def _seconds_arg(v: float) -> str:
     """`v` seconds as a duration the node's parser (`kvpool.config.parse_duration`) reads back
-    to the same float: positional digits (it reads no exponent, which `repr` of a value under
-    1e-4 has) of the shortest repr, in seconds (unit factor 1.0, so no rounding)."""
-    return f"{Decimal(repr(v)):f}s"
+    to the same float: the digits of `repr(v)` written out (it reads no exponent, which `repr`
+    of a value under 1e-4 has), a bare number of seconds (no unit factor, so no rounding);
+    `repr(v)` itself whenever that has no exponent."""
+    return f"{Decimal(repr(v)):f}"

@@ -53,11 +53,6 @@ def stores() -> Iterator[list[Store]]:
             s.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: a master restarted without --data-dir hands out DFS id 0 again; a writer "
-    "of the previous run removes the new object's file when its put fails",
-)
 def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,

@@ -49,11 +49,6 @@ def _file_id(s: Store, key: str) -> int:
     return next(r.offset for r in s.get_replica_desc(key) if r.kind == ReplicaKind.DFS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: a Store's dfs_root redirects every pool's DFS files in the process; "
-    "pool B's put overwrites pool A's file of the same id",
-)
 def test_a_store_of_another_pool_never_writes_into_this_pools_dfs_directory(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,

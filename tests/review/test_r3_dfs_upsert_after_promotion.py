@@ -76,12 +76,6 @@ def _promoted(p: Pool, s: Store, root: Path, stores: list[Store], key: str) -> N
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: an in-place upsert answers [DFS, MEMORY] after a promotion; the writer "
-    "takes the last replica for the DFS one, the file write goes to the engine and fails, the "
-    "put is revoked (the key with it)",
-)
 @pytest.mark.parametrize("batch", [False, True], ids=["upsert", "batch_upsert"])
 def test_an_upsert_in_place_of_a_promoted_dfs_object_keeps_it(
     pool: PoolFactory,  # noqa: F811
@@ -120,12 +114,6 @@ def test_an_upsert_in_place_of_a_promoted_dfs_object_keeps_it(
     assert Path(dfs_file(str(root), file_id)).read_bytes() == new
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: the same defect without named segments: the first attempt fails on "
-    "'kvpool-dfs' and revokes the key; the retry puts it anew (another file, a window where "
-    "the key does not exist)",
-)
 def test_a_plain_upsert_of_a_promoted_dfs_object_is_done_in_place_at_once(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,

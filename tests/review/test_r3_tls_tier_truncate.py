@@ -170,11 +170,6 @@ def test_plain_tcp_a_tier_file_truncated_mid_answer_closes_only_the_connection(
     _truncate_mid_answer(tier_server)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: a tier file truncated while a TLS READ's answer is sent kills the node "
-    "(SIGBUS: OpenSSL reads the mapping after the one `holds` check)",
-)
 @pytest.mark.parametrize("tier_server", ["tls"], indirect=True)
 def test_tls_a_tier_file_truncated_mid_answer_never_kills_the_node(
     tier_server: TierServer,

@@ -13,17 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from kvpool.client import Store
 from kvtest.procs import kvpool_proc
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r3: `kvpool up --disk-check-interval 50us` hands its node "
-    "'4.9999999999999996e-05', which the node's option parser refuses",
-)
 def test_up_starts_with_a_sub_millisecond_disk_check_interval(tmp_path: Path) -> None:
     up = kvpool_proc(
         "up",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import click
@@ -193,7 +194,7 @@ class DiskCheck:
             a
             for name, v in zip(_DISK_CHECK_FLAGS, self.args(), strict=True)
             if v is not None
-            for a in (name, repr(v) if isinstance(v, float) else str(v))
+            for a in (name, _seconds_arg(v) if isinstance(v, float) else str(v))
         )
 
     def describe(self) -> str:
@@ -263,3 +264,11 @@ def node_tier_options(f: F) -> F:
         "survive a restart with the same directory). Repeat it for several disks: one file "
         "of --offload-size in each.",
     )(f)
+
+
+def _seconds_arg(v: float) -> str:
+    """`v` seconds as a duration the node's parser (`kvpool.config.parse_duration`) reads back
+    to the same float: the digits of `repr(v)` written out (it reads no exponent, which `repr`
+    of a value under 1e-4 has), a bare number of seconds (no unit factor, so no rounding);
+    `repr(v)` itself whenever that has no exponent."""
+    return f"{Decimal(repr(v)):f}"

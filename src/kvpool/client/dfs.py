@@ -13,9 +13,13 @@ drops.
 
 The DFS directory may be mounted at another path here than on the master (`Store(dfs_root=)`,
 `kvpool node --dfs-root`): a Store given one `attach`es it, and while any Store of the process
-holds it every DFS file is read, written and removed under this path instead of the replica's
-`endpoint`. It is one path per process (a mount point is a fact of the host, not of a Store):
-a second Store naming another one is refused.
+holds it the DFS files of that directory's master are read, written and removed under this
+path instead of the replica's `endpoint`. It is one path per process (a mount point is a fact
+of the host, not of a Store): a second Store naming another one is refused. Only the replicas
+of the master whose directory it is are translated (`_root`): those whose `endpoint` is the
+root the master wrote into the directory (`DFS_ROOT_FILE`, `kvpool.master.dfs`), or a path of
+the same directory here; the replicas of any other pool the process talks to keep their own
+`endpoint`.
 
 Batch puts that ask for a DFS copy (`batch_put(..., ReplicateConfig(dfs_replica_num=1))`) take
 the batched path (one BatchPutStart): each started key's file is written before the batch's
@@ -39,7 +43,7 @@ from kvpool.errors import (
     InvalidParams,
 )
 from kvpool.protocol.messages import ReplicaDesc, ReplicaKind
-from kvpool.protocol.tiers import dfs_file
+from kvpool.protocol.tiers import DFS_ROOT_FILE, dfs_file
 
 __all__ = [
     "PIECE",
@@ -58,10 +62,15 @@ PIECE: Final = 1 << 20
 """Bytes read and hashed at a time (as `kvpool.client.disk_files`)."""
 
 
+_ROOT_FILE_MAX: Final = 1 << 16
+"""Characters read of `DFS_ROOT_FILE` at most (a path)."""
+
 _lock = threading.Lock()
 _local: list[str | None] = [None]
 """The DFS directory's path in this process (None: the master's, each replica's endpoint)."""
 _users: list[int] = [0]
+_roots: dict[str, str] = {}
+"""Replica endpoints (master roots) decided while `_local[0]` is held: the path used for each."""
 _fsyncs: list[int] = [0]
 """Open Stores that asked for `fsync` of each DFS file before its rename."""
 
@@ -98,6 +107,8 @@ def attach(root: str | None, *, fsync: bool = False) -> Attachment:
                     f"dfs_root {path!r:.200}: this process already sees the DFS directory "
                     f"at {_local[0]!r:.200} (one path per process)"
                 )
+            if _local[0] != path:
+                _roots.clear()
             _local[0] = path
             _users[0] += 1
         if fsync:
@@ -113,6 +124,7 @@ def detach(a: Attachment) -> None:
             _users[0] -= 1
             if not _users[0]:
                 _local[0] = None
+                _roots.clear()
         if a.fsync and _fsyncs[0]:
             _fsyncs[0] -= 1
 
@@ -122,8 +134,35 @@ def local_root() -> str | None:
     return _local[0]
 
 
+def _root(endpoint: str) -> str:
+    """Where the files of replicas with `endpoint` (their master's root) are here: this
+    process's path when it is that master's directory (module docstring), else `endpoint`."""
+    local = _local[0]
+    if local is None or endpoint == local:
+        return endpoint
+    known = _roots.get(endpoint)
+    if known is not None:
+        return known
+    try:
+        with open(os.path.join(local, DFS_ROOT_FILE), encoding="utf-8") as f:
+            named = f.read(_ROOT_FILE_MAX).splitlines()
+    except (OSError, ValueError):
+        named = []
+    if endpoint in named:
+        where = local
+    else:
+        try:
+            where = local if os.path.samefile(endpoint, local) else endpoint
+        except OSError:  # not here (or not now): decided again next time
+            return endpoint
+    with _lock:
+        if _local[0] == local:
+            _roots[endpoint] = where
+    return where
+
+
 def _path(r: ReplicaDesc) -> str | None:
-    root = _local[0] or r.endpoint
+    root = _root(r.endpoint)
     if not root or not os.path.isabs(root) or r.offset < 0:
         return None
     return dfs_file(root, r.offset)
@@ -165,11 +204,24 @@ def remove(r: ReplicaDesc) -> None:
             os.unlink(name)
 
 
+def split(
+    replicas: Sequence[ReplicaDesc],
+) -> tuple[ReplicaDesc | None, Sequence[ReplicaDesc]]:
+    """The DFS replica of a put's answer (found by kind: a fresh put lists it last, but an
+    in-place upsert answers the stored order, where a promotion from DFS put the memory copy
+    after it) and the other replicas in their order; (None, `replicas`) without one."""
+    for i, r in enumerate(replicas):
+        if r.kind is ReplicaKind.DFS:
+            return r, [*replicas[:i], *replicas[i + 1 :]]
+    return None, replicas
+
+
 def remove_failed(replicas: Sequence[ReplicaDesc]) -> None:
-    """A failed put removes the DFS file it may have written (the master's DFS replica comes
-    last in a PutStart answer)."""
-    if replicas and replicas[-1].kind == ReplicaKind.DFS:
-        remove(replicas[-1])
+    """A failed put removes the DFS file it may have written (its DFS replica, wherever the
+    answer lists it)."""
+    for r in replicas:
+        if r.kind is ReplicaKind.DFS:
+            remove(r)
 
 
 def read(r: ReplicaDesc, dest: memoryview, want_hash: bool) -> tuple[ErrorCode, int | None]:

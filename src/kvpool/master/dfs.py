@@ -24,12 +24,21 @@ the object) or when its file is found gone:
   that died. Counted in `orphans`. Only a leading master sweeps (`leading`: a standby's
   metadata is not the cluster's), and never a name that is not a file id.
 
+Ids are never handed out twice to files that may meet: a fresh tier (`__init__`: a start or a
+restart, with or without `--data-dir`) starts its ids past every id named in the directory
+(`<id>` and `<id>.tmp`, one scan of at most `START_SCAN_LIMIT` names) plus `START_GAP`, so a
+writer of an earlier run that fails its put after the restart removes only its own file (the
+gap covers ids that run handed out whose files were not there yet). An HA master scans again
+when it begins to lead (`_lead`: its first `tick` or `allocate` while leading), past what the
+old leader wrote since this master started; `restore` moves the ids past restored replicas.
+
 `tick` runs both every `check_interval`. File operations are unlinks and stats of one path
 each, on the master's loop, bounded per round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -42,7 +51,7 @@ from kvpool.master.core import MetadataCore
 from kvpool.master.metadata import ObjectMeta, Replica
 from kvpool.master.segments import Segment
 from kvpool.protocol.messages import ClientId, HostId, ReplicaKind, ReplicaStatus
-from kvpool.protocol.tiers import DFS_DIR, DFS_SEGMENT, dfs_file
+from kvpool.protocol.tiers import DFS_DIR, DFS_ROOT_FILE, DFS_SEGMENT, dfs_file
 
 __all__ = ["DfsTier"]
 
@@ -50,6 +59,15 @@ log = logging.getLogger(__name__)
 
 SPACE: Final = 1 << 44
 """The virtual space DFS file ids are allocated in (replica ids keep 44 bits of offset)."""
+START_GAP: Final = 1 << 36
+"""Ids skipped past the highest id found at a start (module docstring): puts an earlier run
+answered whose files did not exist yet; 256 restarts before the space wraps."""
+ROOTS_KEPT: Final = 16
+"""Roots `DFS_ROOT_FILE` keeps (the last named)."""
+ROOTS_FILE_MAX: Final = 1 << 16
+"""Characters of `DFS_ROOT_FILE` read at most."""
+START_SCAN_LIMIT: Final = 1 << 22
+"""Directory entries read at most by a start's scan (names only, no stat)."""
 
 
 class DfsTier:
@@ -78,6 +96,7 @@ class DfsTier:
         self.leading: Callable[[], bool] | None = None
         """Whether this master leads (None: it always does, no HA); only a leader sweeps."""
         os.makedirs(os.path.join(root, DFS_DIR), exist_ok=True)
+        _name_root(root)
         self.segment = Segment(
             number=0,
             name=DFS_SEGMENT,
@@ -90,7 +109,9 @@ class DfsTier:
             kind=ReplicaKind.DFS,
         )
         self._complete: OrderedDict[int, ObjectMeta] = OrderedDict()
-        self._next = 0
+        self._next = self._past_files()
+        self._led = False
+        """Whether `_lead` ran (an HA master that begins to lead scans once more)."""
         self.counters: dict[str, int] = dict.fromkeys(
             ("written", "removed", "abandoned", "vanished", "orphans"), 0
         )
@@ -100,6 +121,8 @@ class DfsTier:
         in increasing order, not the lowest free one: an id is not handed out again until the
         space wrapped (16 TiB of DFS puts later), so a writer cleaning up after a failed put
         never removes the file of a later put that got its id."""
+        if not self._led:
+            self._lead()
         seg = self.segment
         aligned = self._core.aligned(size)
         offset = self._next if self._next + aligned <= SPACE else 0
@@ -115,6 +138,39 @@ class DfsTier:
         self._ids.add(offset)
         seg.objects += 1
         return Replica(seg, offset, ReplicaStatus.PROCESSING, ReplicaKind.DFS)
+
+    def _lead(self) -> None:
+        """This master begins to hand out ids: an HA master (`leading` set) starts past the
+        files another leader wrote since this tier was made (a promoted standby)."""
+        self._led = True
+        if self.leading is not None:
+            self._next = max(self._next, self._past_files())
+
+    def _past_files(self) -> int:
+        """Where ids start so that none names a file in the directory: past the highest id
+        there plus `START_GAP` (0 when there is none or the directory cannot be read)."""
+        top = -1
+        try:
+            with os.scandir(os.path.join(self.root, DFS_DIR)) as scan:
+                for n, entry in enumerate(scan):
+                    if n >= START_SCAN_LIMIT:
+                        log.warning(
+                            "DFS: more than %d entries in %s; new ids start past the first %d",
+                            START_SCAN_LIMIT,
+                            self.root,
+                            START_SCAN_LIMIT,
+                        )
+                        break
+                    file_id = _file_id(entry.name)
+                    if file_id is not None and file_id > top:
+                        top = file_id
+        except OSError as exc:
+            log.warning("DFS: cannot list %s for the ids in use: %s", self.root, exc)
+            return 0
+        if top < 0:
+            return 0
+        start = self._core.aligned(top + 1) + START_GAP
+        return start if start < SPACE else 0  # wrapped: `allocate` finds free ids from 0
 
     def _free_after(self, start: int, aligned: int) -> int | None:
         """The first offset at or after `start` where `aligned` bytes are free, else the
@@ -163,6 +219,8 @@ class DfsTier:
         if now < self._due:
             return
         self._due = now + self.check_interval
+        if not self._led and self.leading is not None and self.leading():
+            self._lead()
         self.check()
         if self.leading is None or self.leading():
             self.sweep()
@@ -272,3 +330,27 @@ def _file_id(name: str) -> int | None:
     except ValueError:
         return None
     return file_id if f"{file_id:016x}" == base else None  # no sign, "_" or capitals
+
+
+def _name_root(root: str) -> None:
+    """Add `root` to the directory's `DFS_ROOT_FILE` (one root a line, the last `ROOTS_KEPT`:
+    HA masters may mount it at different paths; a temporary file, then a rename), so a client
+    that mounts it at another path maps the replicas of its masters, and only them, there
+    (`kvpool.client.dfs`). Best effort: without it such a client uses the replicas' path."""
+    path = os.path.join(root, DFS_ROOT_FILE)
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        try:
+            with open(path, encoding="utf-8") as f:
+                roots = f.read(ROOTS_FILE_MAX).splitlines()
+        except FileNotFoundError:
+            roots = []
+        if root in roots:
+            return
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join([*roots, root][-ROOTS_KEPT:]) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("DFS: cannot name the root in %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

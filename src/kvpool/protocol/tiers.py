@@ -7,13 +7,24 @@ from __future__ import annotations
 
 from kvpool.protocol.values import ClientId, Message, SegmentName, TenantId
 
-__all__ = ["DFS_DIR", "DFS_SEGMENT", "DiskEntry", "RegisterDiskReplicas", "dfs_file"]
+__all__ = [
+    "DFS_DIR",
+    "DFS_ROOT_FILE",
+    "DFS_SEGMENT",
+    "DiskEntry",
+    "RegisterDiskReplicas",
+    "dfs_file",
+]
 
 DFS_SEGMENT = SegmentName("kvpool-dfs")
 """The segment name a DFS replica carries (`ReplicaDesc.segment`); its `offset` is the file's
 id and its `endpoint` the master's `--dfs-root` (docs/parts/tiers.md, "The DFS tier")."""
 DFS_DIR = "kvpool-dfs"
 """The directory under the DFS root that holds the objects' files."""
+DFS_ROOT_FILE = "kvpool-dfs-root"
+"""A file beside `DFS_DIR` (in the root) naming the roots its masters call it, one a line (each
+master adds its `--dfs-root` at its start): a client that mounts the directory elsewhere knows
+by it which masters' replicas it serves (`kvpool.client.dfs`)."""
 
 
 def dfs_file(root: str, file_id: int) -> str:

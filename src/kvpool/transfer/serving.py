@@ -7,17 +7,22 @@ connection it serves: its `SocketReader`, its queue of answers not sent yet (`Re
 counters (`ServeCounters`).
 
 `TierFile` is the server's own descriptor of a disk tier's data file (a segment mapped from a
-`DISK_FILE_NAME` file, `kvpool.client.disk`): a READ of it on a plain TCP connection is sent
-with `os.sendfile` from that descriptor (`send_file`), zero-copy from the page cache, instead
-of from the mapping (whose unpopulated pages fault in on first touch, then a user-space copy
-into the socket). Before the answer's header goes out the file's size is checked, so a file
-truncated under the server answers FILE_READ_FAIL instead of a SIGBUS from the mapping.
+`DISK_FILE_NAME` file, `kvpool.client.disk`). User space never reads a disk tier's mapping for
+a READ (a file truncated under the server would kill the process with SIGBUS there; on TLS the
+payload is encrypted in user space while a slow peer keeps the send going): a small READ is
+read with `pread` before its header (a short read answers FILE_READ_FAIL) and joins the
+batched answers; a large one on TLS is read with `preadv` into the worker's buffer and sent
+piece by piece (`send_pieces`: a file that ends early closes the connection); a large one on
+plain TCP is sent with `os.sendfile` from that descriptor (`send_file`), zero-copy from the
+page cache, or, where the `SendfilePolicy` says no (loopback), with `sendmsg` from the mapping:
+the kernel copies it, and a page gone with the file is its EFAULT, not a SIGBUS.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import ssl
 import stat
 import struct
 import threading
@@ -42,12 +47,16 @@ __all__ = [
     "Worker",
     "kernel_timeout",
     "send_file",
+    "send_pieces",
     "serve_tier_read",
 ]
 
 SENDFILE_MIN: Final = 64 << 10
 """READs of a disk tier this large or larger are sent with `sendfile`; smaller ones join the
 batched `sendmsg` of the answers around them (one syscall for many, the common small case)."""
+
+TIER_PIECE: Final = 256 << 10
+"""Bytes of a disk tier read (`preadv`) and sent at a time by `send_pieces` (a worker's buffer)."""
 
 TIMEVAL: Final = struct.Struct("@ll")
 
@@ -229,7 +238,7 @@ class Worker:
     """What one worker thread reuses for every connection it serves (one buffer each, not
     one per connection: an idle connection holds no buffer)."""
 
-    __slots__ = ("counts", "out", "reader", "scratch")
+    __slots__ = ("counts", "out", "piece", "reader", "scratch")
 
     def __init__(self, sock: socket.socket, patience: int, limits: ServerLimits) -> None:
         grace = limits.stall_timeout
@@ -238,6 +247,7 @@ class Worker:
         self.out.min_rate = limits.min_rate
         self.out.grace = grace
         self.scratch: memoryview | None = None  # only a refused write needs it
+        self.piece: memoryview | None = None  # only a large disk-tier READ without sendfile
         self.counts = ServeCounters()
 
 
@@ -336,6 +346,26 @@ def send_file(  # noqa: PLR0917
             raise TimeoutError(f"peer took {moved} bytes slower than {min_rate} bytes/s")
 
 
+def send_pieces(w: Worker, fd: int, offset: int, length: int) -> None:
+    """Send [offset, offset + length) of file `fd` on `w`'s connection, `TIER_PIECE` bytes at a
+    time read with `preadv` into the worker's buffer (TLS encrypts from it; no mapping is
+    touched). The sends keep the pace and stall rules of `send_parts`; a file that ends early
+    (truncated meanwhile) raises `OSError`: the connection is closed, since the answer's
+    header already promised `length` bytes."""
+    buf = w.piece
+    if buf is None:
+        buf = w.piece = memoryview(bytearray(TIER_PIECE))
+    out = w.out
+    moved = 0
+    while moved < length:
+        n = min(TIER_PIECE, length - moved)
+        got = os.preadv(fd, [buf[:n]], offset + moved)
+        if got <= 0:
+            raise OSError(f"the tier file ended after {moved} of {length} bytes")
+        send_parts(out.sock, [buf[:got]], got, out.min_rate, out.grace)
+        moved += got
+
+
 def serve_tier_read(  # noqa: PLR0917
     w: Worker,
     tier: TierFile,
@@ -345,11 +375,12 @@ def serve_tier_read(  # noqa: PLR0917
     length: int,
     zero_copy: bool,
 ) -> None:
-    """Answer a READ of disk tier `mem` (held: released here) on `w`'s connection:
-    FILE_READ_FAIL when its file no longer holds the range (truncated under the node), else
-    the bytes, with `sendfile` from the tier's file when the READ is at least `SENDFILE_MIN`
-    and `zero_copy` (plain TCP, as the server's `SendfilePolicy` allows: TLS encrypts in user
-    space, so it always takes the mapping's path)."""
+    """Answer a READ of disk tier `mem` (held: released here) on `w`'s connection from the
+    tier's file, never its mapping in user space (module docstring): FILE_READ_FAIL when the
+    file no longer holds the range (truncated under the node), else the bytes: read with
+    `pread` when the READ is under `SENDFILE_MIN`, sent with `sendfile` when `zero_copy`
+    (plain TCP, as the server's `SendfilePolicy` allows), in pieces on TLS (`send_pieces`:
+    TLS encrypts in user space), else by the kernel from the mapping (plain TCP)."""
     counts = w.counts
     out = w.out
     if not tier.acquire():  # the segment left meanwhile
@@ -358,6 +389,21 @@ def serve_tier_read(  # noqa: PLR0917
         out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.SEGMENT_NOT_FOUND), req_id, 0))
         return
     try:
+        if length < SENDFILE_MIN:  # read whole before the header: a short read is refused
+            mem.mapping.release()
+            try:
+                data = os.pread(tier.fd, length, offset)
+            except OSError:
+                data = b""
+            if len(data) != length:
+                counts.refused += 1
+                out.add(RESP.pack(RESP_MAGIC, int(ErrorCode.FILE_READ_FAIL), req_id, 0))
+                return
+            counts.reads += 1
+            counts.tier_reads += 1
+            counts.read_bytes += length
+            out.add(RESP.pack(RESP_MAGIC, 0, req_id, length), memoryview(data))
+            return
         if not tier.holds(offset, length):
             mem.mapping.release()
             counts.refused += 1
@@ -366,7 +412,10 @@ def serve_tier_read(  # noqa: PLR0917
         counts.reads += 1
         counts.tier_reads += 1
         counts.read_bytes += length
-        if length < SENDFILE_MIN or not zero_copy:
+        if not zero_copy and not isinstance(out.sock, ssl.SSLSocket):
+            # Plain TCP without sendfile (a loopback peer: faster, docs/parts/perf-tiers.md):
+            # the kernel copies from the mapping, and a page gone with a truncated file is
+            # its EFAULT (the connection closes), never a SIGBUS in user space.
             out.add(
                 RESP.pack(RESP_MAGIC, 0, req_id, length),
                 mem.mapping.view[offset : offset + length],
@@ -376,9 +425,13 @@ def serve_tier_read(  # noqa: PLR0917
         try:
             out.add(RESP.pack(RESP_MAGIC, 0, req_id, length))
             out.flush()
-            send_file(out.sock, tier.fd, offset, length, out.min_rate, out.grace)
+            if zero_copy:
+                send_file(out.sock, tier.fd, offset, length, out.min_rate, out.grace)
+            else:
+                send_pieces(w, tier.fd, offset, length)
         finally:
             mem.mapping.release()
-        counts.sendfile_reads += 1
+        if zero_copy:
+            counts.sendfile_reads += 1
     finally:
         tier.release()

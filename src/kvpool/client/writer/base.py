@@ -206,11 +206,16 @@ class WriterBase:
         code = _check_replicas(replicas, mv.nbytes)
         if code != ErrorCode.OK:
             return code, None, []
-        if replicas[-1].kind == _DFS:  # tiers: the master's DFS copy comes last, a file
-            code = dfs.write(replicas[-1], mv)
-            if code != ErrorCode.OK or len(replicas) == 1:
-                return code, checksum(mv) if code == ErrorCode.OK else None, []
-            replicas = replicas[:-1]
+        for d in replicas:
+            # tiers: the master's DFS copy is a file, found by kind: a fresh put lists it
+            # last, an in-place upsert answers the stored order (a promotion from DFS stored
+            # the memory copy after it)
+            if d.kind is _DFS:
+                code = dfs.write(d, mv)
+                if code != ErrorCode.OK or len(replicas) == 1:
+                    return code, checksum(mv) if code == ErrorCode.OK else None, []
+                replicas = [r for r in replicas if r is not d]
+                break
         csum: int | None = None
         codes: list[ErrorCode] = []
         if len(replicas) == 1 and mv.nbytes < CHUNKED_MIN:

@@ -39,7 +39,6 @@ from kvpool.protocol.messages import (
     BatchReply,
     BatchUpsertStart,
     ReplicaDesc,
-    ReplicaKind,
     ReplicateConfigMsg,
 )
 from kvpool.transfer.request import TransferOp
@@ -47,8 +46,6 @@ from kvpool.transfer.request import TransferOp
 __all__ = ["BatchPuts"]
 
 log = logging.getLogger(__name__)
-
-_DFS = ReplicaKind.DFS
 
 
 class BatchPuts(StartedPuts):
@@ -225,17 +222,16 @@ class BatchPuts(StartedPuts):
             if not replicas or any(d.size != size for d in replicas):
                 out[i] = _check_replicas(replicas, size)
                 continue
-            if replicas[-1].kind is _DFS:  # tiers: its file is written before the memory
-                dfs_of[i] = replicas[-1]
-                replicas = replicas[:-1]
-                if not replicas:  # never answered (memory replicas come first): refused
-                    out[i] = ErrorCode.INVALID_REPLICA
-                    continue
-            if len(replicas) < want:
+            # tiers: a DFS replica's file is written before the memory; found by kind, as an
+            # in-place upsert answers the stored order (`dfs.split`)
+            file, memory = dfs.split(replicas)
+            if file is not None:
+                dfs_of[i] = file
+            if len(memory) < want:
                 short.append(i)
             view = views[i]
             head = True
-            for d in replicas:
+            for d in memory:
                 places.append(view)
                 segs.append(d.segment)
                 offs.append(d.offset)

@@ -571,6 +571,26 @@ class DataPath:
                 codes[i] = code
         return codes, digests
 
+    def read_mapped(
+        self, dest: memoryview, segment: str, offset: int, want: bool
+    ) -> tuple[ErrorCode, int | None] | None:
+        """`move_many` of one READ in its common case, in one call: `segment`'s route is known
+        and mapped here (`TransferEngine.held_mapping`); returns the code and, with `want`, the
+        xxh3_64 taken while the value is in the cache. None when that is not the case: the
+        caller takes the general path (which resolves, maps, checks the owner or uses TCP)."""
+        mapping = self.engine.held_mapping(segment)
+        if mapping is None:
+            return None
+        try:
+            mem = mapping.view
+            end = offset + dest.nbytes
+            if offset < 0 or end > mem.nbytes:
+                return ErrorCode.INVALID_PARAMS, None  # never copy outside the segment
+            dest[:] = mem[offset:end]
+            return ErrorCode.OK, xxhash.xxh3_64_intdigest(dest) if want else None
+        finally:
+            mapping.release()
+
     def over_tcp(self, segment: str) -> bool:
         """Whether transfers with `segment` go over TCP (TCP forced, or not mapped here): a
         round trip each, which the hot cache (`kvpool.client.hotcache`) saves."""

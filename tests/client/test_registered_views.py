@@ -113,3 +113,21 @@ def test_mmap_is_pinned_and_released(registry: MemoryRegistry) -> None:
         assert registry.pinned == {}
     finally:
         m.close()  # fails with BufferError if an export were left behind
+
+
+def test_one_buffer_takes_the_same_check(
+    registry: MemoryRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buf = bytearray(SIZE * 2)
+    whole = memoryview(buf)
+    registry.register(whole)
+    calls = _count_addresses(monkeypatch)
+    view = whole[SIZE:]
+    assert validation.registered_view(registry, view, writable=True, what="b") is view
+    assert calls == []
+    with pytest.raises(InvalidParams, match="read-only"):
+        validation.registered_view(registry, whole.toreadonly()[:8], writable=True, what="b")
+    with pytest.raises(InvalidParams, match="empty"):
+        validation.registered_view(registry, whole[:0], writable=False, what="b")
+    with pytest.raises(InvalidParams, match="not inside memory registered"):
+        validation.registered_view(registry, bytearray(8), writable=False, what="b")

@@ -69,6 +69,7 @@ from kvpool.client.validation import (
     check_pattern,
     check_segment_size,
     check_values,
+    registered_view,
     registered_views,
     value_view,
 )
@@ -80,6 +81,7 @@ from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 from kvpool.rpc.tls import TlsConfig
+from kvpool.transfer.registration import MemoryRegistry
 from kvpool.transfer.serving import ServeCounters
 
 __all__ = [
@@ -555,8 +557,10 @@ class Store:
         self, buffers: Sequence[Buffer], *, writable: bool, what: str
     ) -> list[memoryview]:
         """`registered_views` of `buffers` (a view cut from a pinned buffer: one lookup)."""
-        registry = self._open().engine.registry
-        return registered_views(registry, buffers, writable=writable, what=what)
+        return registered_views(self._registry(), buffers, writable=writable, what=what)
+
+    def _registry(self) -> MemoryRegistry:
+        return self._open().engine.registry
 
     # ------------------------------------------------------------------ put (writer.py)
 
@@ -598,7 +602,7 @@ class Store:
         """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
         self._settle()
         key = check_key(key)
-        mv = self._registered((buffer,), writable=False, what="put_from buffer")[0]
+        mv = registered_view(self._registry(), buffer, writable=False, what="put_from buffer")
         return self._writer.put_one(key, mv, config, upsert=False) > 0
 
     def batch_put(
@@ -643,7 +647,7 @@ class Store:
         A buffer smaller than the value is INVALID_PARAMS and nothing is read."""
         self._settle()
         key = check_key(key)
-        mv = self._registered((buffer,), writable=True, what="get_into buffer")[0]
+        mv = registered_view(self._registry(), buffer, writable=True, what="get_into buffer")
         return self._reader.get_into(key, mv)
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:

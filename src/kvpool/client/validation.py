@@ -38,6 +38,7 @@ __all__ = [
     "check_values",
     "physical_memory",
     "registered",
+    "registered_view",
     "registered_views",
     "value_view",
 ]
@@ -97,6 +98,23 @@ def registered(
             "registered with register_buffer()"
         )
     return mv
+
+
+def registered_view(
+    registry: MemoryRegistry, b: Buffer, *, writable: bool, what: str
+) -> memoryview:
+    """`registered_views` of one buffer (`get_into`, `put_from`), without the list."""
+    if (
+        type(b) is memoryview
+        and id(b.obj) in registry.pinned
+        and b.c_contiguous
+        and b.nbytes
+        and b.ndim == 1
+        and b.format == "B"
+        and not (writable and b.readonly)
+    ):
+        return b
+    return registered(registry, b, writable=writable, what=what)
 
 
 def registered_views(

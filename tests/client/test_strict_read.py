@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvpool.client import Store
-from kvpool.errors import ChecksumMismatch
+from kvpool.errors import ChecksumMismatch, ErrorCode
 from kvpool.protocol.messages import GetReplicaList, ReplicaListReply
 from kvpool.transfer.engine import TransferEngine
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
@@ -86,3 +86,50 @@ def test_a_tcp_store_reads_through_the_general_path(one_node: Pool) -> None:
             assert s.get("strict-read-tcp") == value
         finally:
             s.remove_all(force=True)
+
+
+def _batch(store: Store, prefix: str, n: int) -> tuple[list[str], list[bytes]]:
+    keys = [f"{prefix}-{i:02d}" for i in range(n)]
+    values = [bytes([i + 1]) * SIZE for i in range(n)]
+    assert all(c == 0 for c in store.batch_put(keys, values))
+    return keys, values
+
+
+def test_a_mapped_batch_read_takes_no_segment_hold(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, values = _batch(store, "strict-batch", 8)
+    buf = bytearray(SIZE * 9)
+    whole = memoryview(buf)
+    store.register_buffer(whole)
+    try:
+        views = [whole[i * SIZE : (i + 1) * SIZE] for i in range(9)]
+        assert store.batch_get_into(keys[:1], views[:1]) == [SIZE]  # maps the segment
+        holds = _holds(monkeypatch)
+        got = store.batch_get_into([*keys, "strict-batch-missing"], views)
+        assert got == [SIZE] * 8 + [int(ErrorCode.OBJECT_NOT_FOUND)]
+        assert [bytes(v) for v in views[:8]] == values
+        assert holds == []  # the old path held the segment once per batch
+    finally:
+        store.unregister_buffer(whole)
+
+
+def test_a_batch_off_the_common_case_answers_per_key(store: Store) -> None:
+    keys, values = _batch(store, "strict-batch-odd", 4)
+    rl = store._node.rpc.call_as(GetReplicaList(keys[1], store._reader.tenant), ReplicaListReply)
+    replica = rl.replicas[0]
+    with store._open().engine.hold_segment(replica.segment) as hold:
+        hold.buffer[replica.offset] ^= 0xFF  # key 1 fails its checksum
+    buf = bytearray(SIZE * 4)
+    whole = memoryview(buf)
+    store.register_buffer(whole)
+    try:
+        views = [whole[i * SIZE : (i + 1) * SIZE] for i in range(4)]
+        views[3] = views[3][: SIZE // 2]  # key 3's buffer is too small
+        got = store.batch_get_into(keys, views)
+        assert got[0] == SIZE and got[2] == SIZE
+        assert got[1] == int(ErrorCode.CHECKSUM_MISMATCH)
+        assert got[3] == int(ErrorCode.INVALID_PARAMS)
+        assert bytes(views[0]) == values[0] and bytes(views[2]) == values[2]
+    finally:
+        store.unregister_buffer(whole)

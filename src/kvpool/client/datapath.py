@@ -31,8 +31,15 @@ from typing import Final, Literal
 import xxhash
 
 from kvpool.client.node import NodeRuntime
+from kvpool.codes import OBJECT_NOT_FOUND
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
-from kvpool.protocol.messages import GetSegment, SegmentInfo, SegmentName, SegmentReply
+from kvpool.protocol.messages import (
+    GetSegment,
+    LocationsReply,
+    SegmentInfo,
+    SegmentName,
+    SegmentReply,
+)
 from kvpool.transfer.copy import BOUNCE_MAX, slow_distance
 from kvpool.transfer.engine import RouteKind, SegmentHold, TransferEngine
 from kvpool.transfer.location import SegmentLocation
@@ -52,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PENDING: Final = ErrorCode.INTERNAL_ERROR
+_NOT_FOUND: Final = int(OBJECT_NOT_FOUND)
 """Placeholder code of a request handed to the engine (replaced by the engine's code)."""
 HASH_CHUNK: Final = 256 << 10
 """Large values on mapped segments are copied and hashed in chunks of this size, in one
@@ -590,6 +598,50 @@ class DataPath:
             return ErrorCode.OK, xxhash.xxh3_64_intdigest(dest) if want else None
         finally:
             mapping.release()
+
+    def read_batch_mapped(
+        self, loc: LocationsReply, views: list[memoryview], verify: bool
+    ) -> list[int] | None:
+        """A strict `batch_get_into` in its common case, under one acquire of one mapping: every
+        key found (one replica each, all on the one segment of `loc`, which is mapped here) or
+        missing, every value fits its view; each value is copied and, with `verify`, hashed
+        while in the cache. Per key its size, or OBJECT_NOT_FOUND's value. None as soon as
+        anything is off that case (another code, a bad place, a view too small, a checksum
+        that does not match): the caller's general path then does the whole batch again and
+        says which key failed and why. The caller checks the lease."""
+        if len(loc.segments) != 1 or self.protocol == "tcp":
+            return None
+        mapping = self.engine.held_mapping(loc.segments[0])
+        if mapping is None:
+            return None
+        digest = xxhash.xxh3_64_intdigest
+        sums, sizes, places = loc.checksums, loc.sizes, loc.places
+        out: list[int] = []
+        try:
+            mem = mapping.view
+            cap = mem.nbytes
+            for i, code in enumerate(loc.codes):
+                if code:
+                    if code != _NOT_FOUND:
+                        return None
+                    out.append(code)
+                    continue
+                p = places[i]
+                if len(p) != 2 or p[0] != 0:
+                    return None
+                off, size, view = p[1], sizes[i], views[i]
+                end = off + size
+                if off < 0 or end > cap or size > view.nbytes:
+                    return None
+                dest = view if view.nbytes == size else view[:size]
+                dest[:] = mem[off:end]
+                want = sums[i]
+                if verify and want is not None and digest(dest) != want:
+                    return None
+                out.append(size)
+        finally:
+            mapping.release()
+        return out
 
     def over_tcp(self, segment: str) -> bool:
         """Whether transfers with `segment` go over TCP (TCP forced, or not mapped here): a

@@ -57,7 +57,9 @@ def test_a_mapped_small_read_takes_no_segment_hold(
         assert store.get_into("strict-read-a", memoryview(buf)) == SIZE
         assert bytes(buf) == value
         assert store.get("strict-read-a") == value
-        assert holds == []  # the old path took one hold per read
+        assert store.put_from("strict-read-b", memoryview(buf))  # a write: the same
+        assert store.get("strict-read-b") == value
+        assert holds == []  # the old path took one hold per read and per write
     finally:
         store.unregister_buffer(memoryview(buf))
 

@@ -687,8 +687,11 @@ class DataPath:
         copied here under one hold is several times faster than through `submit`
         (docs/parts/client.md).
         """
-        hold = self.hold_mapped(segment)
-        if hold is None:
+        # A route known and mapped: acquire its mapping in one call; else the general hold
+        # (which resolves, maps, checks the owner) or False.
+        mapping = self.engine.held_mapping(segment) if self.protocol != "tcp" else None
+        hold = self.hold_mapped(segment) if mapping is None else None
+        if mapping is None and hold is None:
             return False
         ok = ErrorCode.OK
         bad = ErrorCode.INVALID_PARAMS
@@ -696,8 +699,8 @@ class DataPath:
         every = want is True
         wants = want if isinstance(want, list) else None
         read = op is TransferOp.READ
-        with hold:
-            mem = hold.buffer
+        try:
+            mem = mapping.view if mapping is not None else hold.buffer  # type: ignore[union-attr]
             size = mem.nbytes
             for i in range(len(views)) if idxs is None else idxs:
                 view = views[i]
@@ -713,6 +716,11 @@ class DataPath:
                 codes[i] = ok
                 if every or (wants is not None and wants[i]):
                     digests[i] = digest(view)  # still in the cache
+        finally:
+            if mapping is not None:
+                mapping.release()
+            elif hold is not None:
+                hold.release()
         return True
 
     def copy_hashing(

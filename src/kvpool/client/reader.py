@@ -153,10 +153,14 @@ class Reader:
         hot_epoch = self.hot.epoch if self.hot is not None else 0
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
-        raise_for_code(rl.code, key)
+        if rl.code:
+            raise_for_code(rl.code, key)
         out = bytearray(rl.size)
-        done = self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
-        self._remember(key, rl, done, epoch)
+        ttl = rl.lease_ttl_ms  # lease_deadline, inline
+        deadline = started + ttl / 1000.0 if ttl > 0 else float("inf")
+        done = self.read(key, rl, memoryview(out), deadline)
+        if locations is not None:
+            self._remember(key, rl, done, epoch)
         if self.hot is not None:
             self._offer(data, self.hot, key, done.segment, out, epoch=hot_epoch)
         return out

@@ -31,8 +31,15 @@ from typing import Final, Literal
 import xxhash
 
 from kvpool.client.node import NodeRuntime
+from kvpool.codes import OBJECT_NOT_FOUND
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
-from kvpool.protocol.messages import GetSegment, SegmentInfo, SegmentName, SegmentReply
+from kvpool.protocol.messages import (
+    GetSegment,
+    LocationsReply,
+    SegmentInfo,
+    SegmentName,
+    SegmentReply,
+)
 from kvpool.transfer.copy import BOUNCE_MAX, slow_distance
 from kvpool.transfer.engine import RouteKind, SegmentHold, TransferEngine
 from kvpool.transfer.location import SegmentLocation
@@ -52,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PENDING: Final = ErrorCode.INTERNAL_ERROR
+_NOT_FOUND: Final = int(OBJECT_NOT_FOUND)
 """Placeholder code of a request handed to the engine (replaced by the engine's code)."""
 HASH_CHUNK: Final = 256 << 10
 """Large values on mapped segments are copied and hashed in chunks of this size, in one
@@ -571,6 +579,70 @@ class DataPath:
                 codes[i] = code
         return codes, digests
 
+    def read_mapped(
+        self, dest: memoryview, segment: str, offset: int, want: bool
+    ) -> tuple[ErrorCode, int | None] | None:
+        """`move_many` of one READ in its common case, in one call: `segment`'s route is known
+        and mapped here (`TransferEngine.held_mapping`); returns the code and, with `want`, the
+        xxh3_64 taken while the value is in the cache. None when that is not the case: the
+        caller takes the general path (which resolves, maps, checks the owner or uses TCP)."""
+        mapping = self.engine.held_mapping(segment)
+        if mapping is None:
+            return None
+        try:
+            mem = mapping.view
+            end = offset + dest.nbytes
+            if offset < 0 or end > mem.nbytes:
+                return ErrorCode.INVALID_PARAMS, None  # never copy outside the segment
+            dest[:] = mem[offset:end]
+            return ErrorCode.OK, xxhash.xxh3_64_intdigest(dest) if want else None
+        finally:
+            mapping.release()
+
+    def read_batch_mapped(
+        self, loc: LocationsReply, views: list[memoryview], verify: bool
+    ) -> list[int] | None:
+        """A strict `batch_get_into` in its common case, under one acquire of one mapping: every
+        key found (one replica each, all on the one segment of `loc`, which is mapped here) or
+        missing, every value fits its view; each value is copied and, with `verify`, hashed
+        while in the cache. Per key its size, or OBJECT_NOT_FOUND's value. None as soon as
+        anything is off that case (another code, a bad place, a view too small, a checksum
+        that does not match): the caller's general path then does the whole batch again and
+        says which key failed and why. The caller checks the lease."""
+        if len(loc.segments) != 1 or self.protocol == "tcp":
+            return None
+        mapping = self.engine.held_mapping(loc.segments[0])
+        if mapping is None:
+            return None
+        digest = xxhash.xxh3_64_intdigest
+        sums, sizes, places = loc.checksums, loc.sizes, loc.places
+        out: list[int] = []
+        try:
+            mem = mapping.view
+            cap = mem.nbytes
+            for i, code in enumerate(loc.codes):
+                if code:
+                    if code != _NOT_FOUND:
+                        return None
+                    out.append(code)
+                    continue
+                p = places[i]
+                if len(p) != 2 or p[0] != 0:
+                    return None
+                off, size, view = p[1], sizes[i], views[i]
+                end = off + size
+                if off < 0 or end > cap or size > view.nbytes:
+                    return None
+                dest = view if view.nbytes == size else view[:size]
+                dest[:] = mem[off:end]
+                want = sums[i]
+                if verify and want is not None and digest(dest) != want:
+                    return None
+                out.append(size)
+        finally:
+            mapping.release()
+        return out
+
     def over_tcp(self, segment: str) -> bool:
         """Whether transfers with `segment` go over TCP (TCP forced, or not mapped here): a
         round trip each, which the hot cache (`kvpool.client.hotcache`) saves."""
@@ -615,8 +687,11 @@ class DataPath:
         copied here under one hold is several times faster than through `submit`
         (docs/parts/client.md).
         """
-        hold = self.hold_mapped(segment)
-        if hold is None:
+        # A route known and mapped: acquire its mapping in one call; else the general hold
+        # (which resolves, maps, checks the owner) or False.
+        mapping = self.engine.held_mapping(segment) if self.protocol != "tcp" else None
+        hold = self.hold_mapped(segment) if mapping is None else None
+        if mapping is None and hold is None:
             return False
         ok = ErrorCode.OK
         bad = ErrorCode.INVALID_PARAMS
@@ -624,8 +699,8 @@ class DataPath:
         every = want is True
         wants = want if isinstance(want, list) else None
         read = op is TransferOp.READ
-        with hold:
-            mem = hold.buffer
+        try:
+            mem = mapping.view if mapping is not None else hold.buffer  # type: ignore[union-attr]
             size = mem.nbytes
             for i in range(len(views)) if idxs is None else idxs:
                 view = views[i]
@@ -641,6 +716,11 @@ class DataPath:
                 codes[i] = ok
                 if every or (wants is not None and wants[i]):
                     digests[i] = digest(view)  # still in the cache
+        finally:
+            if mapping is not None:
+                mapping.release()
+            elif hold is not None:
+                hold.release()
         return True
 
     def copy_hashing(

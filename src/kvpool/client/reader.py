@@ -50,6 +50,7 @@ from kvpool.client.disk_files import DiskFiles
 from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered, segment_places
 from kvpool.client.node import NodeRuntime
+from kvpool.client.places import first_places, replica_list
 from kvpool.client.replica import (
     digest_or_checksum,
     lease_deadline,
@@ -152,10 +153,14 @@ class Reader:
         hot_epoch = self.hot.epoch if self.hot is not None else 0
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
-        raise_for_code(rl.code, key)
+        if rl.code:
+            raise_for_code(rl.code, key)
         out = bytearray(rl.size)
-        done = self.read(key, rl, memoryview(out), lease_deadline(started, rl.lease_ttl_ms))
-        self._remember(key, rl, done, epoch)
+        ttl = rl.lease_ttl_ms  # lease_deadline, inline
+        deadline = started + ttl / 1000.0 if ttl > 0 else float("inf")
+        done = self.read(key, rl, memoryview(out), deadline)
+        if locations is not None:
+            self._remember(key, rl, done, epoch)
         if self.hot is not None:
             self._offer(data, self.hot, key, done.segment, out, epoch=hot_epoch)
         return out
@@ -184,11 +189,15 @@ class Reader:
             epoch = locations.epoch
         started = time.monotonic()
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
-        raise_for_code(rl.code, key)
+        if rl.code:
+            raise_for_code(rl.code, key)
         if rl.size > mv.nbytes:
             raise InvalidParams(f"{key!r}: buffer of {mv.nbytes} bytes for a {rl.size}-byte value")
-        done = self.read(key, rl, mv[: rl.size], lease_deadline(started, rl.lease_ttl_ms))
-        self._remember(key, rl, done, epoch)
+        ttl = rl.lease_ttl_ms  # lease_deadline, inline
+        deadline = started + ttl / 1000.0 if ttl > 0 else float("inf")
+        done = self.read(key, rl, mv if mv.nbytes == rl.size else mv[: rl.size], deadline)
+        if locations is not None:
+            self._remember(key, rl, done, epoch)
         return rl.size
 
     # ------------------------------------------------------------------ the hot cache
@@ -292,6 +301,20 @@ class Reader:
         """Read the object of `rl` into `dest`, trying the replicas of `order` (default: all
         of them, best first; see the module docstring); returns the replica read, raises the
         last replica's failure."""
+        if order is None and len(rl.replicas) == 1 and dest.nbytes < CHUNKED_MIN:
+            # The common case in one go: one small memory replica on a segment mapped here.
+            r = rl.replicas[0]
+            verify = self.verify and rl.checksum is not None
+            if r.kind == ReplicaKind.MEMORY and r.status == ReplicaStatus.COMPLETE:
+                done = self._opened().read_mapped(dest, r.segment, r.offset, verify)
+                if done is not None and done[0] == ErrorCode.OK:
+                    if verify and done[1] != rl.checksum:
+                        self._report_bad(key, r.segment, r.offset)
+                        verify_checksum(key, dest, rl.checksum, done[1])  # raises
+                    if time.monotonic() > deadline:
+                        verify_lease(key, deadline)  # raises
+                    return r
+            # Anything else (not mapped, a failed copy): the general path below, as before.
         if order is None:
             order = order_replicas(rl.replicas, self._opened().is_local)
         if not order:
@@ -488,7 +511,7 @@ class Reader:
                 if code not in _ABSENT and first is None:
                     first = error_for_code(code, f"{ks[i]!r}")
         if firsts is not None:
-            first_of = self._first_places(loc, self._opened().is_local)
+            first_of = first_places(loc, self._opened().is_local)
             self._remember_batch(ks, loc, firsts, first_of, epoch)
         if codes is not None:
             codes.extend(got)
@@ -547,6 +570,10 @@ class Reader:
         epoch = self.locations.epoch if self.locations is not None else 0
         started = time.monotonic()
         loc = self._locations(ks)
+        if self.locations is None:  # strict: the common case in one loop, when it is one
+            fast = self._opened().read_batch_mapped(loc, views, self.verify)
+            if fast is not None and time.monotonic() <= lease_deadline(started, loc.lease_ttl_ms):
+                return fast
         sizes = loc.sizes
         dests: list[memoryview | None] = [None] * len(ks)
         early: dict[int, ErrorCode] = {}
@@ -560,7 +587,7 @@ class Reader:
         firsts: list[bool] | None = None if self.locations is None else [False] * len(ks)
         codes = self._read_batch(ks, loc, dests, started, firsts)
         if firsts is not None:
-            first_of = self._first_places(loc, self._opened().is_local)
+            first_of = first_places(loc, self._opened().is_local)
             self._remember_batch(ks, loc, firsts, first_of, epoch)
         out: list[int] = []
         for i, code in enumerate(codes):
@@ -643,7 +670,7 @@ class Reader:
         data = self._opened()
         segments = loc.segments
         n_segs = len(segments)
-        first_of = self._first_places(loc, data.is_local)
+        first_of = first_places(loc, data.is_local)
         codes = [ok] * len(dests)
         places: list[memoryview] = []
         segs: list[str] = []
@@ -697,7 +724,7 @@ class Reader:
             else:
                 codes[i] = code
             # The rare path: the first choice failed; try the others one by one.
-            others = self._replica_list(loc, i, skip=first_of[i] if first_of else 0)
+            others = replica_list(loc, i, skip=first_of[i] if first_of else 0)
             if others.replicas:
                 try:
                     self.read(keys[i], others, dest, deadline, others.replicas)
@@ -736,29 +763,6 @@ class Reader:
         if keys:
             locations.remember_many(keys, where, epoch)
 
-    @staticmethod
-    def _first_places(
-        loc: LocationsReply, is_local: Callable[[SegmentName], bool]
-    ) -> list[int] | None:
-        """Per key, the index in its places of the replica to read first (the first one on
-        this host, as `order_replicas`), or None when every key has at most one replica."""
-        if all(len(p) <= 2 for p in loc.places):
-            return None
-        segments = loc.segments
-        local = [is_local(SegmentName(name)) for name in segments]
-        for i in loc.disk_segments:  # a local disk replica is no better than remote memory
-            if 0 <= i < len(local):
-                local[i] = False
-        first: list[int] = []
-        for p in loc.places:
-            j = 0
-            for k in range(0, len(p), 2):
-                if 0 <= p[k] < len(local) and local[p[k]]:
-                    j = k
-                    break
-            first.append(j)
-        return first
-
     def _report_bad(self, key: str, segment: SegmentName, offset: int) -> None:
         """Tell the master that the replica of `key` at `offset` of `segment` failed its
         checksum, so it drops that replica and copies the object again from a good one
@@ -768,27 +772,3 @@ class Reader:
             self._node.rpc.call(ReportBadReplica(key, segment, offset, self.tenant))
         except KVPoolError as exc:
             log.debug("reporting a bad replica of %r failed: %s", key, exc)
-
-    @staticmethod
-    def _replica_list(loc: LocationsReply, i: int, skip: int) -> ReplicaListReply:
-        """Key `i` of `loc` as a ReplicaListReply, without the replica at `skip` (the one that
-        failed), for the one-by-one retry through `_read`."""
-        p = loc.places[i]
-        descs = [
-            ReplicaDesc(
-                0,
-                # tiers: a DFS replica is a file, which the batch copy cannot read (so its
-                # failure there is no reason to skip it); `read` reads it.
-                ReplicaKind.DFS if loc.segments[p[k]] == DFS_SEGMENT else ReplicaKind.MEMORY,
-                ReplicaStatus.COMPLETE,
-                loc.segments[p[k]],
-                p[k + 1],
-                loc.sizes[i],
-                loc.endpoints[p[k]],
-            )
-            for k in range(0, len(p), 2)
-            if 0 <= p[k] < len(loc.segments)
-            and p[k + 1] >= 0
-            and (k != skip or loc.segments[p[k]] == DFS_SEGMENT)
-        ]
-        return ReplicaListReply(0, descs, loc.sizes[i], loc.checksums[i], loc.lease_ttl_ms)

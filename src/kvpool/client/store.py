@@ -68,7 +68,9 @@ from kvpool.client.validation import (
     check_keys,
     check_pattern,
     check_segment_size,
-    registered,
+    check_values,
+    registered_view,
+    registered_views,
     value_view,
 )
 from kvpool.client.writer import Writer
@@ -79,6 +81,7 @@ from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
 from kvpool.rpc.tls import TlsConfig
+from kvpool.transfer.registration import MemoryRegistry
 from kvpool.transfer.serving import ServeCounters
 
 __all__ = [
@@ -550,11 +553,14 @@ class Store:
         address)."""
         self._open().engine.unregister(buffer)
 
-    def _registered(self, buffer: Buffer, *, writable: bool, what: str) -> memoryview:
-        return registered(self._open().engine.registry, buffer, writable=writable, what=what)
+    def _registered(
+        self, buffers: Sequence[Buffer], *, writable: bool, what: str
+    ) -> list[memoryview]:
+        """`registered_views` of `buffers` (a view cut from a pinned buffer: one lookup)."""
+        return registered_views(self._registry(), buffers, writable=writable, what=what)
 
-    def _put_from_view(self, buffer: Buffer) -> memoryview:
-        return self._registered(buffer, writable=False, what="put_from buffer")
+    def _registry(self) -> MemoryRegistry:
+        return self._open().engine.registry
 
     # ------------------------------------------------------------------ put (writer.py)
 
@@ -596,7 +602,8 @@ class Store:
         """`put` of a registered buffer's bytes, zero-copy (the buffer is the whole value)."""
         self._settle()
         key = check_key(key)
-        return self._writer.put_one(key, self._put_from_view(buffer), config, upsert=False) > 0
+        mv = registered_view(self._registry(), buffer, writable=False, what="put_from buffer")
+        return self._writer.put_one(key, mv, config, upsert=False) > 0
 
     def batch_put(
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -606,7 +613,7 @@ class Store:
         self._settle()
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
-        return self._put_batch(ks, views, config, upsert=False)
+        return self._writer.put_batch(ks, views, config, upsert=False)
 
     def batch_upsert(
         self, keys: Sequence[str], values: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -616,17 +623,7 @@ class Store:
         ks = check_keys(keys, unique=True)
         views = batch_views(ks, values, value_view)
         self._forget(ks)
-        return self._put_batch(ks, views, config, upsert=True)
-
-    def _put_batch(
-        self,
-        ks: list[str],
-        views: list[memoryview],
-        config: ReplicateConfig | None,
-        *,
-        upsert: bool,
-    ) -> list[ErrorCode]:
-        return self._writer.put_batch(ks, views, config, upsert=upsert)
+        return self._writer.put_batch(ks, views, config, upsert=True)
 
     def batch_put_from(
         self, keys: Sequence[str], buffers: Sequence[Buffer], config: ReplicateConfig | None = None
@@ -634,8 +631,8 @@ class Store:
         """`batch_put` from registered buffers, zero-copy."""
         self._settle()
         ks = check_keys(keys, unique=True)
-        views = batch_views(ks, buffers, self._put_from_view)
-        return self._put_batch(ks, views, config, upsert=False)
+        views = self._registered(check_values(ks, buffers), writable=False, what="put_from buffer")
+        return self._writer.put_batch(ks, views, config, upsert=False)
 
     # ------------------------------------------------------------------ get (reader.py)
 
@@ -650,7 +647,7 @@ class Store:
         A buffer smaller than the value is INVALID_PARAMS and nothing is read."""
         self._settle()
         key = check_key(key)
-        mv = self._registered(buffer, writable=True, what="get_into buffer")
+        mv = registered_view(self._registry(), buffer, writable=True, what="get_into buffer")
         return self._reader.get_into(key, mv)
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | None]:
@@ -680,7 +677,7 @@ class Store:
             raise InvalidParams("buffers: expected a list of registered buffers")
         if len(buffers) != len(ks):
             raise InvalidParams(f"{len(ks)} keys but {len(buffers)} buffers")
-        views = [self._registered(b, writable=True, what="get_into buffer") for b in buffers]
+        views = self._registered(buffers, writable=True, what="get_into buffer")
         return self._reader.batch_get_into(ks, views)
 
     # ------------------------------------------------------------------ queries (control.py)

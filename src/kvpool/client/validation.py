@@ -35,8 +35,11 @@ __all__ = [
     "check_pattern",
     "check_replicate_config",
     "check_segment_size",
+    "check_values",
     "physical_memory",
     "registered",
+    "registered_view",
+    "registered_views",
     "value_view",
 ]
 
@@ -97,15 +100,61 @@ def registered(
     return mv
 
 
+def registered_view(
+    registry: MemoryRegistry, b: Buffer, *, writable: bool, what: str
+) -> memoryview:
+    """`registered_views` of one buffer (`get_into`, `put_from`), without the list."""
+    if (
+        type(b) is memoryview
+        and id(b.obj) in registry.pinned
+        and b.c_contiguous
+        and b.nbytes
+        and b.ndim == 1
+        and b.format == "B"
+        and not (writable and b.readonly)
+    ):
+        return b
+    return registered(registry, b, writable=writable, what=what)
+
+
+def registered_views(
+    registry: MemoryRegistry, buffers: Sequence[Buffer], *, writable: bool, what: str
+) -> list[memoryview]:
+    """`registered` of each buffer. A flat byte memoryview cut from a pinned exporter
+    (`MemoryRegistry.pinned`: a registered memoryview of all of it) is inside registered
+    memory wherever it starts, so it passes with one dict lookup and no address taken; the
+    rest take `registered`'s full check."""
+    pinned = registry.pinned
+    out = [
+        b
+        if type(b) is memoryview
+        and id(b.obj) in pinned
+        and b.c_contiguous
+        and b.nbytes
+        and b.ndim == 1
+        and b.format == "B"
+        and not (writable and b.readonly)
+        else registered(registry, b, writable=writable, what=what)
+        for b in buffers
+    ]
+    return out
+
+
 def batch_views(
     keys: list[str], values: Sequence[Buffer], view: Callable[[Buffer], memoryview]
 ) -> list[memoryview]:
     """One view per key (`view` of each value), when `values` pairs up with `keys`."""
+    check_values(keys, values)
+    return [view(v) for v in values]
+
+
+def check_values(keys: list[str], values: object) -> Sequence[Buffer]:
+    """`values` when it is a list of buffers (not yet checked one by one) as long as `keys`."""
     if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         raise InvalidParams(f"values: expected a list of buffers, got {type(values).__name__}")
     if len(values) != len(keys):
         raise InvalidParams(f"{len(keys)} keys but {len(values)} values")
-    return [view(v) for v in values]
+    return values
 
 
 def check_pattern(pattern: object) -> str:

@@ -59,6 +59,9 @@ _PRUNE_AT: Final = 4096
 class SegmentGuard:
     """The checks of the module docstring. Runs on the master's loop; no locks."""
 
+    #: The request types `check` looks at (every other request passes untouched).
+    WATCHED: Final = _WATCHED
+
     def __init__(self, segments: Callable[[], SegmentTable]) -> None:
         self._segments = segments
         self._owner_conn: dict[ClientId, Connection] = {}

@@ -35,7 +35,7 @@ from kvpool.master.liveness import ClientTable
 from kvpool.master.metadata import ObjectIndex, ObjectMeta, TenantShards
 from kvpool.master.quota import TenantQuotas
 from kvpool.master.segments import Segment
-from kvpool.protocol.messages import ClientId, ReplicateConfigMsg, TenantId
+from kvpool.protocol.messages import ClientId, ReplicateConfigMsg, SoftPinAction, TenantId
 
 __all__ = ["Claim", "PutPlan", "PutPlanner"]
 
@@ -56,6 +56,7 @@ class Claim(Enum):
 _EXISTS = Claim.EXISTS
 _FORGET_DEAD = Claim.FORGET_DEAD
 _PREEMPT = Claim.PREEMPT
+_PIN = SoftPinAction.ENABLE
 
 
 class PutPlan:
@@ -156,8 +157,11 @@ class PutPlanner:
         self, client_id: ClientId, tenant: TenantId, cfg: ReplicateConfigMsg, n: int
     ) -> PutPlan:
         """Validate the parts of a put of `n` keys shared by all its keys."""
-        pin_code, ttl = resolve_soft_pin(cfg, self._config)
-        code = int(pin_code)
+        if cfg.soft_pin_ttl_ms is None and cfg.soft_pin_action is not _PIN:
+            code, ttl = OK, None  # resolve_soft_pin's answer for no pin, without the call
+        else:
+            pin_code, ttl = resolve_soft_pin(cfg, self._config)
+            code = int(pin_code)
         if (
             not client_id
             or not tenant
@@ -170,9 +174,15 @@ class PutPlanner:
         if plan.code == OK:
             # A tenant's shard list and a client's in-flight set are containers made on first
             # use; making them early changes nothing anyone can observe.
-            plan.fresh_tenant = self._index.tenant(tenant) is None
-            plan.shards = self._index.tenant_for_insert(tenant)
-            plan.in_flight = self._clients.in_flight_bucket(client_id)
+            shards = self._index.tenant(tenant)  # the dict's own get: no Python call
+            if shards is None:
+                plan.fresh_tenant = True
+                shards = self._index.tenant_for_insert(tenant)
+            plan.shards = shards
+            in_flight = self._clients.in_flight.get(client_id)  # in_flight_bucket, inline
+            plan.in_flight = (
+                in_flight if in_flight is not None else self._clients.in_flight_bucket(client_id)
+            )
             plan.simple = plan.simple and self._random
             if self.quotas is not None:
                 plan.quota = self.quotas.limit(tenant)

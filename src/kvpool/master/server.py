@@ -111,12 +111,9 @@ class MasterServer:
         )
         #: Segment ownership checks made with or without credentials (`kvpool.master.guard`).
         self.guard = SegmentGuard(lambda: self.service.segments)
-        handler = self.guard.guard(self._rpc_handler())
         #: The invalidation stream of cached-mode clients (`kvpool.master.invalidation`).
         self.invalidations = InvalidationHub()
-        handler = self.invalidations.wrap(
-            handler, lambda: self.service._core, getattr(self, "_leading", None)
-        )
+        handler = self._front_handler(lambda: self.service._core)
         if self.credentials is not None:
             handler = RequestPolicy().gate(handler)
         self.rpc = RpcServer(
@@ -158,6 +155,33 @@ class MasterServer:
         handlers[FollowLog] = handlers[FetchSnapshot] = self._not_ha
         self._handlers.clear()
         self._handlers.update(handlers)
+
+    def _front_handler(self, core: Callable[[], Any]) -> Callable[[Any, Connection], Any]:
+        """What serves a request (behind the auth gate): the guard's checks of the segment
+        requests (`kvpool.master.guard`), Subscribe served by the invalidation hub, the rest by
+        its handler. With the plain `_handle` (no durable log, no HA) one closure does all
+        three, a Python call per request instead of three; otherwise the wrappers chain."""
+        leading = getattr(self, "_leading", None)
+        if leading is not None or self.service.durable is not None:
+            inner = self.guard.guard(self._rpc_handler())
+            return self.invalidations.wrap(inner, core, leading)
+        handlers = self._handlers
+        special = SegmentGuard.WATCHED | {Subscribe}
+        check = self.guard.check
+        hub = self.invalidations
+
+        def handle(request: Any, conn: Connection) -> Any:
+            t = type(request)
+            if t in special:
+                if t is Subscribe:  # InvalidationHub.wrap's case
+                    hub.attach(core())
+                    return hub.subscribe(request, conn)
+                refusal = check(request, conn)  # SegmentGuard.guard's case
+                if refusal is not None:
+                    return refusal
+            return handlers[t](request)
+
+        return handle
 
     def _rpc_handler(self) -> Callable[[Any, Connection], Any]:
         durable = self.service.durable

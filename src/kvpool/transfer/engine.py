@@ -303,6 +303,19 @@ class TransferEngine:
             raise TransferError(f"segment {clean} is closing")
         return SegmentHold(clean, route.kind, route.mapping)
 
+    def held_mapping(self, name: str) -> SharedMapping | None:
+        """The mapping of segment `name`, acquired (the caller releases it), when its route is
+        already known, mapped here (LOCAL or SHM) and due no owner liveness check; None
+        otherwise, and then the caller takes `hold_segment`'s path, which resolves, checks the
+        owner and raises as it does. The small strict read's one call (`DataPath.read_mapped`)."""
+        route = self._routes.get(name)
+        if route is None or route.mapping is None:
+            return None
+        if route.peer is not None and time.monotonic() - route.checked_at > self.liveness_interval:
+            return None
+        mapping = route.mapping
+        return mapping if mapping.acquire() else None
+
     def forget(self, name: str) -> None:
         """Drop what is cached about segment `name` (its location, its peer mapping)."""
         clean = normalize_segment_name(name)

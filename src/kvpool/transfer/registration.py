@@ -13,7 +13,11 @@ Rules:
   only when none failed is the range forgotten (and the error raised otherwise).
 
 A registration given a Python buffer keeps a reference to it, so the memory cannot be freed
-while registered. A raw address (a torch tensor's `data_ptr()`, a ctypes pointer) is trusted as
+while registered. When that buffer is a memoryview covering the whole of its exporter (a
+bytearray, an mmap, a numpy array), the exporter is *pinned*: the registry holds one more export
+of it (so it can neither be resized nor moved while registered) and `pinned` maps its id to the
+region, so a view cut from it (`memoryview.obj` is the exporter) is known to lie inside without
+taking its address (`kvpool.client.validation.registered_views`). A raw address (a torch tensor's `data_ptr()`, a ctypes pointer) is trusted as
 given; the caller keeps it alive until `unregister`.
 """
 
@@ -23,6 +27,7 @@ import bisect
 import contextlib
 import ctypes
 import itertools
+import mmap
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +90,29 @@ class _Entry:
     region: MemoryRegion
     keepalive: object
     reserving: bool
+    pin: memoryview | None = None
+    """One more export of the whole exporter of a pinned registration (module docstring)."""
+
+
+_PINNABLE = (bytearray, mmap.mmap, np.ndarray)
+"""Exporters whose buffer stays where it is while exported (resizing refuses then)."""
+
+
+def _pin(keepalive: object, region: MemoryRegion) -> memoryview | None:
+    """An export of the whole exporter behind `keepalive` when that lies inside `region`."""
+    if type(keepalive) is not memoryview:
+        return None
+    exporter = keepalive.obj
+    if not isinstance(exporter, _PINNABLE):
+        return None
+    try:
+        whole = byte_view(exporter)
+    except (InvalidParams, ValueError, BufferError):
+        return None
+    if not whole.nbytes or not region.contains(buffer_address(whole), whole.nbytes):
+        whole.release()
+        return None
+    return whole
 
 
 class MemoryRegistry:
@@ -95,6 +123,9 @@ class MemoryRegistry:
         self._lock = threading.Lock()
         self._starts: list[int] = []  # sorted start addresses of registered + reserving entries
         self._entries: dict[int, _Entry] = {}
+        #: id of a pinned exporter -> its region (module docstring); changed under the lock,
+        #: read without it (one dict lookup).
+        self.pinned: dict[int, MemoryRegion] = {}
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -151,8 +182,12 @@ class MemoryRegistry:
                     self._remove(region.addr)
             raise
         with self._lock:
-            for region, _ in prepared:
-                self._entries[region.addr].reserving = False
+            for region, keep in prepared:
+                entry = self._entries[region.addr]
+                entry.reserving = False
+                entry.pin = _pin(keep, region)
+                if entry.pin is not None:
+                    self.pinned[id(entry.pin.obj)] = region
         return [region for region, _ in prepared]
 
     def unregister(self, buffer: object) -> None:
@@ -207,5 +242,9 @@ class MemoryRegistry:
         self._entries[entry.region.addr] = entry
 
     def _remove(self, addr: int) -> None:
-        if self._entries.pop(addr, None) is not None:
+        entry = self._entries.pop(addr, None)
+        if entry is not None:
             del self._starts[bisect.bisect_left(self._starts, addr)]
+            if entry.pin is not None:
+                self.pinned.pop(id(entry.pin.obj), None)
+                entry.pin.release()

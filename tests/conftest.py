@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvpool.client import Store
 from kvtest.procs import Proc, free_port, require_binary, wait_until
 
 #: etcd fixtures (`etcd_shared`, `gateway`, `cluster`) for every test that needs them.
@@ -29,3 +30,12 @@ def redis_server() -> Iterator[str]:
 
 
 __all__ = ["wait_until"]
+
+
+@pytest.fixture
+def stores() -> Iterator[list[Store]]:
+    """A list a test appends the Stores it makes to; each is closed when the test ends."""
+    made: list[Store] = []
+    yield made
+    for s in made:
+        s.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,14 +32,6 @@ COUNT = 16
 
 def value(i: int, tag: bytes = b"cached..") -> bytes:
     return (i.to_bytes(8, "little") + tag) * (MiB // 16)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def _pool(pool: PoolFactory, tmp_path: Path, *master: str, disk: str = "64MiB") -> Pool:  # noqa: F811

@@ -6,7 +6,6 @@ file, and a file that vanished is dropped while the object stays readable."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,14 +32,6 @@ def files(root: Path) -> list[str]:
 
 def kinds(s: Store, key: str) -> list[ReplicaKind]:
     return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def _store(made: list[Store], address: str) -> Store:

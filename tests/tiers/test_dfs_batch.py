@@ -7,7 +7,6 @@ for a put that asks for a DFS copy."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +39,6 @@ def kinds(s: Store, key: str) -> list[ReplicaKind]:
 
 def dfs_id(s: Store, key: str) -> int:
     return next(r.offset for r in s.get_replica_desc(key) if r.kind == ReplicaKind.DFS)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 class _Counted:

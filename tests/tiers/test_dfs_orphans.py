@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,14 +43,6 @@ def plant(path: str, age: float) -> None:
         f.write(b"orphan" * 100)
     t = time.time() - age
     os.utime(path, (t, t))
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def test_old_orphan_and_tmp_files_go_while_live_and_young_files_stay(

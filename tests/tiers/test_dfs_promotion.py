@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ def value(i: int) -> bytes:
 
 def kinds(s: Store, key: str) -> list[ReplicaKind]:
     return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def test_a_dfs_only_object_read_often_comes_back_to_memory_by_itself(

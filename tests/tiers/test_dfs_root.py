@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ DFS = ReplicateConfig(dfs_replica_num=1)
 
 def value(i: int) -> bytes:
     return (i.to_bytes(8, "little") + b"dfs-root") * (MiB // 16)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def test_a_dfs_root_must_be_an_existing_directory(tmp_path: Path) -> None:

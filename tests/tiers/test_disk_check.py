@@ -5,10 +5,7 @@ node, is reported and its disk replica dropped, while the object stays readable 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
@@ -27,14 +24,6 @@ def value(i: int) -> bytes:
 
 def kinds(s: Store, key: str) -> list[ReplicaKind]:
     return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def test_corrupt_or_vanished_disk_objects_are_dropped_and_read_from_memory(

@@ -6,10 +6,7 @@ lost on the way. `kvpool bench tiers` times it (`promotion_seconds`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool.client import Store
 from kvpool.protocol.messages import ReplicaKind
@@ -21,14 +18,6 @@ HOT = 8
 
 def value(i: int) -> bytes:
     return (i.to_bytes(8, "little") + b"promoted") * (MiB // 16)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def kinds(s: Store, key: str) -> set[ReplicaKind]:

@@ -3,10 +3,7 @@ spread over them by free space, and each directory's objects served again after 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
@@ -19,14 +16,6 @@ MiB = 1 << 20
 
 def value(i: int) -> bytes:
     return (i.to_bytes(8, "little") + b"two-dirs") * (MiB // 16)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def _node(p: Pool, dirs: list[Path]) -> None:

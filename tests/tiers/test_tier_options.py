@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,14 +64,6 @@ def test_a_disk_check_option_needs_a_disk_tier(command: str) -> None:
     out = kvpool(command, *where, "--disk-check-per-round", "4")
     assert out.returncode == 2, out.stderr
     assert "--disk-check-per-round needs --offload-dir" in out.stderr, out.stderr
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
 
 
 def test_the_nodes_disk_check_runs_as_told(

@@ -23,10 +23,17 @@ def test_only_the_leader_takes_subscriptions_and_pushes_its_removals(
     leader = wait_leader(masters)
     standby = next(m for m in masters if m is not leader)
     with RpcClient(standby.address, response_type=Response, cluster_id=cluster) as c:
-        with pytest.raises(NotLeader) as err:
-            c.call(Subscribe(TenantId("default")))
-        assert err.value.code is ErrorCode.NOT_LEADER
-        assert f"leader={leader.address}" in err.value.message
+
+        def refusal() -> NotLeader | None:
+            with pytest.raises(NotLeader) as err:
+                c.call(Subscribe(TenantId("default")))
+            assert err.value.code is ErrorCode.NOT_LEADER
+            # The standby learns the leader from etcd's watch, a moment after the leader
+            # itself knows (`wait_leader`): until then it refuses without a name.
+            return err.value if "leader unknown" not in err.value.message else None
+
+        refused = wait_until(refusal, timeout=10, what="the standby to name the leader")
+        assert f"leader={leader.address}" in refused.message
     node = FakeNode(leader.address, cluster)
     heard: list[Invalidate | None] = []
     try:

@@ -56,7 +56,12 @@ def test_quick_fuzz_finds_no_crash_no_hang_and_no_growth(tmp_path: Path) -> None
             )
             assert slow_payload["value"] < 2.0 and not slow_payload["probe_failed"], slow_payload
         flood = by["flood", target]
-        assert flood["refused"] == flood["opened"] - flood["cap"] > 0, flood
+        # Exactly the connections past the cap are refused, less one for each held connection
+        # the server closed meanwhile without a refusal (its handshake limit, on a loaded
+        # machine): that frees a place a later connection may rightly take.
+        excess = flood["opened"] - flood["cap"]
+        assert excess - flood["closed_silently"] <= flood["refused"] <= excess, flood
+        assert flood["refused"] > 0, flood
         for metric in ("rss_delta_mb", "threads_delta", "fds_delta"):
             row = by[metric, target]
             assert row["value"] <= row["tolerance"], row

@@ -120,7 +120,9 @@ def test_a_clean_resign_hands_over_at_once(
     leader, term = _wait_one_leader(procs, timeout=15)
     standby = next(c for c in procs if c is not leader)
     stopped_at = time.monotonic()
-    assert leader.proc.stop() == 0
+    # The resign is the first thing SIGTERM does; the exit after it (threads joined, etcd
+    # connections closed) may take seconds on a loaded machine, and is not what is timed.
+    assert leader.proc.stop(grace=20.0) == 0
     assert leader.records("closed")
     rec = standby.wait_leading(timeout=ttl, min_term=term + 1)
     assert float(rec["at"]) - stopped_at < 1.5

@@ -420,6 +420,9 @@ class Fuzz:
                 break
             time.sleep(0.05)  # polling sockets the server closes; nothing to wait on
         refused = flood.refused[label]
+        # Held connections the server closed without a refusal meanwhile (its handshake limit
+        # on a slow machine): each freed a place under the cap that a later one may take.
+        silent = flood.closed_by_server[label] - refused
         self._probe(store, 900_000 + len(self.flood))
         closed_by_us = flood.close_some(label, 0.5)
         with self._held_lock:
@@ -428,6 +431,7 @@ class Fuzz:
             "opened": n - failed,
             "connect_failed": failed,
             "refused": refused,
+            "closed_silently": silent,
             "closed_by_us": closed_by_us,
             "cap": self.plan.per_peer,
             "open_s": round(open_s, 3),

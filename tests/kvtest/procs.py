@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "freeze",
     "kvpool_proc",
     "require_binary",
+    "run_kvpool",
     "wait_until",
 ]
 
@@ -108,6 +110,17 @@ class Proc(Child):
 def kvpool_proc(*args: str, env: dict[str, str] | None = None, name: str = "") -> Proc:
     """`python -m kvpool ARGS...` as a child process."""
     return Proc([sys.executable, "-m", "kvpool", *args], env=env, name=name or f"kvpool {args[0]}")
+
+
+def run_kvpool(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m kvpool ARGS...` run to its end (`timeout` s at most), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def require_binary(name: str) -> str:

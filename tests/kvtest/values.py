@@ -1,0 +1,17 @@
+"""Values a test can tell apart: object `i`'s bytes, its number and a tag repeated.
+
+A test reads a value back and compares it with `pattern(i, TAG, size)` made again: a replica of
+another object, another write (another tag) or a torn copy shows as a mismatch.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MiB", "pattern"]
+
+MiB = 1 << 20
+
+
+def pattern(i: int, tag: bytes, size: int = MiB) -> bytes:
+    """`size // 16` times `i` (8 bytes, little-endian) and the 8-byte `tag`."""
+    assert len(tag) == 8, tag
+    return (i.to_bytes(8, "little") + tag) * (size // 16)

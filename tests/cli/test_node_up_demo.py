@@ -14,7 +14,7 @@ from kvpool.client import ReplicateConfig, Store
 from kvpool.protocol.messages import Response, Stats, StatsReply, TaskStatus
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, wait_until
+from kvtest.procs import kvpool_proc, run_kvpool, wait_until
 
 
 def stats(address: str) -> StatsReply:
@@ -49,30 +49,9 @@ def test_node_mounts_serves_and_unmounts_cleanly_on_sigterm(pool: PoolFactory) -
 
 def test_node_refuses_a_bad_size_and_an_unreachable_master(pool: PoolFactory) -> None:  # noqa: F811
     p = pool(nodes=0)
-    bad = subprocess.run(
-        [sys.executable, "-m", "kvpool", "node", "--master", p.address, "--segment-size", "lots"],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=30,
-    )
+    bad = run_kvpool("node", "--master", p.address, "--segment-size", "lots", timeout=30)
     assert bad.returncode != 0 and "segment-size" in bad.stderr
-    nowhere = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvpool",
-            "node",
-            "--master",
-            "127.0.0.1:1",
-            "--segment-size",
-            "1MiB",
-        ],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=60,
-    )
+    nowhere = run_kvpool("node", "--master", "127.0.0.1:1", "--segment-size", "1MiB")
     assert nowhere.returncode != 0 and "cannot join" in nowhere.stderr
 
 
@@ -152,13 +131,7 @@ def test_node_executes_replica_tasks_as_soon_as_a_ping_announces_them(
             assert info.status == TaskStatus.SUCCESS, info.message
             assert [r.segment for r in s.get_replica_desc("t")] == [target]
             assert s.get("t") == b"t" * 5000
-        bad = subprocess.run(
-            [sys.executable, "-m", "kvpool", "node", "--master", p.address, *BAD_POLL],
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=30,
-        )
+        bad = run_kvpool("node", "--master", p.address, *BAD_POLL, timeout=30)
         assert bad.returncode != 0 and "task-poll-interval" in bad.stderr
     finally:
         node.stop()

@@ -112,14 +112,18 @@ def kvpool_proc(*args: str, env: dict[str, str] | None = None, name: str = "") -
     return Proc([sys.executable, "-m", "kvpool", *args], env=env, name=name or f"kvpool {args[0]}")
 
 
-def run_kvpool(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`python -m kvpool ARGS...` run to its end (`timeout` s at most), its output captured."""
+def run_kvpool(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m kvpool ARGS...` run to its end (`timeout` s at most), its output captured;
+    `env` replaces the environment when given."""
     return subprocess.run(
         [sys.executable, "-m", "kvpool", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
 
 

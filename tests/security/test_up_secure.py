@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvpool import Store
 from kvpool.errors import KVPoolError, Unauthenticated
-from kvtest.procs import kvpool_proc
+from kvtest.procs import kvpool_proc, run_kvpool
 from security.pki import Pki
 
 NODE = "up-node-token-0000000000000000001"
@@ -69,12 +67,5 @@ def test_up_with_an_auth_file_needs_a_token(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text(f"tokens:\n  - {{token: {NODE}, tenant: a, role: node}}\n")
     env = {k: v for k, v in os.environ.items() if k != "KVPOOL_AUTH_TOKEN"}
-    out = subprocess.run(
-        [sys.executable, "-m", "kvpool", "up", "--port", "0", "--auth-file", str(auth)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    out = run_kvpool("up", "--port", "0", "--auth-file", str(auth), env=env)
     assert out.returncode == 2 and "--token-file" in out.stderr

@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from kvpool.protocol.tiers import DFS_DIR, dfs_file
 from kvtest.dfs import DFS, dfs_pool
 from kvtest.etcd import EtcdServer
 from kvtest.ha import HaMaster, wait_leader
+from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import kvpool_proc, run_kvpool, wait_until
 from kvtest.replicas import dfs_file_id
@@ -29,9 +29,7 @@ OLD = 3600.0
 
 
 def scrape(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    m = re.search(rf"^{name} (\S+)$", metrics_text(base), re.M)
     assert m is not None, name
     return float(m.group(1))
 
@@ -75,8 +73,7 @@ def test_old_orphan_and_tmp_files_go_while_live_and_young_files_stay(
         "--http-port",
         "0",
     )
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    base = f"http://{m.group(1)}:{m.group(2)}"
+    base = http_base(p.master)
     s = open_store(stores, p.address)
     assert s.put("live", b"v" * 4096, DFS)
     live_id = dfs_file_id(s, "live")

@@ -6,7 +6,6 @@ the file back into memory, checked against the checksum; the DFS replica stays."
 from __future__ import annotations
 
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
 from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
+from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
 from kvtest.replicas import dfs_file_id, kinds
@@ -82,8 +82,7 @@ def test_a_corrupt_dfs_file_is_never_promoted(
 ) -> None:
     root = tmp_path / "dfs"
     p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s", "--http-port", "0")
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    base = f"http://{m.group(1)}:{m.group(2)}"
+    base = http_base(p.master)
     s = open_store(stores, p.address)
     assert s.put("bad", value(3), DFS)
     p.kill_node(0)
@@ -105,7 +104,5 @@ def test_a_corrupt_dfs_file_is_never_promoted(
 
 
 def metric(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    got = re.search(rf"^{name} (\S+)$", text, re.M)
+    got = re.search(rf"^{name} (\S+)$", metrics_text(base), re.M)
     return float(got.group(1)) if got else 0.0

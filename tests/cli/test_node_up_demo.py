@@ -14,7 +14,7 @@ from kvpool.client import ReplicateConfig, Store
 from kvpool.protocol.messages import Response, Stats, StatsReply, TaskStatus
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, run_kvpool, wait_until
+from kvtest.procs import kvpool_proc, kvpool_up, run_kvpool, wait_until
 
 
 def stats(address: str) -> StatsReply:
@@ -56,7 +56,7 @@ def test_node_refuses_a_bad_size_and_an_unreachable_master(pool: PoolFactory) ->
 
 
 def test_up_serves_a_pool_and_ctrl_c_leaves_nothing_behind() -> None:
-    up = kvpool_proc("up", "--port", "0", "--segment-size", "64MiB", "--refresh", "0.1s", name="up")
+    up = kvpool_up("--refresh", "0.1s", segment_size="64MiB")
     try:
         address = up.wait_ready(timeout=60)
         children = [c.pid for c in psutil.Process(up.pid).children(recursive=True)]
@@ -87,7 +87,7 @@ def test_demo_runs_end_to_end_and_reports_no_checksum_failures() -> None:
 
 
 def test_up_stops_everything_and_fails_when_its_node_dies() -> None:
-    up = kvpool_proc("up", "--port", "0", "--segment-size", "16MiB", "--refresh", "0.1s", name="up")
+    up = kvpool_up("--refresh", "0.1s")
     try:
         up.wait_ready(timeout=60)
         children = psutil.Process(up.pid).children(recursive=True)

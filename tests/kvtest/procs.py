@@ -27,6 +27,7 @@ __all__ = [
     "free_port",
     "freeze",
     "kvpool_proc",
+    "kvpool_up",
     "require_binary",
     "run_kvpool",
     "wait_until",
@@ -110,6 +111,11 @@ class Proc(Child):
 def kvpool_proc(*args: str, env: dict[str, str] | None = None, name: str = "") -> Proc:
     """`python -m kvpool ARGS...` as a child process."""
     return Proc([sys.executable, "-m", "kvpool", *args], env=env, name=name or f"kvpool {args[0]}")
+
+
+def kvpool_up(*args: str, segment_size: str = "16MiB") -> Proc:
+    """`kvpool up --port 0 --segment-size SIZE ARGS...` (a master and one node) as a child."""
+    return kvpool_proc("up", "--port", "0", "--segment-size", segment_size, *args, name="up")
 
 
 def run_kvpool(

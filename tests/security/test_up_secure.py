@@ -12,7 +12,7 @@ import pytest
 
 from kvpool import Store
 from kvpool.errors import KVPoolError, Unauthenticated
-from kvtest.procs import kvpool_proc, run_kvpool
+from kvtest.procs import kvpool_up, run_kvpool
 from security.pki import Pki
 
 NODE = "up-node-token-0000000000000000001"
@@ -30,21 +30,7 @@ def test_up_with_credentials_and_tls_serves_only_clients_that_have_both(
     token = tmp_path / "node.token"
     token.write_text(NODE + "\n")
     tls = ["--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca]
-    up = kvpool_proc(
-        "up",
-        "--port",
-        "0",
-        "--segment-size",
-        "16MiB",
-        "--refresh",
-        "0.1s",
-        "--auth-file",
-        str(auth),
-        "--token-file",
-        str(token),
-        *tls,
-        name="up",
-    )
+    up = kvpool_up("--refresh", "0.1s", "--auth-file", str(auth), "--token-file", str(token), *tls)
     try:
         address = up.wait_ready(timeout=60)
         monkeypatch.setenv("KVPOOL_RPC_UNIX", "0")  # the Store on TCP: TLS

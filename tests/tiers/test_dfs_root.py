@@ -16,7 +16,7 @@ from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR
 from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, run_kvpool
+from kvtest.procs import kvpool_up, run_kvpool
 from kvtest.replicas import kinds
 from kvtest.stores import open_store
 from kvtest.values import pattern
@@ -88,9 +88,7 @@ def test_kvpool_up_gives_its_master_and_node_the_dfs_root(
 ) -> None:
     root = tmp_path / "shared"
     root.mkdir()
-    up = kvpool_proc(
-        "up", "--port", "0", "--segment-size", "16MiB", "--dfs-root", str(root), name="up"
-    )
+    up = kvpool_up("--dfs-root", str(root))
     try:
         address = up.wait_ready(timeout=60)
         s = open_store(stores, address)

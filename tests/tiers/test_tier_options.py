@@ -14,7 +14,7 @@ from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicaKind
 from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, run_kvpool, wait_until
+from kvtest.procs import kvpool_up, run_kvpool, wait_until
 from kvtest.replicas import kinds
 from kvtest.stores import open_store
 from kvtest.values import MiB
@@ -92,12 +92,7 @@ def test_the_nodes_disk_check_runs_as_told(
 
 
 def test_up_passes_the_disk_check_to_its_node(tmp_path: Path) -> None:
-    up = kvpool_proc(
-        "up",
-        "--port",
-        "0",
-        "--segment-size",
-        "16MiB",
+    up = kvpool_up(
         "--offload-dir",
         str(tmp_path / "disk"),
         "--offload-size",
@@ -106,7 +101,6 @@ def test_up_passes_the_disk_check_to_its_node(tmp_path: Path) -> None:
         "250ms",
         "--disk-check-per-round",
         "3",
-        name="up",
     )
     try:
         up.wait_ready(timeout=60)

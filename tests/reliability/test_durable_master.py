@@ -7,20 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from kvpool.client import ReplicateConfig, Store
 from kvtest.pool import Pool
 from kvtest.procs import Proc, free_port, kvpool_proc, run_kvpool, wait_until
 from kvtest.query import replica_segments, stats
+from kvtest.values import random_values
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
-    rng = np.random.default_rng(seed)
-    return {
-        f"{prefix}-{i}": rng.integers(0, 256, 1500 + 53 * i, dtype=np.uint8).tobytes()
-        for i in range(n)
-    }
+    return random_values(prefix, n, seed, 1500, 53)
 
 
 def start_master(port: int, data_dir: Path, name: str) -> Proc:

@@ -8,16 +8,17 @@ spoilt in a node's data file (docs/parts/tiers.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.protocol.messages import ReplicaKind
 from kvtest.pool import Pool, PoolFactory
-from kvtest.procs import Proc
-from kvtest.replicas import replica_offset
+from kvtest.procs import Proc, wait_until
+from kvtest.replicas import kinds, replica_offset
 
-__all__ = ["add_disk_node", "offload_pool", "spoil_disk_copy"]
+__all__ = ["add_disk_node", "offload_pool", "spoil_disk_copy", "wait_offloaded"]
 
 
 def offload_pool(pool: PoolFactory, policy: str, *master_args: str) -> Pool:
@@ -28,6 +29,15 @@ def offload_pool(pool: PoolFactory, policy: str, *master_args: str) -> Pool:
 def add_disk_node(p: Pool, memory: str, directory: Path, disk: str, *extra: str) -> Proc:
     """One more node: `memory` of memory and a disk tier of `disk` in `directory`."""
     return p.add_node(memory, "--offload-dir", str(directory), "--offload-size", disk, *extra)
+
+
+def wait_offloaded(s: Store, keys: Iterable[str]) -> None:
+    """Wait (20 s at most) until every key has a memory and a disk replica, and only those."""
+    wanted = list(keys)
+    both = [ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK]
+    wait_until(
+        lambda: all(kinds(s, k) == both for k in wanted), timeout=20, what="every object offloaded"
+    )
 
 
 def spoil_disk_copy(s: Store, key: str, directory: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.protocol.messages import ReplicaKind
-from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy
+from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy, wait_offloaded
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
 from kvtest.replicas import kinds
@@ -36,11 +36,7 @@ def test_corrupt_or_vanished_disk_objects_are_dropped_and_read_from_memory(
     n = 4
     for i in range(n):
         assert s.put(f"k{i}", value(i))
-    wait_until(
-        lambda: all(kinds(s, f"k{i}") == [MEM, DISK] for i in range(n)),
-        timeout=20,
-        what="every object offloaded",
-    )
+    wait_offloaded(s, [f"k{i}" for i in range(n)])
     # Corrupt k0's bytes in the file (the node is running; its mapping sees the change).
     spoil_disk_copy(s, "k0", disk)
     wait_until(lambda: kinds(s, "k0") == [MEM], timeout=20, what="k0's corrupt disk copy gone")

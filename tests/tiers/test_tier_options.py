@@ -12,7 +12,7 @@ import pytest
 from kvpool.client import Store
 from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicaKind
-from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy
+from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy, wait_offloaded
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import kvpool_up, run_kvpool, wait_until
 from kvtest.replicas import kinds
@@ -79,11 +79,7 @@ def test_the_nodes_disk_check_runs_as_told(
     value = b"checked!" * (MiB // 8)
     for i in range(3):
         assert s.put(f"c{i}", value)
-    wait_until(
-        lambda: all(kinds(s, f"c{i}") == [MEM, DISK] for i in range(3)),
-        timeout=20,
-        what="every object offloaded",
-    )
+    wait_offloaded(s, [f"c{i}" for i in range(3)])
     spoil_disk_copy(s, "c1", disk)
     wait_until(lambda: kinds(s, "c1") == [MEM], timeout=20, what="c1's corrupt disk copy gone")
     assert kinds(s, "c0") == kinds(s, "c2") == [MEM, DISK]
@@ -180,11 +176,7 @@ def test_a_stores_disk_tier_is_checked_as_told(
     value = b"storechk" * (MiB // 8)
     for i in range(3):
         assert owner.put(f"s{i}", value)
-    wait_until(
-        lambda: all(kinds(owner, f"s{i}") == [MEM, DISK] for i in range(3)),
-        timeout=20,
-        what="every object offloaded",
-    )
+    wait_offloaded(owner, [f"s{i}" for i in range(3)])
     # One object a round, every 50 ms: many rounds soon (the default is one a second).
     wait_until(lambda: tier.stats.checked >= 10, timeout=20, what="ten rounds of one object")
     idle = open_store(

@@ -26,8 +26,9 @@ from kvpool.protocol.tiers import DFS_DIR
 from kvtest.pool import Pool, PoolFactory
 from kvtest.procs import wait_until
 from kvtest.replicas import kinds
+from kvtest.stores import open_store
 
-__all__ = ["DFS", "dfs_files", "dfs_pool", "wait_dfs_only"]
+__all__ = ["DFS", "dfs_files", "dfs_pool", "promote_through_a_helper", "wait_dfs_only"]
 
 #: Put options that ask for one DFS copy.
 DFS = ReplicateConfig(dfs_replica_num=1)
@@ -45,6 +46,20 @@ def dfs_pool(
 def dfs_files(root: Path) -> list[str]:
     """The names in the DFS directory under `root`, sorted (files and `.tmp` files)."""
     return sorted(os.listdir(root / DFS_DIR))
+
+
+def promote_through_a_helper(
+    p: Pool, s: Store, stores: list[Store], root: Path, key: str, value: bytes, what: str
+) -> None:
+    """Promote `key`, whose only copy is its DFS file, back to memory: a Store that gives
+    16 MiB of memory and sees the DFS directory at `root` joins (the promotion runs there),
+    `s` reads `key` twice (the default admission threshold; both reads give `value`), and the
+    wait (20 s at most) ends once `key` has a memory replica beside its file."""
+    open_store(stores, p.address, segment_size="16MiB", dfs_root=str(root))
+    for _ in range(2):
+        assert s.get(key) == value
+    both = [ReplicaKind.MEMORY, ReplicaKind.DFS]
+    wait_until(lambda: kinds(s, key) == both, timeout=20, what=what)
 
 
 def wait_dfs_only(s: Store, keys: Iterable[str], what: str = "memory gone") -> None:

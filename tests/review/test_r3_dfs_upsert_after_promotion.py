@@ -35,10 +35,9 @@ from kvpool.client import Store
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
-from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
+from kvtest.dfs import DFS, dfs_pool, promote_through_a_helper, wait_dfs_only
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
-from kvtest.procs import wait_until
-from kvtest.replicas import dfs_file_id, kinds
+from kvtest.replicas import dfs_file_id
 from kvtest.stores import open_store
 from kvtest.values import MiB
 
@@ -51,13 +50,8 @@ def _promoted(p: Pool, s: Store, root: Path, stores: list[Store], key: str) -> N
     """`key`'s memory gone, then promoted back from its file: DFS stored first."""
     p.stop_node(0)  # (its segment unmounted: no silent replica of it is left)
     wait_dfs_only(s, [key])
-    open_store(stores, p.address, segment_size="16MiB", dfs_root=str(root))
-    for _ in range(2):  # the default admission threshold
-        assert s.get(key) == _value(b"old")
-    wait_until(
-        lambda: kinds(s, key) == [ReplicaKind.MEMORY, ReplicaKind.DFS],
-        timeout=20,
-        what=f"{key} promoted back to memory",
+    promote_through_a_helper(
+        p, s, stores, root, key, _value(b"old"), f"{key} promoted back to memory"
     )
 
 

@@ -14,7 +14,7 @@ from kvpool.client import Store
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
-from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
+from kvtest.dfs import DFS, dfs_pool, promote_through_a_helper, wait_dfs_only
 from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
@@ -68,10 +68,7 @@ def test_a_store_with_dfs_root_and_memory_runs_the_promotion(
     p.kill_node(0)
     wait_dfs_only(s, ["q"])
     # The master's own nodes are gone; a Store that contributes memory and sees the directory.
-    open_store(stores, p.address, segment_size="16MiB", dfs_root=str(root))
-    for _ in range(2):  # the default threshold
-        assert s.get("q") == value(7)
-    wait_until(lambda: kinds(s, "q") == [MEM, ReplicaKind.DFS], timeout=20, what="q promoted")
+    promote_through_a_helper(p, s, stores, root, "q", value(7), "q promoted")
     assert s.get("q") == value(7)
 
 

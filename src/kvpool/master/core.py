@@ -461,9 +461,10 @@ class MetadataCore:
 
     def allocate(self, size: int, plan: PutPlan) -> tuple[Replica, ...]:
         """PROCESSING replicas for a new object of `size` bytes, placed as `plan` says; when
-        nothing fits, one `reclaim_for` and one retry, then up to four `reclaim_range` (one
-        free range large enough, where byte reclaim left the room in pieces), each followed by
-        a retry. () when there is no room."""
+        nothing fits, the parked ranges that are due are freed, then one `reclaim_for` and one
+        retry, then up to four `reclaim_range` (one free range large enough, where byte reclaim
+        left the room in pieces), each followed by a retry. () when there is no room, with the
+        retry hint in `plan.retry_after_ms` (defragmentation, moves to disk, parked memory)."""
         if plan.simple:
             one = self.carve(size, plan) if plan.region_left else None
             if one is None:
@@ -483,6 +484,8 @@ class MetadataCore:
             local_host=host,
             local_first=plan.same_node,
         )
+        if not got and self.parked.due(now := self.clock()) and self.release_parked(now):
+            got = self._allocate_again(size, plan, host)  # (due before the monitor's tick)
         if not got:
             # Direct reclaim: once, then one more try (as the kernel's allocation slow path);
             # not for an object no segment could hold even empty: evicting would be for nothing.
@@ -501,6 +504,8 @@ class MetadataCore:
                 self._defragment(aligned, plan)
                 if not plan.retry_after_ms and self.retry_hint is not None:
                     plan.retry_after_ms = self.retry_hint() or plan.retry_after_ms
+                if not plan.retry_after_ms:  # memory parked a moment more (`parking.py`)
+                    plan.retry_after_ms = self.parked.hint_ms(self.clock())
         return tuple(Replica(seg, off, _PROCESSING) for seg, off in got)
 
     def _defragment(self, aligned: int, plan: PutPlan) -> None:

@@ -9,18 +9,32 @@ Until its release time a parked range stays allocated, so no new object lands wh
 write could.
 
 `ParkedRanges` only keeps the list, ordered by release time (a heap); `MetadataCore` (`core.py`)
-parks and frees, since freeing a range changes its segment's allocator.
+parks and frees, since freeing a range changes its segment's allocator. The master's monitor
+frees what is due once a second (`release_stale`, `admin.py`); a put that finds no room frees
+what is due at once, and one refused while memory parked on a mounted segment is released
+within `PARKED_HINT_S` is told to ask again when it is (`hint_ms`): the pool will have room
+then, whatever the machine's speed.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterator
+from typing import Final
 
 from kvpool.master.metadata import Replica
 from kvpool.master.segments import Segment
+from kvpool.protocol.messages import ReplicaKind
 
-__all__ = ["ParkedRanges"]
+__all__ = ["PARKED_HINT_S", "ParkedRanges"]
+
+PARKED_HINT_S: Final = 1.0
+"""A put refused while memory parked on a mounted segment is released within this long is
+told to ask again then (`ParkedRanges.hint_ms`); a later release does not hold it waiting."""
+_HINT_SCAN: Final = 1024
+"""Parked sets looked at, at most, for one refused put's hint."""
+_MEMORY: Final = ReplicaKind.MEMORY
 
 
 class ParkedRanges:
@@ -46,6 +60,21 @@ class ParkedRanges:
         while heap and heap[0][0] <= now:
             _, _, size, replicas = heapq.heappop(heap)
             yield size, replicas
+
+    def due(self, now: float) -> bool:
+        """Whether the release time of a parked set has come."""
+        return bool(self._heap) and self._heap[0][0] <= now
+
+    def hint_ms(self, now: float) -> int:
+        """Milliseconds (at least 1) until the first parked set holding memory of a mounted
+        segment is released, when that is within `PARKED_HINT_S`; 0 when none is (looking at
+        `_HINT_SCAN` sets at most: the heap's front, where the earliest are)."""
+        first = now + PARKED_HINT_S
+        found = False
+        for until, _, _, reps in itertools.islice(self._heap, _HINT_SCAN):
+            if until <= first and any(r.kind is _MEMORY and r.segment.alive for r in reps):
+                first, found = until, True
+        return max(1, int((first - now) * 1000) + 1) if found else 0
 
     def on_segment(self, seg: Segment, now: float) -> list[tuple[int, int, float]]:
         """(offset, size, release_at) of every range parked on `seg` and not yet due."""

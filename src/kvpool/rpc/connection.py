@@ -165,6 +165,9 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self._seen = True
+        busy = self._server.busy
+        if busy is not None:
+            busy.arrived()
         if self.handshaken and not self._backlog and not self._paused_for_inflight:
             # The hot path (every lock-step request): one whole frame, served and answered
             # here with one write, without the backlog's queue and loop (`_drain` does the

@@ -1,0 +1,190 @@
+"""Busy polling (`kvpool.rpc.spin`): a server keeps polling while frames come close together and
+stops after its window; a client waits for a lock-step reply by polling for a while and then
+asleep; both stop polling for a while once the kernel switched them out for another thread
+(a core shared with a CPU hog, pinned there by the test)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from kvpool.cli import main as cli
+from kvpool.errors import InvalidParams
+from kvpool.master.config import MasterConfig
+from kvpool.rpc.client import RpcClient
+from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, BusyPoll, ReplyPoll
+from kvpool.rpc.thread import ServerThread
+from kvtest.procs import wait_until
+from rpc.rpc_testkit import CLUSTER, Add, Response, Sleep, Slept, Sum, make_server, server_thread
+
+
+def _busy(st: ServerThread) -> BusyPoll:
+    busy = st.server.busy
+    assert busy is not None
+    return busy
+
+
+def _client(st: ServerThread, **kw: float) -> RpcClient:
+    return RpcClient(st.endpoint, response_type=Response, cluster_id=CLUSTER, **kw)
+
+
+def test_back_to_back_calls_keep_the_server_polling_until_the_window_ends(
+    server: ServerThread,
+) -> None:
+    busy = _busy(server)
+    assert busy.window == DEFAULT_BUSY_POLL_S
+    assert busy.polls == 0
+    with _client(server) as c:
+        for i in range(300):
+            assert c.call(Add(i, 1)) == Sum(i + 1)
+    assert busy.polls >= 1
+    # It polls only while frames come: `window` after the last one it sleeps again.
+    wait_until(lambda: not busy.spinning, timeout=5.0, what="the polling to end")
+
+
+def test_calls_far_apart_never_start_polling(server: ServerThread) -> None:
+    busy = _busy(server)
+    with _client(server) as c:
+        assert c.call(Add(0, 2)) == Sum(2)  # connected (the handshake's frames may poll)
+        wait_until(lambda: not busy.spinning, timeout=5.0, what="the polling to end")
+        before = busy.polls
+        for i in range(5):
+            time.sleep(0.02)  # the input: a gap 100 times the window
+            assert c.call(Add(i, 2)) == Sum(i + 2)
+    assert busy.polls == before
+
+
+def test_busy_poll_zero_turns_it_off() -> None:
+    st = server_thread(busy_poll=0)
+    try:
+        assert st.server.busy is None
+        with _client(st) as c:
+            for i in range(50):
+                assert c.call(Add(i, 3)) == Sum(i + 3)
+    finally:
+        st.stop()
+
+
+@pytest.mark.parametrize("window", [-1e-6, 0.5, "200"])
+def test_a_bad_window_is_refused_everywhere(window: object) -> None:
+    with pytest.raises(InvalidParams, match="busy_poll"):
+        make_server(busy_poll=window)
+    with pytest.raises(InvalidParams, match="reply_poll"):
+        RpcClient("127.0.0.1:1", response_type=Response, reply_poll=window)  # type: ignore[arg-type]
+    if isinstance(window, float):
+        with pytest.raises(InvalidParams, match="rpc_busy_poll"):
+            MasterConfig(rpc_busy_poll=window)
+
+
+def test_kvpool_master_refuses_a_window_past_ten_milliseconds() -> None:
+    out = CliRunner().invoke(cli, ["master", "--busy-poll-us", "20000"])
+    assert out.exit_code == 2
+    assert "--busy-poll-us" in out.output
+
+
+def test_a_reply_later_than_the_window_is_waited_for_asleep(server: ServerThread) -> None:
+    with _client(server, reply_poll=20e-6) as c:
+        for i in range(5):
+            assert c.call(Sleep(0.01, i)) == Slept(i)  # 500 windows late
+            assert c.call(Add(i, 4)) == Sum(i + 4)
+        conn = c._conn
+        assert conn is not None
+        if conn.transport == "unix":
+            assert isinstance(conn.poll, ReplyPoll)
+        else:
+            assert conn.poll is None  # over TCP the reply may be a host away
+
+
+def test_reply_poll_zero_blocks_at_once(server: ServerThread) -> None:
+    with _client(server, reply_poll=0) as c:
+        assert c.call(Add(1, 1)) == Sum(2)
+        assert c._conn is not None and c._conn.poll is None
+
+
+# -- sharing a core with a CPU hog ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _hog_on(cpu: int) -> Iterator[None]:
+    """A process that spins on `cpu` until the block ends (killed by its PID)."""
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        yield
+    finally:
+        hog.kill()
+        hog.wait(timeout=10)
+
+
+def _two_cpus() -> tuple[int, int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one shared with a hog, one for the other side")
+    return cpus[0], cpus[1]
+
+
+@contextlib.contextmanager
+def _pinned(tid: int, cpu: int) -> Iterator[None]:
+    before = os.sched_getaffinity(tid)
+    os.sched_setaffinity(tid, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(tid, before)
+
+
+def test_a_server_whose_core_is_wanted_stops_polling(server: ServerThread) -> None:
+    shared, other = _two_cpus()
+    busy = _busy(server)
+    thread = server._thread
+    assert thread is not None and thread.native_id is not None
+    deadline = time.monotonic() + 30
+    with (
+        _pinned(thread.native_id, shared),
+        _pinned(0, other),
+        _hog_on(shared),
+        _client(server, reply_poll=0) as c,
+    ):
+        i = 0
+        while busy.backoffs == 0 and time.monotonic() < deadline:
+            assert c.call(Add(i, 5)) == Sum(i + 5)
+            i += 1
+    assert busy.backoffs >= 1, f"never backed off in {i} calls"
+
+
+def test_a_client_whose_core_is_wanted_stops_polling(server: ServerThread) -> None:
+    shared, other = _two_cpus()
+    thread = server._thread
+    assert thread is not None and thread.native_id is not None
+    deadline = time.monotonic() + 30
+    with (
+        _pinned(thread.native_id, other),
+        _pinned(0, shared),
+        _hog_on(shared),
+        _client(server, reply_poll=0.005) as c,
+    ):
+        c.call(Add(0, 0))
+        conn = c._conn
+        assert conn is not None
+        if conn.transport != "unix":
+            pytest.skip("the reply poll is for the Unix socket")
+        poll = conn.poll
+        assert poll is not None
+        i = 0
+        # Replies 10 ms late: the client polls its whole 5 ms window each time, and is
+        # switched out for the hog sooner or later.
+        while poll.backoffs == 0 and time.monotonic() < deadline:
+            assert c.call(Sleep(0.01, i)) == Slept(i)
+            i += 1
+    assert poll.backoffs >= 1, f"never backed off in {i} calls"

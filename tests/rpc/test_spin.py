@@ -16,11 +16,13 @@ import pytest
 from click.testing import CliRunner
 
 from kvpool.cli import main as cli
+from kvpool.client import Store
 from kvpool.errors import InvalidParams
 from kvpool.master.config import MasterConfig
 from kvpool.rpc.client import RpcClient
-from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, BusyPoll, ReplyPoll
+from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, DEFAULT_REPLY_POLL_S, BusyPoll, ReplyPoll
 from kvpool.rpc.thread import ServerThread
+from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
 from rpc.rpc_testkit import CLUSTER, Add, Response, Sleep, Slept, Sum, make_server, server_thread
 
@@ -188,3 +190,20 @@ def test_a_client_whose_core_is_wanted_stops_polling(server: ServerThread) -> No
             assert c.call(Sleep(0.01, i)) == Slept(i)
             i += 1
     assert poll.backoffs >= 1, f"never backed off in {i} calls"
+
+
+def test_a_store_passes_its_busy_poll_to_its_master_connection(
+    pool: PoolFactory,  # noqa: F811
+) -> None:
+    p = pool(nodes=0)
+    with pytest.raises(InvalidParams, match="busy_poll"):
+        Store(p.address, busy_poll=0.02)
+    with Store(p.address) as s:
+        s.exists("k")
+        conn = s._node.rpc._conn
+        assert conn is not None and conn.transport == "unix"
+        assert conn.poll is not None and conn.poll.window == DEFAULT_REPLY_POLL_S
+    with Store(p.address, busy_poll=0) as s:
+        s.exists("k")
+        conn = s._node.rpc._conn
+        assert conn is not None and conn.poll is None

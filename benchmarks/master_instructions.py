@@ -66,6 +66,8 @@ def main() -> None:
             "0",
             "--client-ttl",
             "1h",
+            "--busy-poll-us",  # (its polls would be counted)
+            "0",
         ]
         master = Child(cmd, name="master under callgrind", env=env)
         try:

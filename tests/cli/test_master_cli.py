@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from kvpool.protocol import messages as m
 from kvpool.rpc import RpcClient
-from kvtest.procs import kvpool_proc
+from kvtest.procs import kvpool_proc, run_kvpool
 
 MASTER_FLAGS = [
     "--host",
@@ -33,14 +32,7 @@ MASTER_FLAGS = [
 ]
 
 
-def kvpool(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+kvpool = functools.partial(run_kvpool, timeout=30)
 
 
 def test_master_help_documents_every_mooncake_named_flag() -> None:

@@ -14,7 +14,7 @@ from kvpool.client import ReplicateConfig, Store
 from kvpool.protocol.messages import Response, Stats, StatsReply, TaskStatus
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, wait_until
+from kvtest.procs import kvpool_proc, kvpool_up, run_kvpool, wait_until
 
 
 def stats(address: str) -> StatsReply:
@@ -49,35 +49,14 @@ def test_node_mounts_serves_and_unmounts_cleanly_on_sigterm(pool: PoolFactory) -
 
 def test_node_refuses_a_bad_size_and_an_unreachable_master(pool: PoolFactory) -> None:  # noqa: F811
     p = pool(nodes=0)
-    bad = subprocess.run(
-        [sys.executable, "-m", "kvpool", "node", "--master", p.address, "--segment-size", "lots"],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=30,
-    )
+    bad = run_kvpool("node", "--master", p.address, "--segment-size", "lots", timeout=30)
     assert bad.returncode != 0 and "segment-size" in bad.stderr
-    nowhere = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvpool",
-            "node",
-            "--master",
-            "127.0.0.1:1",
-            "--segment-size",
-            "1MiB",
-        ],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=60,
-    )
+    nowhere = run_kvpool("node", "--master", "127.0.0.1:1", "--segment-size", "1MiB")
     assert nowhere.returncode != 0 and "cannot join" in nowhere.stderr
 
 
 def test_up_serves_a_pool_and_ctrl_c_leaves_nothing_behind() -> None:
-    up = kvpool_proc("up", "--port", "0", "--segment-size", "64MiB", "--refresh", "0.1s", name="up")
+    up = kvpool_up("--refresh", "0.1s", segment_size="64MiB")
     try:
         address = up.wait_ready(timeout=60)
         children = [c.pid for c in psutil.Process(up.pid).children(recursive=True)]
@@ -108,7 +87,7 @@ def test_demo_runs_end_to_end_and_reports_no_checksum_failures() -> None:
 
 
 def test_up_stops_everything_and_fails_when_its_node_dies() -> None:
-    up = kvpool_proc("up", "--port", "0", "--segment-size", "16MiB", "--refresh", "0.1s", name="up")
+    up = kvpool_up("--refresh", "0.1s")
     try:
         up.wait_ready(timeout=60)
         children = psutil.Process(up.pid).children(recursive=True)
@@ -152,13 +131,7 @@ def test_node_executes_replica_tasks_as_soon_as_a_ping_announces_them(
             assert info.status == TaskStatus.SUCCESS, info.message
             assert [r.segment for r in s.get_replica_desc("t")] == [target]
             assert s.get("t") == b"t" * 5000
-        bad = subprocess.run(
-            [sys.executable, "-m", "kvpool", "node", "--master", p.address, *BAD_POLL],
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=30,
-        )
+        bad = run_kvpool("node", "--master", p.address, *BAD_POLL, timeout=30)
         assert bad.returncode != 0 and "task-poll-interval" in bad.stderr
     finally:
         node.stop()

@@ -8,14 +8,12 @@ without running the command); one spawned process per command checks what a user
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import click
 import pytest
 from click.testing import CliRunner
 
 from kvpool.cli import _BENCHMARKS, _COMMANDS, bench, main
+from kvtest.procs import run_kvpool
 
 BAD_SIZES = ["0", "-1", "1XB", "100", "abc", "1000TiB", "99999999999999999999TiB"]
 
@@ -129,13 +127,7 @@ def test_every_option_of_every_command_parses_garbage_without_a_traceback(
     ids=lambda a: a[0] if a[0] != "bench" else "bench",
 )
 def test_a_user_sees_one_error_line_and_no_traceback(args: list[str]) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "kvpool", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_kvpool(*args)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert "Error:" in out.stderr

@@ -25,6 +25,7 @@ from kvpool.protocol.messages import GetReplicaList, ReplicaListReply, Response,
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool, PoolFactory, pool, pool_module  # noqa: F401
 from kvtest.procs import kvpool_proc, wait_until
+from kvtest.stores import emptied_after
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -63,11 +64,8 @@ def one_node(pool_module: PoolFactory) -> Pool:  # noqa: F811
 
 @pytest.fixture
 def store(one_node: Pool) -> Iterator[Store]:
-    with Store(one_node.address, arena_size="4MiB") as s:
-        try:
-            yield s
-        finally:
-            s.remove_all(force=True)
+    with emptied_after(one_node.address, arena_size="4MiB") as s:
+        yield s
 
 
 def test_a_put_is_one_request_and_another_client_reads_it(store: Store, one_node: Pool) -> None:

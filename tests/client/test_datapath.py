@@ -39,6 +39,7 @@ from kvpool.rpc.client import RpcClient
 from kvpool.transfer.location import SegmentLocation
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.stores import emptied_after
 
 
 def test_short_destination_distance_gets_the_long_chunk() -> None:
@@ -316,11 +317,8 @@ def one_node(pool_module: PoolFactory) -> Pool:  # noqa: F811
 
 @pytest.fixture
 def store(one_node: Pool) -> Iterator[Store]:
-    with Store(one_node.address) as s:
-        try:
-            yield s
-        finally:
-            s.remove_all(force=True)
+    with emptied_after(one_node.address) as s:
+        yield s
 
 
 def _aligned(nbytes: int, past_page: int) -> np.ndarray:

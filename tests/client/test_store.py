@@ -26,6 +26,7 @@ from kvpool.errors import (
 from kvpool.protocol.messages import GetReplicaList, ReplicaListReply, Response
 from kvpool.rpc.client import RpcClient
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
+from kvtest.stores import emptied_after
 
 SEGMENT = "32MiB"
 
@@ -37,11 +38,8 @@ def two_nodes(pool_module: PoolFactory) -> Pool:  # noqa: F811
 
 @pytest.fixture
 def store(two_nodes: Pool) -> Iterator[Store]:
-    with Store(two_nodes.address) as s:
-        try:
-            yield s
-        finally:
-            s.remove_all(force=True)
+    with emptied_after(two_nodes.address) as s:
+        yield s
 
 
 def replicas_of(address: str, key: str) -> ReplicaListReply:

@@ -23,6 +23,7 @@ from kvpool.protocol.messages import ReplicaStatus, TaskStatus, TaskType
 from kvpool.transfer.request import TransferOp
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.stores import emptied_after
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +35,8 @@ def two_nodes(pool_module: PoolFactory) -> Pool:  # noqa: F811
 
 @pytest.fixture
 def store(two_nodes: Pool) -> Iterator[Store]:
-    with Store(two_nodes.address) as s:
-        try:
-            yield s
-        finally:
-            s.remove_all(force=True)
+    with emptied_after(two_nodes.address) as s:
+        yield s
 
 
 def segments(pool: Pool) -> list[str]:

@@ -9,8 +9,6 @@ objects.
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ from kvpool.ha import EtcdGateway
 from kvpool.protocol.messages import StatsReply
 from kvtest.etcd import EtcdServer
 from kvtest.leader import master, publish, stats
-from kvtest.procs import Proc, kvpool_proc, wait_until
+from kvtest.procs import Proc, kvpool_proc, run_kvpool, wait_until
 
 
 @pytest.fixture
@@ -125,22 +123,12 @@ def test_status_and_node_accept_an_etcd_master(
     (_, a), _ = masters
     url = f"etcd://{etcd_shared.endpoint}/{cluster}"
     publish(gateway, cluster, a, 1)
-    ok = _kvpool("status", "--master", url, "--json")
+    ok = run_kvpool("status", "--master", url, "--json")
     assert ok.returncode == 0, ok.stderr
     assert '"objects"' in ok.stdout
-    bad = _kvpool("status", "--master", url, "--cluster-id", "other")
+    bad = run_kvpool("status", "--master", url, "--cluster-id", "other")
     assert bad.returncode != 0
     assert "conflicts with the cluster" in bad.stderr
-
-
-def _kvpool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_writers_keep_putting_through_a_leader_switch(

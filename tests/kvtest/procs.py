@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,9 @@ __all__ = [
     "free_port",
     "freeze",
     "kvpool_proc",
+    "kvpool_up",
     "require_binary",
+    "run_kvpool",
     "wait_until",
 ]
 
@@ -108,6 +111,26 @@ class Proc(Child):
 def kvpool_proc(*args: str, env: dict[str, str] | None = None, name: str = "") -> Proc:
     """`python -m kvpool ARGS...` as a child process."""
     return Proc([sys.executable, "-m", "kvpool", *args], env=env, name=name or f"kvpool {args[0]}")
+
+
+def kvpool_up(*args: str, segment_size: str = "16MiB") -> Proc:
+    """`kvpool up --port 0 --segment-size SIZE ARGS...` (a master and one node) as a child."""
+    return kvpool_proc("up", "--port", "0", "--segment-size", segment_size, *args, name="up")
+
+
+def run_kvpool(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m kvpool ARGS...` run to its end (`timeout` s at most), its output captured;
+    `env` replaces the environment when given."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
 
 
 def require_binary(name: str) -> str:

@@ -15,20 +15,13 @@ pytest.importorskip("transformers")
 
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.llm.job import check_result, run_job
-from kvpool.llm.spec import JobSpec, decode_prompts, expected_cached_tokens
+from kvpool.llm.spec import decode_prompts, expected_cached_tokens
+from kvtest.llm import TINY_SPEC as SPEC
 
 TINY = [
     "--model-size", "tiny", "--prompt-tokens", "96", "--system-tokens", "32",
     "--question-tokens", "8", "--chunk-tokens", "16",
 ]  # fmt: skip
-SPEC = JobSpec(
-    model_size="tiny",
-    prompt_tokens=96,
-    system_tokens=32,
-    turn_tokens=48,
-    question_tokens=8,
-    chunk_tokens=16,
-)
 
 
 @pytest.mark.parametrize("protocol", ["auto", "tcp"])

@@ -9,15 +9,7 @@ pytest.importorskip("transformers")
 
 from kvpool.llm import model as mdl  # noqa: E402
 from kvpool.llm.spec import JobSpec, prefill_prompts  # noqa: E402
-
-SPEC = JobSpec(
-    model_size="tiny",
-    prompt_tokens=96,
-    system_tokens=32,
-    turn_tokens=48,
-    question_tokens=8,
-    chunk_tokens=16,
-)
+from kvtest.llm import TINY_SPEC as SPEC  # noqa: E402
 
 
 @pytest.fixture(scope="module")

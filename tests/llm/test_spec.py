@@ -18,15 +18,7 @@ from kvpool.llm.spec import (
     prefill_bytes,
     prefill_prompts,
 )
-
-SPEC = JobSpec(
-    model_size="tiny",
-    prompt_tokens=96,
-    system_tokens=32,
-    turn_tokens=48,
-    question_tokens=8,
-    chunk_tokens=16,
-)
+from kvtest.llm import TINY_SPEC as SPEC
 
 
 def test_key_of_a_chunk_chains_every_token_before_it() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from kvpool.protocol import messages as m
 from kvpool.protocol.framing import ERROR_FLAG, ErrorReply
 from kvpool.rpc import RpcClient
 from kvpool.rpc.auth import Principal, Role
-from kvtest.procs import Proc, kvpool_proc, wait_until
+from kvtest.procs import Proc, kvpool_proc, run_kvpool, wait_until
 from rpc.rpc_testkit import RawConn
 
 E = ErrorCode
@@ -214,14 +213,7 @@ def test_status_proves_its_token_from_a_file_or_the_environment(
     env = {k: v for k, v in os.environ.items() if k != "KVPOOL_AUTH_TOKEN"}
 
     def status(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "kvpool", "status", "--master", master, "--json", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env={**env, **extra},
-        )
+        return run_kvpool("status", "--master", master, "--json", *args, env={**env, **extra})
 
     assert status("--token-file", str(token_file)).returncode == 0
     assert status(KVPOOL_AUTH_TOKEN=ADMIN).returncode == 0

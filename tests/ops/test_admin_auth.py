@@ -24,6 +24,7 @@ from kvpool.protocol.messages import (
     SegmentName,
 )
 from kvpool.rpc.client import RpcClient
+from kvtest.ops_http import http_base
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import require_binary
 
@@ -67,8 +68,7 @@ def secured(pool: PoolFactory, tmp_path: Path) -> tuple[Pool, str]:  # noqa: F81
         f"  - {{token: {ADMIN}, tenant: ops, role: admin}}\n"
     )
     p = pool(nodes=0, master_args=("--http-port", "0", "--auth-file", str(auth)))
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    return p, f"http://{m.group(1)}:{m.group(2)}"
+    return p, http_base(p.master)
 
 
 def test_admin_paths_need_an_admin_token(secured: tuple[Pool, str]) -> None:

@@ -16,13 +16,13 @@ import urllib.request
 from pathlib import Path
 
 from kvpool import Store
+from kvtest.ops_http import http_base
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import require_binary
 
 
 def _http(p: Pool) -> str:
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    return f"http://{m.group(1)}:{m.group(2)}"
+    return http_base(p.master)
 
 
 def _chromium() -> str | None:

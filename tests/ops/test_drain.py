@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -13,13 +11,13 @@ import pytest
 
 from kvpool import ReplicateConfig, SoftPinAction, Store
 from kvpool.errors import SegmentError
+from kvtest.ops_http import http_base
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
-from kvtest.procs import wait_until
+from kvtest.procs import run_kvpool, wait_until
 
 
 def _http(p: Pool) -> str:
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    return f"http://{m.group(1)}:{m.group(2)}"
+    return http_base(p.master)
 
 
 def _get(url: str, method: str = "GET") -> tuple[int, Any]:
@@ -72,13 +70,7 @@ def test_drain_moves_pinned_objects_out_and_places_nothing_new_there(
             assert victim not in _segments_of(base, key)
             during.append(key)
         # The CLI joins the drain under way and shows its progress until it ends.
-        cli = subprocess.run(
-            [sys.executable, "-m", "kvpool", "drain", "--master", p.address, "--segment", victim],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        cli = run_kvpool("drain", "--master", p.address, "--segment", victim)
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert " done " in cli.stdout.splitlines()[-1], cli.stdout
 
@@ -171,20 +163,8 @@ def test_the_cli_shows_a_drain_that_ended_before_it_asked(pool: PoolFactory) -> 
         10,
         what="the drain of the empty segment to end",
     )
-    cli = subprocess.run(
-        [sys.executable, "-m", "kvpool", "drain", "--master", p.address, "--segment", victim],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    cli = run_kvpool("drain", "--master", p.address, "--segment", victim)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert " done " in cli.stdout.splitlines()[-1], cli.stdout
-    never = subprocess.run(
-        [sys.executable, "-m", "kvpool", "drain", "--master", p.address, "--segment", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    never = run_kvpool("drain", "--master", p.address, "--segment", "nope")
     assert never.returncode == 1 and "no segment 'nope' is mounted" in never.stderr

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvpool import Store
+from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,8 +19,7 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? \S+$")
 
 
 def _names(base: str) -> set[str]:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = metrics_text(base)
     return {m.group(1) for line in text.splitlines() if (m := _SAMPLE.match(line))}
 
 
@@ -34,15 +33,13 @@ def _queried() -> set[str]:
 def test_every_metric_the_grafana_dashboard_queries_is_exported(pool: PoolFactory) -> None:  # noqa: F811
     p = pool(nodes=0, segment_size="8MiB", master_args=("--http-port", "0"))
     node = p.add_node(None, "--http-port", "0")
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    n = node.wait_for_line(r"http listening on (\S+):(\d+)")
+    master_base = http_base(p.master)
+    node_base = http_base(node)
     with Store(p.address, protocol="tcp") as store:
         for i in range(5):
             store.put(f"g-{i}", b"g" * 1000)
             store.get(f"g-{i}")
-    exported = _names(f"http://{m.group(1)}:{m.group(2)}") | _names(
-        f"http://{n.group(1)}:{n.group(2)}"
-    )
+    exported = _names(master_base) | _names(node_base)
     missing = sorted(_queried() - exported)
     assert missing == [], f"queried by deploy/grafana/kvpool.json but not exported: {missing}"
 

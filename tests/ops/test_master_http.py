@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -12,15 +11,13 @@ import pytest
 
 from kvpool import Store
 from kvpool.errors import ObjectNotFound
+from kvtest.ops_http import http_base, samples
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
 from kvtest.procs import kvpool_proc, wait_until
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
-
 
 def http_address(p: Pool) -> str:
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    return f"http://{m.group(1)}:{m.group(2)}"
+    return http_base(p.master)
 
 
 def get(url: str) -> tuple[int, Any]:
@@ -39,12 +36,7 @@ def get(url: str) -> tuple[int, Any]:
 def scrape(base: str) -> dict[str, float]:
     status, text = get(base + "/metrics")
     assert status == 200
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return samples(text)
 
 
 @pytest.fixture(scope="module")

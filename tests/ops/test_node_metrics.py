@@ -3,31 +3,19 @@ exactly the requests and bytes it made."""
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 from kvpool import Store
+from kvtest.ops_http import http_base, metrics_text, samples
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 
 def scrape(base: str) -> dict[str, float]:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return samples(metrics_text(base))
 
 
 def test_node_exports_segment_bytes_and_transfer_counters(pool: PoolFactory) -> None:  # noqa: F811
     p = pool(nodes=0, segment_size="8MiB")
     node = p.add_node(None, "--http-port", "0")
-    m = node.wait_for_line(r"http listening on (\S+):(\d+)")
-    base = f"http://{m.group(1)}:{m.group(2)}"
+    base = http_base(node)
     before = scrape(base)
     assert before["kvpool_node_segments"] == 1
     seg = [k for k in before if k.startswith("kvpool_node_segment_bytes{")]

@@ -5,24 +5,17 @@ and takes new puts."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
-
-import numpy as np
 
 from kvpool.client import ReplicateConfig, Store
 from kvtest.pool import Pool
-from kvtest.procs import Proc, free_port, kvpool_proc, wait_until
+from kvtest.procs import Proc, free_port, kvpool_proc, run_kvpool, wait_until
 from kvtest.query import replica_segments, stats
+from kvtest.values import random_values
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
-    rng = np.random.default_rng(seed)
-    return {
-        f"{prefix}-{i}": rng.integers(0, 256, 1500 + 53 * i, dtype=np.uint8).tobytes()
-        for i in range(n)
-    }
+    return random_values(prefix, n, seed, 1500, 53)
 
 
 def start_master(port: int, data_dir: Path, name: str) -> Proc:
@@ -110,12 +103,6 @@ def test_a_master_refuses_a_data_dir_damaged_before_its_last_record(tmp_path: Pa
     data = bytearray(log.read_bytes())
     data[len(data) // 2] ^= 0xFF
     log.write_bytes(bytes(data))
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvpool", "master", "--port", "0", "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_kvpool("master", "--port", "0", "--data-dir", str(data_dir))
     assert proc.returncode != 0
     assert "corrupt record" in proc.stderr and log.name in proc.stderr, proc.stderr

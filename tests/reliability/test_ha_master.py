@@ -7,23 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from kvpool.client import ReplicateConfig, Store
 from kvtest.etcd import EtcdServer
 from kvtest.ha import HaMaster, stats, wait_leader
 from kvtest.pool import Pool
 from kvtest.procs import wait_until
+from kvtest.values import random_values
 
 CLUSTER = "ha-reliability"
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
-    rng = np.random.default_rng(seed)
-    return {
-        f"{prefix}-{i}": rng.integers(0, 256, 2000 + 61 * i, dtype=np.uint8).tobytes()
-        for i in range(n)
-    }
+    return random_values(prefix, n, seed, 2000, 61)
 
 
 def test_a_lone_ha_leader_killed_and_restarted_on_its_data_dir_serves_every_acknowledged_key(

@@ -19,7 +19,7 @@ from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.framing import FrameEncoder
 from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello
 from kvpool.transfer.wire import RESP, RESP_MAGIC
-from kvtest.procs import Proc, freeze, kvpool_proc
+from kvtest.procs import Proc, freeze, kvpool_proc, run_kvpool
 from reliability.idle import idle_sockets
 from reliability.malformed import thread_count
 
@@ -56,13 +56,7 @@ def idle_master() -> Iterator[tuple[Proc, str]]:
 
 
 def _status(endpoint: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool", "status", "--master", endpoint, "--timeout", "5"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    return run_kvpool("status", "--master", endpoint, "--timeout", "5", timeout=30)
 
 
 def test_idle_sockets_cannot_keep_a_store_or_status_out_of_the_master(

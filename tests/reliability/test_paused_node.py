@@ -11,7 +11,6 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 
 from kvpool.client import ReplicateConfig, Store
@@ -19,14 +18,11 @@ from kvpool.errors import ObjectNotFound, ReplicaNotReady
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import freeze, wait_until
 from kvtest.query import replica_segments, stats
+from kvtest.values import random_values
 
 
 def values(prefix: str, n: int, seed: int) -> dict[str, bytes]:
-    rng = np.random.default_rng(seed)
-    return {
-        f"{prefix}-{i}": rng.integers(0, 256, 2000 + 37 * i, dtype=np.uint8).tobytes()
-        for i in range(n)
-    }
+    return random_values(prefix, n, seed, 2000, 37)
 
 
 @contextmanager

@@ -3,7 +3,6 @@ real files under tmp_path (docs/parts/tiers.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,46 +11,26 @@ from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import ReplicaKind
-from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
+from kvtest.disk import add_disk_node, offload_pool
+from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
-
-MiB = 1 << 20
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import MiB, pattern
 
 
 def value(i: int, size: int = MiB) -> bytes:
-    return (i.to_bytes(8, "little") + b"kvpool-t") * (size // 16)
-
-
-def kinds(store: Store, key: str) -> list[ReplicaKind]:
-    return [ReplicaKind(r.kind) for r in store.get_replica_desc(key)]
-
-
-@pytest.fixture
-def store_for() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def _store(made: list[Store], p: Pool) -> Store:
-    s = Store(p.address, rpc_timeout=30.0)
-    made.append(s)
-    return s
-
-
-def _node(p: Pool, memory: str, directory: Path, disk: str) -> None:
-    p.add_node(memory, "--offload-dir", str(directory), "--offload-size", disk)
+    return pattern(i, b"kvpool-t", size)
 
 
 def test_512mib_through_64mib_of_memory_reads_back_exactly_and_hot_keys_return_to_memory(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store_for: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict"))
-    _node(p, "64MiB", tmp_path / "disk", "1GiB")
-    s = _store(store_for, p)
+    p = offload_pool(pool, "on-evict")
+    add_disk_node(p, "64MiB", tmp_path / "disk", "1GiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     n = 512
     for i in range(n):
         assert s.put(f"obj{i}", value(i))
@@ -73,12 +52,12 @@ def test_512mib_through_64mib_of_memory_reads_back_exactly_and_hot_keys_return_t
 def test_a_restarted_node_serves_its_disk_again_and_refuses_a_corrupted_object(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store_for: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict"))
+    p = offload_pool(pool, "on-evict")
     disk = tmp_path / "disk"
-    _node(p, "16MiB", disk, "256MiB")
-    s = _store(store_for, p)
+    add_disk_node(p, "16MiB", disk, "256MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     n = 48
     for i in range(n):
         assert s.put(f"r{i}", value(i))
@@ -92,7 +71,7 @@ def test_a_restarted_node_serves_its_disk_again_and_refuses_a_corrupted_object(
         byte = f.read(1)
         f.seek(desc.offset + 12345)
         f.write(bytes([byte[0] ^ 0xFF]))
-    _node(p, "16MiB", disk, "256MiB")
+    add_disk_node(p, "16MiB", disk, "256MiB")
     assert "1 refused" in p.nodes[-1].output()
     back = [i for i in on_disk if i != victim]
     wait_until(lambda: all(s.exists(f"r{i}") for i in back), timeout=20, what="disk objects back")
@@ -105,11 +84,11 @@ def test_a_restarted_node_serves_its_disk_again_and_refuses_a_corrupted_object(
 def test_pool_mode_with_a_disk_tier_loses_nothing_at_4x_memory(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store_for: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--eviction-mode", "pool"))
-    _node(p, "32MiB", tmp_path / "disk", "512MiB")
-    s = _store(store_for, p)
+    p = offload_pool(pool, "on-evict", "--eviction-mode", "pool")
+    add_disk_node(p, "32MiB", tmp_path / "disk", "512MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     n = 128  # 4x the memory
     for i in range(n):
         assert s.put(f"p{i}", value(i))
@@ -120,12 +99,12 @@ def test_pool_mode_with_a_disk_tier_loses_nothing_at_4x_memory(
 def test_kill_9_in_the_middle_of_offloading_never_serves_a_torn_object(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store_for: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "eager"))
+    p = offload_pool(pool, "eager")
     disk = tmp_path / "disk"
-    _node(p, "128MiB", disk, "256MiB")
-    s = _store(store_for, p)
+    add_disk_node(p, "128MiB", disk, "256MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     n = 96
     for i in range(n):
         assert s.put(f"k{i}", value(i))
@@ -137,7 +116,7 @@ def test_kill_9_in_the_middle_of_offloading_never_serves_a_torn_object(
         what="the first offloads",
     )
     p.kill_node(0)
-    _node(p, "128MiB", disk, "256MiB")
+    add_disk_node(p, "128MiB", disk, "256MiB")
     wait_until(lambda: "verified" in p.nodes[-1].output(), what="the disk tier to open")
     served = 0
     for i in range(n):
@@ -154,12 +133,12 @@ def test_kill_9_in_the_middle_of_offloading_never_serves_a_torn_object(
 def test_an_object_removed_does_not_come_back_when_its_node_restarts(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store_for: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "eager"))
+    p = offload_pool(pool, "eager")
     disk = tmp_path / "disk"
-    _node(p, "64MiB", disk, "64MiB")
-    s = _store(store_for, p)
+    add_disk_node(p, "64MiB", disk, "64MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     for key in ("kept", "removed"):
         assert s.put(key, value(len(key)))
     wait_until(
@@ -170,7 +149,7 @@ def test_an_object_removed_does_not_come_back_when_its_node_restarts(
     # The node journals the freed range at its next FetchTasks (every 50 ms).
     wait_until(lambda: _journal_has_del(disk), what="the free to be journaled")
     assert p.stop_node(0) == 0
-    _node(p, "64MiB", disk, "64MiB")
+    add_disk_node(p, "64MiB", disk, "64MiB")
     wait_until(lambda: s.exists("kept"), what="the kept object back")
     assert s.get("kept") == value(4)
     assert not s.exists("removed")

@@ -23,13 +23,11 @@ from pathlib import Path
 import pytest
 
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR, dfs_file
+from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import wait_until
 
-DFS = ReplicateConfig(dfs_replica_num=1)
 VALUE = b"dfs-only" * 8192
 
 
@@ -50,23 +48,12 @@ def test_a_transient_dfs_error_loses_no_object(
     broken_for_a_moment: Path,
 ) -> None:
     root = broken_for_a_moment
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
-    )
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s")
     with Store(p.address, rpc_timeout=20.0) as s:
         assert s.put("only-in-dfs", VALUE, DFS)
         assert s.put("probe", VALUE, DFS)
         p.kill_node(0)
-        wait_until(
-            lambda: (
-                sorted(ReplicaKind(r.kind) for r in s.get_replica_desc("only-in-dfs"))
-                == [ReplicaKind.DFS]
-            ),
-            timeout=20,
-            what="the memory replica gone with its node",
-        )
+        wait_dfs_only(s, ["only-in-dfs"], what="the memory replica gone with its node")
         # Does this build's background check look at completed objects at all (main since
         # d411593)? A file really deleted (ENOENT) must be found: else there is nothing to test.
         (probe,) = [r for r in s.get_replica_desc("probe") if r.kind == ReplicaKind.DFS]

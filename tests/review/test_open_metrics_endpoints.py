@@ -15,6 +15,7 @@ from pathlib import Path
 from kvpool.transfer import TransferOp
 from kvpool.transfer.proof import CHALLENGE, CHALLENGE_MAGIC
 from kvpool.transfer.wire import REQ, REQ_MAGIC
+from kvtest.ops_http import http_base
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 
 NODE = "node-token-00000000000000000000000002"
@@ -34,10 +35,10 @@ def test_an_endpoint_read_from_open_metrics_yields_no_byte_without_the_data_key(
     token = tmp_path / "node.token"
     token.write_text(NODE + "\n")
     p = pool(nodes=0, master_args=("--http-port", "0", "--auth-file", str(auth)))
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
+    base = http_base(p.master)
     p.add_node("8MiB", "--token-file", str(token))
     endpoint = p.node_endpoints[-1]  # the node's transfer server (its ready line)
-    with urllib.request.urlopen(f"http://{m.group(1)}:{m.group(2)}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
         text = r.read().decode()
     assert "kvpool_segment_capacity_bytes" in text
     assert endpoint in text  # named, as documented

@@ -28,29 +28,15 @@ from __future__ import annotations
 import os
 import select
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
-from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR, dfs_file
+from kvtest.dfs import DFS, dfs_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    try:
-        yield made
-    finally:
-        for s in made:
-            s.close()
+from kvtest.replicas import dfs_file_id
+from kvtest.stores import open_store
+from kvtest.values import MiB
 
 
 def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
@@ -59,8 +45,7 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    args = ("--dfs-root", str(root))
-    first = pool(nodes=0, master_args=args)
+    first = dfs_pool(pool, root, nodes=0)
     first_id_tmp = dfs_file(str(root), 0) + ".tmp"  # a fresh master's first DFS id is 0
     assert os.path.isdir(root / DFS_DIR)
     os.mkfifo(first_id_tmp)
@@ -69,8 +54,7 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
     fifo = os.open(first_id_tmp, os.O_RDONLY | os.O_NONBLOCK)
     old_errors: list[BaseException] = []
     try:
-        old = Store(first.address, segment_size="8MiB", rpc_timeout=3.0)
-        stores.append(old)
+        old = open_store(stores, first.address, segment_size="8MiB", rpc_timeout=3.0)
 
         def old_put() -> None:
             try:
@@ -90,14 +74,11 @@ def test_a_writer_of_the_previous_master_run_never_removes_a_new_objects_file(
             Path(first_id_tmp).write_bytes(b"o" * 65536)
             first.master.kill9()
 
-            second = pool(nodes=0, master_args=args)  # no --data-dir: ids from 0 again
-            new = Store(second.address, segment_size="8MiB", rpc_timeout=10.0)
-            stores.append(new)
+            second = dfs_pool(pool, root, nodes=0)  # no --data-dir: ids from 0 again
+            new = open_store(stores, second.address, segment_size="8MiB", rpc_timeout=10.0)
             value = b"n" * MiB
             assert new.put("new", value, DFS)
-            file_id = next(
-                r.offset for r in new.get_replica_desc("new") if r.kind == ReplicaKind.DFS
-            )
+            file_id = dfs_file_id(new, "new")
             assert Path(dfs_file(str(root), file_id)).read_bytes() == value
         finally:
             # Let the old writer finish its write (read the pipe to its end), then its put.

@@ -20,33 +20,15 @@ Store learns it from its first DFS replica, or the master's Welcome/Stats).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
-from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
+from kvtest.dfs import DFS, dfs_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    try:
-        yield made
-    finally:
-        for s in made:
-            s.close()
-
-
-def _file_id(s: Store, key: str) -> int:
-    return next(r.offset for r in s.get_replica_desc(key) if r.kind == ReplicaKind.DFS)
+from kvtest.replicas import dfs_file_id
+from kvtest.stores import open_store
+from kvtest.values import MiB
 
 
 def test_a_store_of_another_pool_never_writes_into_this_pools_dfs_directory(
@@ -55,18 +37,18 @@ def test_a_store_of_another_pool_never_writes_into_this_pools_dfs_directory(
     stores: list[Store],
 ) -> None:
     root_a, root_b = tmp_path / "dfs-a", tmp_path / "dfs-b"
-    pool_a = pool(nodes=0, master_args=("--dfs-root", str(root_a)))
-    pool_b = pool(nodes=0, master_args=("--dfs-root", str(root_b)))
+    pool_a = dfs_pool(pool, root_a, nodes=0)
+    pool_b = dfs_pool(pool, root_b, nodes=0)
     # Pool A's directory is seen here at its own path (as a client on another mount would).
-    a = Store(pool_a.address, segment_size="8MiB", rpc_timeout=10.0, dfs_root=str(root_a))
-    stores.append(a)
-    b = Store(pool_b.address, segment_size="8MiB", rpc_timeout=10.0)
-    stores.append(b)
+    a = open_store(
+        stores, pool_a.address, segment_size="8MiB", rpc_timeout=10.0, dfs_root=str(root_a)
+    )
+    b = open_store(stores, pool_b.address, segment_size="8MiB", rpc_timeout=10.0)
 
     value_a, value_b = b"A" * MiB, b"B" * MiB
     assert a.put("ka", value_a, DFS)
     assert b.put("kb", value_b, DFS)
-    id_a, id_b = _file_id(a, "ka"), _file_id(b, "kb")
+    id_a, id_b = dfs_file_id(a, "ka"), dfs_file_id(b, "kb")
 
     # Pool A's file still holds pool A's value (pool B's put did not replace it) ...
     got = Path(dfs_file(str(root_a), id_a)).read_bytes()

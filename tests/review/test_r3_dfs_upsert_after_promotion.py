@@ -27,7 +27,6 @@ of the same size asking for the copy again (`dfs_replica_num=1`: PutStart, no ar
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,43 +35,23 @@ from kvpool.client import Store
 from kvpool.client.replicate import ReplicateConfig
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
+from kvtest.dfs import DFS, dfs_pool, promote_through_a_helper, wait_dfs_only
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
-from kvtest.procs import wait_until
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
+from kvtest.replicas import dfs_file_id
+from kvtest.stores import open_store
+from kvtest.values import MiB
 
 
 def _value(tag: bytes) -> bytes:
     return (tag * 16)[:16] * (MiB // 16)
 
 
-def _kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return [ReplicaKind(r.kind) for r in s.get_replica_desc(key)]
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    try:
-        yield made
-    finally:
-        for s in made:
-            s.close()
-
-
 def _promoted(p: Pool, s: Store, root: Path, stores: list[Store], key: str) -> None:
     """`key`'s memory gone, then promoted back from its file: DFS stored first."""
     p.stop_node(0)  # (its segment unmounted: no silent replica of it is left)
-    wait_until(lambda: _kinds(s, key) == [ReplicaKind.DFS], timeout=20, what="memory gone")
-    helper = Store(p.address, rpc_timeout=20.0, segment_size="16MiB", dfs_root=str(root))
-    stores.append(helper)
-    for _ in range(2):  # the default admission threshold
-        assert s.get(key) == _value(b"old")
-    wait_until(
-        lambda: sorted(_kinds(s, key)) == [ReplicaKind.MEMORY, ReplicaKind.DFS],
-        timeout=20,
-        what=f"{key} promoted back to memory",
+    wait_dfs_only(s, [key])
+    promote_through_a_helper(
+        p, s, stores, root, key, _value(b"old"), f"{key} promoted back to memory"
     )
 
 
@@ -84,14 +63,9 @@ def test_an_upsert_in_place_of_a_promoted_dfs_object_keeps_it(
     batch: bool,
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        # No read lease: a same-size upsert is done in place (case B), as after any lease.
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
-    )
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    # No read lease: a same-size upsert is done in place (case B), as after any lease.
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s")
+    s = open_store(stores, p.address)
     assert s.put("k", _value(b"old"), DFS)
     _promoted(p, s, root, stores, "k")
     where = {ReplicaKind(r.kind): r for r in s.get_replica_desc("k")}
@@ -120,22 +94,17 @@ def test_a_plain_upsert_of_a_promoted_dfs_object_is_done_in_place_at_once(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
-    )
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s")
+    s = open_store(stores, p.address)
     assert s.put("k", _value(b"old"), DFS)
     _promoted(p, s, root, stores, "k")
-    file_id = next(r.offset for r in s.get_replica_desc("k") if r.kind == ReplicaKind.DFS)
+    file_id = dfs_file_id(s, "k")
     before = s.put_stats.retries
 
     new = _value(b"new")
     s.upsert("k", new, DFS)
     assert s.get("k") == new
     assert s.put_stats.retries == before  # no write failed: nothing was started again
-    after = next(r.offset for r in s.get_replica_desc("k") if r.kind == ReplicaKind.DFS)
+    after = dfs_file_id(s, "k")
     assert after == file_id  # in place: the same file, written again
     assert Path(dfs_file(str(root), file_id)).read_bytes() == new

@@ -14,23 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpool.client import Store
-from kvtest.procs import kvpool_proc
+from kvtest.procs import kvpool_up
 
 
 def test_up_starts_with_a_sub_millisecond_disk_check_interval(tmp_path: Path) -> None:
-    up = kvpool_proc(
-        "up",
-        "--port",
-        "0",
-        "--segment-size",
-        "16MiB",
+    up = kvpool_up(
         "--offload-dir",
         str(tmp_path / "disk"),
         "--offload-size",
         "8MiB",
         "--disk-check-interval",
         "50us",
-        name="up",
     )
     try:
         address = up.wait_ready(timeout=60)

@@ -4,10 +4,9 @@ drain asked (here of a segment that is not mounted), no token gets UNAUTHENTICAT
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from kvtest.procs import kvpool_proc
+from kvtest.procs import kvpool_proc, run_kvpool
 
 ADMIN = "drain-admin-token-000000000000001"
 
@@ -22,14 +21,7 @@ def test_drain_proves_its_token_file(tmp_path: Path) -> None:
 
         def drain(*extra: str) -> subprocess.CompletedProcess[str]:
             args = ["drain", "--master", address, "--segment", "nowhere", *extra]
-            return subprocess.run(
-                [sys.executable, "-m", "kvpool", *args],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-                env={"PATH": "/usr/bin:/bin"},
-            )
+            return run_kvpool(*args, env={"PATH": "/usr/bin:/bin"})
 
         proven = drain("--token-file", str(token))
         assert proven.returncode != 0 and "no segment 'nowhere'" in proven.stderr

@@ -4,16 +4,13 @@ raised, broken (the quotas in force stay) and deleted (no quotas) while a master
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from kvpool.errors import ErrorCode
 from kvpool.ha import EtcdGateway
 from kvpool.protocol import messages as m
 from kvpool.rpc.client import RpcClient
 from kvtest.etcd import EtcdServer
 from kvtest.ha import FakeNode, HaMaster, wait_leader
-from kvtest.procs import wait_until
+from kvtest.procs import run_kvpool, wait_until
 
 KiB = 1 << 10
 
@@ -66,11 +63,5 @@ def test_the_quota_policy_in_etcd_is_applied_and_followed(
 
 
 def test_a_master_without_ha_refuses_an_etcd_quota_source() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "kvpool", "master", "--port", "0", "--tenant-quota-file", "etcd"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_kvpool("master", "--port", "0", "--tenant-quota-file", "etcd")
     assert out.returncode == 2 and "--ha" in out.stderr

@@ -6,8 +6,6 @@ refused promptly."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 
 from kvpool import Store
 from kvpool.errors import KVPoolError
-from kvtest.procs import Proc, kvpool_proc, wait_until
+from kvtest.procs import Proc, kvpool_proc, run_kvpool, wait_until
 from security.pki import Pki
 
 NODE = "tls-pool-node-token-000000000000001"
@@ -87,14 +85,7 @@ def test_a_store_puts_and_gets_over_tls(
 def test_status_reads_the_pool_over_tls(pool: tuple[str, Path], pki: Pki) -> None:
     address, admin_token = pool
     args = ["status", "--master", address, "--json", "--token-file", str(admin_token)]
-    done = subprocess.run(
-        [sys.executable, "-m", "kvpool", *args, *_tls_args(pki)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"KVPOOL_RPC_UNIX": "0", "PATH": "/usr/bin:/bin"},
-    )
+    done = run_kvpool(*args, *_tls_args(pki), env={"KVPOOL_RPC_UNIX": "0", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert '"segments"' in done.stdout
 

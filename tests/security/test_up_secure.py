@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvpool import Store
 from kvpool.errors import KVPoolError, Unauthenticated
-from kvtest.procs import kvpool_proc
+from kvtest.procs import kvpool_up, run_kvpool
 from security.pki import Pki
 
 NODE = "up-node-token-0000000000000000001"
@@ -32,21 +30,7 @@ def test_up_with_credentials_and_tls_serves_only_clients_that_have_both(
     token = tmp_path / "node.token"
     token.write_text(NODE + "\n")
     tls = ["--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca]
-    up = kvpool_proc(
-        "up",
-        "--port",
-        "0",
-        "--segment-size",
-        "16MiB",
-        "--refresh",
-        "0.1s",
-        "--auth-file",
-        str(auth),
-        "--token-file",
-        str(token),
-        *tls,
-        name="up",
-    )
+    up = kvpool_up("--refresh", "0.1s", "--auth-file", str(auth), "--token-file", str(token), *tls)
     try:
         address = up.wait_ready(timeout=60)
         monkeypatch.setenv("KVPOOL_RPC_UNIX", "0")  # the Store on TCP: TLS
@@ -69,12 +53,5 @@ def test_up_with_an_auth_file_needs_a_token(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text(f"tokens:\n  - {{token: {NODE}, tenant: a, role: node}}\n")
     env = {k: v for k, v in os.environ.items() if k != "KVPOOL_AUTH_TOKEN"}
-    out = subprocess.run(
-        [sys.executable, "-m", "kvpool", "up", "--port", "0", "--auth-file", str(auth)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    out = run_kvpool("up", "--port", "0", "--auth-file", str(auth), env=env)
     assert out.returncode == 2 and "--token-file" in out.stderr

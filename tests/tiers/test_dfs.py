@@ -15,29 +15,16 @@ from kvpool.client.replicate import ReplicateConfig
 from kvpool.errors import ErrorCode, KVPoolError
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR
+from kvtest.dfs import DFS, dfs_files, dfs_pool, wait_dfs_only
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import MiB, pattern
 
 
 def value(i: int, size: int = MiB) -> bytes:
-    return (i.to_bytes(8, "little") + b"dfs-tier") * (size // 16)
-
-
-def files(root: Path) -> list[str]:
-    return sorted(os.listdir(root / DFS_DIR))
-
-
-def kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
-
-
-def _store(made: list[Store], address: str) -> Store:
-    s = Store(address, rpc_timeout=20.0)
-    made.append(s)
-    return s
+    return pattern(i, b"dfs-tier", size)
 
 
 def test_a_dfs_copy_is_written_by_the_client_and_outlives_every_node(
@@ -46,24 +33,20 @@ def test_a_dfs_copy_is_written_by_the_client_and_outlives_every_node(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=2,
-        segment_size="16MiB",
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
-    )
-    s = _store(stores, p.address)
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s", nodes=2)
+    s = open_store(stores, p.address)
     for i in range(4):
         assert s.put(f"d{i}", value(i, (i + 1) * MiB // 2), DFS)
     assert s.put("plain", value(9))  # no DFS copy asked: no file
     assert kinds(s, "d0") == [ReplicaKind.MEMORY, ReplicaKind.DFS]
     assert kinds(s, "plain") == [ReplicaKind.MEMORY]
-    assert len(files(root)) == 4
-    assert not any(f.endswith(".tmp") for f in files(root))
+    assert len(dfs_files(root)) == 4
+    assert not any(f.endswith(".tmp") for f in dfs_files(root))
     p.kill_node(0)
     p.kill_node(1)
     for i in range(4):  # memory first, which is gone: read from the DFS file
         assert s.get(f"d{i}") == value(i, (i + 1) * MiB // 2)
-    wait_until(lambda: kinds(s, "d0") == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    wait_dfs_only(s, ["d0"])
     assert s.get("d0") == value(0, MiB // 2)
     got = s.batch_get([f"d{i}" for i in range(4)])
     assert got == [value(i, (i + 1) * MiB // 2) for i in range(4)]
@@ -81,7 +64,7 @@ def test_a_dfs_copy_is_written_by_the_client_and_outlives_every_node(
     with pytest.raises(KVPoolError):
         s.get("plain")
     s.remove("d1")
-    wait_until(lambda: len(files(root)) == 3, what="the removed object's file gone")
+    wait_until(lambda: len(dfs_files(root)) == 3, what="the removed object's file gone")
 
 
 def test_a_vanished_dfs_file_is_dropped_and_the_object_read_from_memory(
@@ -90,11 +73,11 @@ def test_a_vanished_dfs_file_is_dropped_and_the_object_read_from_memory(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
-    s = _store(stores, p.address)
+    p = dfs_pool(pool, root)
+    s = open_store(stores, p.address)
     for i in range(3):
         assert s.put(f"v{i}", value(i), DFS)
-    for name in files(root):
+    for name in dfs_files(root):
         os.unlink(root / DFS_DIR / name)
     # The background check finds them (a read would too): the DFS replicas go, memory stays.
     wait_until(
@@ -113,19 +96,10 @@ def test_a_dfs_write_abandoned_mid_way_leaves_no_file(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=(
-            "--dfs-root",
-            str(root),
-            "--put-start-discard-timeout",
-            "1s",
-            "--put-start-release-timeout",
-            "1s",
-        ),
+    p = dfs_pool(
+        pool, root, "--put-start-discard-timeout", "1s", "--put-start-release-timeout", "1s"
     )
-    s = _store(stores, p.address)
+    s = open_store(stores, p.address)
     real = dfs.write
 
     def dies_mid_write(r: object, mv: memoryview) -> object:
@@ -140,11 +114,11 @@ def test_a_dfs_write_abandoned_mid_way_leaves_no_file(
     with pytest.raises(KeyboardInterrupt):
         s.put("gone", value(1), DFS)
     monkeypatch.setattr(dfs, "write", real)
-    assert any(f.endswith(".tmp") for f in files(root))  # left behind: the master removes it
-    wait_until(lambda: files(root) == [], timeout=20, what="the abandoned file removed")
+    assert any(f.endswith(".tmp") for f in dfs_files(root))  # left behind: the master removes it
+    wait_until(lambda: dfs_files(root) == [], timeout=20, what="the abandoned file removed")
     assert s.put("gone", value(2), DFS)  # the key is free again
     assert s.get("gone") == value(2)
-    assert len(files(root)) == 1
+    assert len(dfs_files(root)) == 1
 
 
 def test_batch_puts_take_dfs_copies_too(
@@ -153,20 +127,20 @@ def test_batch_puts_take_dfs_copies_too(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
-    s = _store(stores, p.address)
+    p = dfs_pool(pool, root)
+    s = open_store(stores, p.address)
     keys = [f"b{i}" for i in range(4)]
     assert s.batch_put(keys, [value(i) for i in range(4)], DFS) == [0] * 4
     assert all(kinds(s, k) == [ReplicaKind.MEMORY, ReplicaKind.DFS] for k in keys)
-    assert len(files(root)) == 4
+    assert len(dfs_files(root)) == 4
     # Per key as the batched path answers: an existing key is kept, the others stored.
     got = s.batch_put(["b0", "b9"], [value(7), value(9)], DFS)
     assert got == [ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.OK]
     groups = ReplicateConfig(dfs_replica_num=1, group_ids=("g1", "g2"))
     assert s.batch_put(["c1", "c2"], [value(1), value(2)], groups) == [0, 0]
     p.kill_node(0)  # memory gone: every value comes from its file
-    wait_until(lambda: kinds(s, "b9") == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    wait_dfs_only(s, ["b9"])
     expect = {"b0": 0, "b1": 1, "b2": 2, "b3": 3, "b9": 9, "c1": 1, "c2": 2}
     for k, i in expect.items():
         assert s.get(k) == value(i), k
-    assert len(files(root)) == len(expect)
+    assert len(dfs_files(root)) == len(expect)

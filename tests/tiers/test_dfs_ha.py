@@ -13,18 +13,17 @@ from pathlib import Path
 import pytest
 
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.dfs import DFS
 from kvtest.etcd import EtcdServer
 from kvtest.ha import HaMaster, wait_leader
 from kvtest.procs import Proc, kvpool_proc, wait_until
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
+from kvtest.replicas import kinds
+from kvtest.values import pattern
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"dfs-ha..") * (MiB // 16)
+    return pattern(i, b"dfs-ha..")
 
 
 @pytest.fixture
@@ -74,4 +73,4 @@ def test_dfs_copies_survive_a_leader_switch(
     )
     for i in range(3):  # no node at all: the new leader knows the files
         assert s.get(f"h{i}") == value(i)
-    assert [ReplicaKind(r.kind) for r in s.get_replica_desc("h0")] == [ReplicaKind.DFS]
+    assert kinds(s, "h0") == [ReplicaKind.DFS]

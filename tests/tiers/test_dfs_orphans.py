@@ -9,31 +9,27 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
-from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR, dfs_file
+from kvtest.dfs import DFS, dfs_pool
 from kvtest.etcd import EtcdServer
 from kvtest.ha import HaMaster, wait_leader
+from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, wait_until
+from kvtest.procs import kvpool_proc, run_kvpool, wait_until
+from kvtest.replicas import dfs_file_id
+from kvtest.stores import open_store
 
-DFS = ReplicateConfig(dfs_replica_num=1)
 OLD = 3600.0
 
 
 def scrape(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    m = re.search(rf"^{name} (\S+)$", metrics_text(base), re.M)
     assert m is not None, name
     return float(m.group(1))
 
@@ -65,28 +61,22 @@ def test_old_orphan_and_tmp_files_go_while_live_and_young_files_stay(
     plant(foreign, OLD)
     odd = str(d / "00000000000000AB")  # capitals: not a name the tier makes
     plant(odd, OLD)
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=(
-            "--dfs-root",
-            str(root),
-            "--dfs-orphan-grace",
-            "20s",
-            "--dfs-check-interval",
-            "20ms",
-            "--dfs-check-per-round",
-            "2",  # several rounds per pass over the directory
-            "--http-port",
-            "0",
-        ),
+    p = dfs_pool(
+        pool,
+        root,
+        "--dfs-orphan-grace",
+        "20s",
+        "--dfs-check-interval",
+        "20ms",
+        "--dfs-check-per-round",
+        "2",  # several rounds per pass over the directory
+        "--http-port",
+        "0",
     )
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    base = f"http://{m.group(1)}:{m.group(2)}"
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    base = http_base(p.master)
+    s = open_store(stores, p.address)
     assert s.put("live", b"v" * 4096, DFS)
-    live_id = next(r.offset for r in s.get_replica_desc("live") if r.kind == ReplicaKind.DFS)
+    live_id = dfs_file_id(s, "live")
     live = dfs_file(str(root), live_id)
     t = time.time() - OLD
     os.utime(live, (t, t))  # old, but named by an object
@@ -114,17 +104,7 @@ def test_the_grace_is_an_age(
     (root / DFS_DIR).mkdir(parents=True)
     young = dfs_file(str(root), 5 << 20)
     plant(young, 0)
-    pool(
-        nodes=0,
-        master_args=(
-            "--dfs-root",
-            str(root),
-            "--dfs-orphan-grace",
-            "1s",
-            "--dfs-check-interval",
-            "50ms",
-        ),
-    )
+    dfs_pool(pool, root, "--dfs-orphan-grace", "1s", "--dfs-check-interval", "50ms", nodes=0)
     assert os.path.exists(young)  # younger than a second when the master came up
     wait_until(lambda: not os.path.exists(young), timeout=20, what="the file aged past grace")
 
@@ -143,24 +123,7 @@ def test_the_grace_is_an_age(
 def test_bad_dfs_check_options_are_refused_naming_the_option(
     tmp_path: Path, option: str, bad: str
 ) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvpool",
-            "master",
-            "--port",
-            "0",
-            "--dfs-root",
-            str(tmp_path),
-            option,
-            bad,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_kvpool("master", "--port", "0", "--dfs-root", str(tmp_path), option, bad)
     assert out.returncode == 2, out.stderr
     assert option in out.stderr, out.stderr
 

@@ -6,30 +6,27 @@ the file back into memory, checked against the checksum; the DFS replica stays."
 from __future__ import annotations
 
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.errors import KVPoolError
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import dfs_file
+from kvtest.dfs import DFS, dfs_pool, promote_through_a_helper, wait_dfs_only
+from kvtest.ops_http import http_base, metrics_text
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.replicas import dfs_file_id, kinds
+from kvtest.stores import open_store
+from kvtest.values import pattern
 
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
 MEM = ReplicaKind.MEMORY
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"promoted") * (MiB // 16)
-
-
-def kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
+    return pattern(i, b"promoted")
 
 
 def test_a_dfs_only_object_read_often_comes_back_to_memory_by_itself(
@@ -38,28 +35,12 @@ def test_a_dfs_only_object_read_often_comes_back_to_memory_by_itself(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=(
-            "--dfs-root",
-            str(root),
-            "--promotion-admission-threshold",
-            "3",
-            "--default-kv-lease-ttl",
-            "0s",
-        ),
-    )
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    p = dfs_pool(pool, root, "--promotion-admission-threshold", "3", "--default-kv-lease-ttl", "0s")
+    s = open_store(stores, p.address)
     for i in range(3):
         assert s.put(f"p{i}", value(i), DFS)
     p.kill_node(0)  # memory gone: the files are the only copies
-    wait_until(
-        lambda: all(kinds(s, f"p{i}") == [ReplicaKind.DFS] for i in range(3)),
-        timeout=20,
-        what="every memory replica gone",
-    )
+    wait_dfs_only(s, [f"p{i}" for i in range(3)], what="every memory replica gone")
     # A node that sees the DFS directory (at the master's path here).
     p.add_node("16MiB", "--dfs-root", str(root))
     for _ in range(3):  # the threshold: three reads from the file
@@ -81,22 +62,13 @@ def test_a_store_with_dfs_root_and_memory_runs_the_promotion(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s"),
-    )
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s")
+    s = open_store(stores, p.address)
     assert s.put("q", value(7), DFS)
     p.kill_node(0)
-    wait_until(lambda: kinds(s, "q") == [ReplicaKind.DFS], timeout=20, what="memory gone")
+    wait_dfs_only(s, ["q"])
     # The master's own nodes are gone; a Store that contributes memory and sees the directory.
-    helper = Store(p.address, rpc_timeout=20.0, segment_size="16MiB", dfs_root=str(root))
-    stores.append(helper)
-    for _ in range(2):  # the default threshold
-        assert s.get("q") == value(7)
-    wait_until(lambda: kinds(s, "q") == [MEM, ReplicaKind.DFS], timeout=20, what="q promoted")
+    promote_through_a_helper(p, s, stores, root, "q", value(7), "q promoted")
     assert s.get("q") == value(7)
 
 
@@ -106,19 +78,13 @@ def test_a_corrupt_dfs_file_is_never_promoted(
     stores: list[Store],
 ) -> None:
     root = tmp_path / "dfs"
-    p = pool(
-        nodes=1,
-        segment_size="16MiB",
-        master_args=("--dfs-root", str(root), "--default-kv-lease-ttl", "0s", "--http-port", "0"),
-    )
-    m = p.master.wait_for_line(r"http listening on (\S+):(\d+)")
-    base = f"http://{m.group(1)}:{m.group(2)}"
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    p = dfs_pool(pool, root, "--default-kv-lease-ttl", "0s", "--http-port", "0")
+    base = http_base(p.master)
+    s = open_store(stores, p.address)
     assert s.put("bad", value(3), DFS)
     p.kill_node(0)
-    wait_until(lambda: kinds(s, "bad") == [ReplicaKind.DFS], timeout=20, what="memory gone")
-    file_id = next(r.offset for r in s.get_replica_desc("bad") if r.kind == ReplicaKind.DFS)
+    wait_dfs_only(s, ["bad"])
+    file_id = dfs_file_id(s, "bad")
     with open(dfs_file(str(root), file_id), "r+b") as f:  # same size, other bytes
         f.seek(4096)
         f.write(b"\xff" * 4096)
@@ -135,7 +101,5 @@ def test_a_corrupt_dfs_file_is_never_promoted(
 
 
 def metric(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    got = re.search(rf"^{name} (\S+)$", text, re.M)
+    got = re.search(rf"^{name} (\S+)$", metrics_text(base), re.M)
     return float(got.group(1)) if got else 0.0

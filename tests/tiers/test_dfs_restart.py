@@ -14,7 +14,6 @@ import pytest
 from tests.master.conftest import HOST, WRITER, Clock, MiB
 
 from kvpool.client import Store
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.master.config import MasterConfig
 from kvpool.master.oplog import OpLog
 from kvpool.master.replication import ReplicationSource
@@ -24,22 +23,16 @@ from kvpool.master.tier_config import TierConfig
 from kvpool.protocol import messages as m
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR, DiskEntry, RegisterDiskReplicas
+from kvtest.dfs import DFS, dfs_files
 from kvtest.procs import Proc, kvpool_proc, wait_until
+from kvtest.replicas import kinds
+from kvtest.values import pattern
 
-DFS = ReplicateConfig(dfs_replica_num=1)
 MEM = ReplicaKind.MEMORY
 
 
 def value(i: int, size: int = MiB) -> bytes:
-    return (i.to_bytes(8, "little") + b"dfs-rest") * (size // 16)
-
-
-def files(root: Path) -> list[str]:
-    return sorted(os.listdir(root / DFS_DIR))
-
-
-def kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
+    return pattern(i, b"dfs-rest", size)
 
 
 @pytest.fixture
@@ -91,7 +84,7 @@ def test_dfs_copies_survive_a_master_restart_on_its_data_dir(
     s = _store(procs, address)
     for i in range(3):
         assert s.put(f"d{i}", value(i), DFS)
-    assert len(files(root)) == 3
+    assert len(dfs_files(root)) == 3
     s.close()
     node.kill9()
     procs[0].kill9()  # type: ignore[union-attr]
@@ -108,12 +101,12 @@ def test_dfs_copies_survive_a_master_restart_on_its_data_dir(
     procs.append(node)
     node.wait_ready(timeout=60)
     assert s.put("d3", value(3), DFS)
-    assert len(files(root)) == 4
+    assert len(dfs_files(root)) == 4
     for i in range(4):
         assert s.get(f"d{i}") == value(i)
     # The background check knows the restored replicas: with their files gone, the objects
     # that had no other readable replica go; d3 keeps its memory replica.
-    for name in files(root):
+    for name in dfs_files(root):
         os.unlink(root / DFS_DIR / name)
     wait_until(
         lambda: not any(s.exists(f"d{i}") for i in range(3)) and kinds(s, "d3") == [MEM],

@@ -6,26 +6,24 @@ process."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store, dfs
-from kvpool.client.replicate import ReplicateConfig
 from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicaKind
 from kvpool.protocol.tiers import DFS_DIR
+from kvtest.dfs import DFS, dfs_pool, wait_dfs_only
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, wait_until
-
-MiB = 1 << 20
-DFS = ReplicateConfig(dfs_replica_num=1)
+from kvtest.procs import kvpool_up, run_kvpool
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import pattern
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"dfs-root") * (MiB // 16)
+    return pattern(i, b"dfs-root")
 
 
 def test_a_dfs_root_must_be_an_existing_directory(tmp_path: Path) -> None:
@@ -50,7 +48,7 @@ def test_a_client_reads_and_writes_through_its_own_mount_of_the_dfs_directory(
     alias = tmp_path / "here"  # the same directory, seen at another path
     root.mkdir()
     alias.symlink_to(root, target_is_directory=True)
-    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
+    p = dfs_pool(pool, root)
     used: list[str] = []
     real = dfs.dfs_file
 
@@ -59,8 +57,7 @@ def test_a_client_reads_and_writes_through_its_own_mount_of_the_dfs_directory(
         return real(base, file_id)
 
     monkeypatch.setattr(dfs, "dfs_file", spy)
-    s = Store(p.address, rpc_timeout=20.0, dfs_root=str(alias))
-    stores.append(s)
+    s = open_store(stores, p.address, dfs_root=str(alias))
     assert dfs.local_root() == str(alias)
     with pytest.raises(InvalidParams, match="one path per process"):
         Store(p.address, dfs_root=str(root))  # another path in the same process
@@ -68,11 +65,7 @@ def test_a_client_reads_and_writes_through_its_own_mount_of_the_dfs_directory(
         assert s.put(f"a{i}", value(i), DFS)
     assert len(os.listdir(alias / DFS_DIR)) == 3
     p.kill_node(0)
-    wait_until(
-        lambda: [ReplicaKind(r.kind) for r in s.get_replica_desc("a0")] == [ReplicaKind.DFS],
-        timeout=20,
-        what="the memory replica gone",
-    )
+    wait_dfs_only(s, ["a0"], what="the memory replica gone")
     for i in range(3):  # read from the files, through this process's path
         assert s.get(f"a{i}") == value(i)
     assert used and set(used) == {str(alias)}
@@ -85,13 +78,7 @@ def test_kvpool_node_refuses_a_dfs_root_that_is_not_a_directory(tmp_path: Path) 
         if bad.name == "file":
             bad.write_bytes(b"x")
         args = ["node", "--master", "127.0.0.1:1", "--dfs-root", str(bad)]
-        done = subprocess.run(
-            [sys.executable, "-m", "kvpool", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_kvpool(*args)
         assert done.returncode == 2, done
         assert "--dfs-root" in done.stderr
 
@@ -101,18 +88,12 @@ def test_kvpool_up_gives_its_master_and_node_the_dfs_root(
 ) -> None:
     root = tmp_path / "shared"
     root.mkdir()
-    up = kvpool_proc(
-        "up", "--port", "0", "--segment-size", "16MiB", "--dfs-root", str(root), name="up"
-    )
+    up = kvpool_up("--dfs-root", str(root))
     try:
         address = up.wait_ready(timeout=60)
-        s = Store(address, rpc_timeout=20.0)
-        stores.append(s)
+        s = open_store(stores, address)
         assert s.put("u", value(1), DFS)
-        assert sorted(ReplicaKind(r.kind) for r in s.get_replica_desc("u")) == [
-            ReplicaKind.MEMORY,
-            ReplicaKind.DFS,
-        ]
+        assert kinds(s, "u") == [ReplicaKind.MEMORY, ReplicaKind.DFS]
         assert len(os.listdir(root / DFS_DIR)) == 1
         assert s.get("u") == value(1)
     finally:
@@ -126,7 +107,7 @@ def test_dfs_fsync_syncs_each_file_before_its_rename_while_a_store_asks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = tmp_path / "shared"
-    p = pool(nodes=1, segment_size="16MiB", master_args=("--dfs-root", str(root)))
+    p = dfs_pool(pool, root)
     synced: list[str] = []
     real = os.fdatasync
 
@@ -135,12 +116,10 @@ def test_dfs_fsync_syncs_each_file_before_its_rename_while_a_store_asks(
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", spy)
-    plain = Store(p.address, rpc_timeout=20.0)
-    stores.append(plain)
+    plain = open_store(stores, p.address)
     assert plain.put("n0", value(0), DFS)
     assert [f for f in synced if DFS_DIR in f] == []  # off by default
-    s = Store(p.address, rpc_timeout=20.0, dfs_fsync=True)
-    stores.append(s)
+    s = open_store(stores, p.address, dfs_fsync=True)
     assert s.put("s0", value(1), DFS)
     assert len([f for f in synced if f.endswith(".tmp")]) == 1  # before the rename
     s.close()

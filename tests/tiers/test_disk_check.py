@@ -10,20 +10,18 @@ from pathlib import Path
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy, wait_offloaded
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import pattern
 
-MiB = 1 << 20
 MEM, DISK = ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK
-OFFSET_MASK = (1 << 44) - 1  # a replica id is the segment number << 44 | the offset
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"disk-chk") * (MiB // 16)
-
-
-def kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
+    return pattern(i, b"disk-chk")
 
 
 def test_corrupt_or_vanished_disk_objects_are_dropped_and_read_from_memory(
@@ -31,26 +29,16 @@ def test_corrupt_or_vanished_disk_objects_are_dropped_and_read_from_memory(
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "eager", "--no-promotion-on-hit"))
+    p = offload_pool(pool, "eager", "--no-promotion-on-hit")
     disk = tmp_path / "disk"
-    p.add_node("16MiB", "--offload-dir", str(disk), "--offload-size", "16MiB")
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    add_disk_node(p, "16MiB", disk, "16MiB")
+    s = open_store(stores, p.address)
     n = 4
     for i in range(n):
         assert s.put(f"k{i}", value(i))
-    wait_until(
-        lambda: all(kinds(s, f"k{i}") == [MEM, DISK] for i in range(n)),
-        timeout=20,
-        what="every object offloaded",
-    )
+    wait_offloaded(s, [f"k{i}" for i in range(n)])
     # Corrupt k0's bytes in the file (the node is running; its mapping sees the change).
-    r = next(r for r in s.get_replica_desc("k0") if r.kind == DISK)
-    fd = os.open(disk / DATA_FILE, os.O_WRONLY)
-    try:
-        os.pwrite(fd, b"\xff" * 4096, (r.replica_id & OFFSET_MASK) + 8192)
-    finally:
-        os.close(fd)
+    spoil_disk_copy(s, "k0", disk)
     wait_until(lambda: kinds(s, "k0") == [MEM], timeout=20, what="k0's corrupt disk copy gone")
     assert s.get("k0") == value(0)
     assert all(kinds(s, f"k{i}") == [MEM, DISK] for i in range(1, n))  # the others are good

@@ -4,55 +4,40 @@ loses an object in pool mode (a put that would need that is refused at once)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store
 from kvpool.client.replicate import ReplicateConfig
-from kvpool.errors import KVPoolError, NoSpace
+from kvpool.errors import NoSpace
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import offload_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.replicas import kinds_if_stored as kinds
+from kvtest.stores import open_store, stores_last_first  # noqa: F401
+from kvtest.values import MiB, pattern
 
-MiB = 1 << 20
 _MEMORY, _DISK = ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"disk-lru") * (MiB // 16)
-
-
-def kinds(store: Store, key: str) -> list[ReplicaKind]:
-    try:
-        return sorted(ReplicaKind(r.kind) for r in store.get_replica_desc(key))
-    except KVPoolError:
-        return []
-
-
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in reversed(made):
-        s.close()
+    return pattern(i, b"disk-lru")
 
 
 def _owner_and_client(
     made: list[Store], address: str, tmp_path: Path, memory: int, disk: int
 ) -> tuple[Store, Store]:
-    owner = Store(
+    owner = open_store(
+        made,
         address,
         segment_size=memory,
         offload_dir=str(tmp_path / "disk"),
         offload_size=disk,
         arena_size=0,
-        rpc_timeout=20.0,
     )
-    made.append(owner)
-    client = Store(address, arena_size=0, rpc_timeout=20.0)
-    made.append(client)
+    client = open_store(made, address, arena_size=0)
     return owner, client
 
 
@@ -61,13 +46,10 @@ def test_a_full_disk_tier_drops_its_least_recently_used_objects_and_keeps_a_hot_
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(
-        nodes=0,
-        master_args=(
-            "--offload-policy", "on-evict", "--no-promotion-on-hit",
-            "--default-kv-lease-ttl", "0s",  # a reader's lease would keep its object
-            "--eviction-high-watermark-ratio", "1.0", "--eviction-ratio", "0.01",
-        ),
+    p = offload_pool(
+        pool, "on-evict", "--no-promotion-on-hit",
+        "--default-kv-lease-ttl", "0s",  # a reader's lease would keep its object
+        "--eviction-high-watermark-ratio", "1.0", "--eviction-ratio", "0.01",
     )  # fmt: skip
     # A reclaim pass serving one put moves a few objects at once (and the disk tier drops as
     # many): a disk tier twice the memory keeps the hot object clear of one pass's drops.
@@ -100,13 +82,7 @@ def test_hard_pinned_objects_keep_their_disk_replicas_when_the_tier_is_full(
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(
-        nodes=0,
-        master_args=(
-            "--offload-policy", "eager", "--no-promotion-on-hit",
-            "--default-kv-lease-ttl", "0s",
-        ),
-    )  # fmt: skip
+    p = offload_pool(pool, "eager", "--no-promotion-on-hit", "--default-kv-lease-ttl", "0s")
     _, s = _owner_and_client(stores, p.address, tmp_path, 16 * MiB, 4 * MiB)
     pinned = ReplicateConfig(with_hard_pin=True)
     for i in range(2):
@@ -130,12 +106,7 @@ def test_pool_mode_refuses_a_put_rather_than_drop_a_disk_only_object(
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(
-        nodes=0,
-        master_args=(
-            "--offload-policy", "on-evict", "--eviction-mode", "pool", "--no-promotion-on-hit",
-        ),
-    )  # fmt: skip
+    p = offload_pool(pool, "on-evict", "--eviction-mode", "pool", "--no-promotion-on-hit")
     _, s = _owner_and_client(stores, p.address, tmp_path, 4 * MiB, 4 * MiB)
     stored = 0
     with pytest.raises(NoSpace):

@@ -3,30 +3,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import add_disk_node, offload_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
-
-MiB = 1 << 20
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import MiB, pattern
 
 
 def value(i: int, size: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"preadv..") * (size // 16)
-
-
-@pytest.fixture
-def store() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in made:
-        s.close()
+    return pattern(i, b"preadv..", size)
 
 
 def _maps() -> str:
@@ -37,24 +28,18 @@ def _maps() -> str:
 def test_a_same_host_disk_read_is_exact_and_maps_nothing(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
-    store: list[Store],
+    stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"))
+    p = offload_pool(pool, "on-evict", "--no-promotion-on-hit")
     disk = tmp_path / "disk"
-    p.add_node("8MiB", "--offload-dir", str(disk), "--offload-size", "64MiB")
-    s = Store(p.address, rpc_timeout=30.0)
-    store.append(s)
+    add_disk_node(p, "8MiB", disk, "64MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     sizes = {i: (3 * MiB + 4096 if i % 4 == 0 else MiB) for i in range(16)}
     for i, size in sizes.items():
         assert s.put(f"k{i}", value(i, size))
 
     def disk_only() -> list[int]:
-        return [
-            i
-            for i in sizes
-            if [ReplicaKind(r.kind) for r in s.get_replica_desc(f"k{i}")]
-            == [ReplicaKind.LOCAL_DISK]
-        ]
+        return [i for i in sizes if kinds(s, f"k{i}") == [ReplicaKind.LOCAL_DISK]]
 
     on_disk = wait_until(disk_only, what="objects on disk only")
     for i in on_disk:

@@ -5,17 +5,17 @@ intermittent loss during on-evict filling")."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from kvpool.client import Store
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import offload_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
+from kvtest.replicas import kinds
+from kvtest.stores import open_store, stores_last_first  # noqa: F401
+from kvtest.values import MiB
 
-MiB = 1 << 20
 MEMORY = 16 * MiB
 
 
@@ -24,30 +24,21 @@ def value(key: str) -> bytes:
     return head + os.urandom(16) * ((MiB - 16) // 16)
 
 
-@pytest.fixture
-def stores() -> Iterator[list[Store]]:
-    made: list[Store] = []
-    yield made
-    for s in reversed(made):
-        s.close()
-
-
 def test_rounds_of_on_evict_filling_lose_nothing_and_move_no_wrong_source(
     pool: PoolFactory,  # noqa: F811
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"))
-    owner = Store(
+    p = offload_pool(pool, "on-evict", "--no-promotion-on-hit")
+    owner = open_store(
+        stores,
         p.address,
         segment_size=MEMORY,
         offload_dir=str(tmp_path / "disk"),
         offload_size=256 * MiB,
         rpc_timeout=30.0,
     )
-    stores.append(owner)
-    client = Store(p.address, rpc_timeout=30.0)
-    stores.append(client)
+    client = open_store(stores, p.address, rpc_timeout=30.0)
     for rnd in range(3):
         owner.remove_all(force=True)
         written: dict[str, bytes] = {}
@@ -61,10 +52,7 @@ def test_rounds_of_on_evict_filling_lose_nothing_and_move_no_wrong_source(
                     assert client.get(f"r{rnd}-m{i}") == written[f"r{rnd}-m{i}"]
         first = f"r{rnd}-f0"
         wait_until(
-            lambda: any(
-                ReplicaKind(r.kind) == ReplicaKind.LOCAL_DISK
-                for r in client.get_replica_desc(first)  # noqa: B023 (waited on here)
-            ),
+            lambda: ReplicaKind.LOCAL_DISK in kinds(client, first),  # noqa: B023 (waited on here)
             what="the first filler on disk",
         )
         for key, data in written.items():

@@ -10,18 +10,17 @@ from pathlib import Path
 
 from kvpool.client import Store
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import add_disk_node, offload_pool
 from kvtest.pool import PoolFactory, pool  # noqa: F401
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import pattern
 
-MiB = 1 << 20
 HOT = 8
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"promoted") * (MiB // 16)
-
-
-def kinds(s: Store, key: str) -> set[ReplicaKind]:
-    return {ReplicaKind(r.kind) for r in s.get_replica_desc(key)}
+    return pattern(i, b"promoted")
 
 
 def test_a_hot_set_comes_back_into_a_full_memory_by_displacing_cold_objects(
@@ -31,20 +30,11 @@ def test_a_hot_set_comes_back_into_a_full_memory_by_displacing_cold_objects(
 ) -> None:
     # Leases far longer than the test: room that came only from leases running out would
     # come too late.
-    p = pool(
-        nodes=0,
-        master_args=(
-            "--offload-policy",
-            "on-evict",
-            "--promotion-admission-threshold",
-            "2",
-            "--default-kv-lease-ttl",
-            "30",
-        ),
+    p = offload_pool(
+        pool, "on-evict", "--promotion-admission-threshold", "2", "--default-kv-lease-ttl", "30"
     )
-    p.add_node("32MiB", "--offload-dir", str(tmp_path / "disk"), "--offload-size", "256MiB")
-    s = Store(p.address, rpc_timeout=30.0)
-    stores.append(s)
+    add_disk_node(p, "32MiB", tmp_path / "disk", "256MiB")
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     keys = [f"k{i}" for i in range(96)]  # 3x the memory
     for i, k in enumerate(keys):
         assert s.put(k, value(i))
@@ -52,7 +42,7 @@ def test_a_hot_set_comes_back_into_a_full_memory_by_displacing_cold_objects(
     # leases what it names, and a leased object is not evicted to make room (until its lease
     # runs out, here after 30 s).
     hot = keys[:HOT]
-    assert all(kinds(s, k) == {ReplicaKind.LOCAL_DISK} for k in hot)
+    assert all(set(kinds(s, k)) == {ReplicaKind.LOCAL_DISK} for k in hot)
     deadline = time.monotonic() + 10  # a third of the lease
     while not all(ReplicaKind.MEMORY in kinds(s, k) for k in hot):
         assert time.monotonic() < deadline, [sorted(kinds(s, k)) for k in hot]

@@ -8,14 +8,15 @@ from pathlib import Path
 from kvpool.client import Store
 from kvpool.client.disk import DATA_FILE
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import offload_pool
 from kvtest.pool import Pool, PoolFactory, pool  # noqa: F401
 from kvtest.procs import wait_until
-
-MiB = 1 << 20
+from kvtest.stores import open_store
+from kvtest.values import MiB, pattern
 
 
 def value(i: int) -> bytes:
-    return (i.to_bytes(8, "little") + b"two-dirs") * (MiB // 16)
+    return pattern(i, b"two-dirs")
 
 
 def _node(p: Pool, dirs: list[Path]) -> None:
@@ -38,12 +39,11 @@ def test_a_node_spreads_its_offloads_over_several_directories_and_serves_both_ag
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "on-evict", "--no-promotion-on-hit"))
+    p = offload_pool(pool, "on-evict", "--no-promotion-on-hit")
     dirs = [tmp_path / "disk-a", tmp_path / "disk-b"]
     _node(p, dirs)
     assert p.nodes[0].output().count("disk tier") == 2
-    s = Store(p.address, rpc_timeout=30.0)
-    stores.append(s)
+    s = open_store(stores, p.address, rpc_timeout=30.0)
     n = 24  # 3x the memory: most of it goes to disk
     for i in range(n):
         assert s.put(f"k{i}", value(i))

@@ -5,37 +5,21 @@ refused with a usage error naming the option, good ones reach the node's `DiskTi
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvpool.client import Store
-from kvpool.client.disk import DATA_FILE
 from kvpool.errors import InvalidParams
 from kvpool.protocol.messages import ReplicaKind
+from kvtest.disk import add_disk_node, offload_pool, spoil_disk_copy, wait_offloaded
 from kvtest.pool import PoolFactory, pool  # noqa: F401
-from kvtest.procs import kvpool_proc, wait_until
+from kvtest.procs import kvpool_up, run_kvpool, wait_until
+from kvtest.replicas import kinds
+from kvtest.stores import open_store
+from kvtest.values import MiB
 
-MiB = 1 << 20
 MEM, DISK = ReplicaKind.MEMORY, ReplicaKind.LOCAL_DISK
-OFFSET_MASK = (1 << 44) - 1
-
-
-def kvpool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def kinds(s: Store, key: str) -> list[ReplicaKind]:
-    return sorted(ReplicaKind(r.kind) for r in s.get_replica_desc(key))
-
 
 BAD = [
     ("--disk-check-interval", "2h"),
@@ -53,7 +37,7 @@ def test_bad_disk_check_values_are_refused_naming_the_option(
     tmp_path: Path, command: str, option: str, bad: str
 ) -> None:
     where = ("--master", "127.0.0.1:1") if command == "node" else ("--port", "0")
-    out = kvpool(command, *where, "--offload-dir", str(tmp_path), option, bad)
+    out = run_kvpool(command, *where, "--offload-dir", str(tmp_path), option, bad)
     assert out.returncode == 2, out.stderr
     assert option in out.stderr, out.stderr
 
@@ -61,7 +45,7 @@ def test_bad_disk_check_values_are_refused_naming_the_option(
 @pytest.mark.parametrize("command", ["node", "up"])
 def test_a_disk_check_option_needs_a_disk_tier(command: str) -> None:
     where = ("--master", "127.0.0.1:1") if command == "node" else ("--port", "0")
-    out = kvpool(command, *where, "--disk-check-per-round", "4")
+    out = run_kvpool(command, *where, "--disk-check-per-round", "4")
     assert out.returncode == 2, out.stderr
     assert "--disk-check-per-round needs --offload-dir" in out.stderr, out.stderr
 
@@ -72,23 +56,14 @@ def test_the_nodes_disk_check_runs_as_told(
     stores: list[Store],
 ) -> None:
     quiet = pool(nodes=0)
-    off = quiet.add_node(
-        "16MiB",
-        "--offload-dir",
-        str(tmp_path / "off"),
-        "--offload-size",
-        "8MiB",
-        "--disk-check-interval",
-        "0",
-    )
+    off = add_disk_node(quiet, "16MiB", tmp_path / "off", "8MiB", "--disk-check-interval", "0")
     off.wait_for_line(r"disk tier .*; no background check$")
-    p = pool(nodes=0, master_args=("--offload-policy", "eager", "--no-promotion-on-hit"))
+    p = offload_pool(pool, "eager", "--no-promotion-on-hit")
     disk = tmp_path / "disk"
-    node = p.add_node(
+    node = add_disk_node(
+        p,
         "16MiB",
-        "--offload-dir",
-        str(disk),
-        "--offload-size",
+        disk,
         "16MiB",
         "--disk-check-interval",
         "50ms",
@@ -100,22 +75,12 @@ def test_the_nodes_disk_check_runs_as_told(
     node.wait_for_line(
         r"disk tier .*; checked every 0\.05 s \(1 object\(s\), 1(\.0)? MiB a round\)$"
     )
-    s = Store(p.address, rpc_timeout=20.0)
-    stores.append(s)
+    s = open_store(stores, p.address)
     value = b"checked!" * (MiB // 8)
     for i in range(3):
         assert s.put(f"c{i}", value)
-    wait_until(
-        lambda: all(kinds(s, f"c{i}") == [MEM, DISK] for i in range(3)),
-        timeout=20,
-        what="every object offloaded",
-    )
-    r = next(r for r in s.get_replica_desc("c1") if r.kind == DISK)
-    fd = os.open(disk / DATA_FILE, os.O_WRONLY)
-    try:
-        os.pwrite(fd, b"\xff" * 4096, (r.replica_id & OFFSET_MASK) + 8192)
-    finally:
-        os.close(fd)
+    wait_offloaded(s, [f"c{i}" for i in range(3)])
+    spoil_disk_copy(s, "c1", disk)
     wait_until(lambda: kinds(s, "c1") == [MEM], timeout=20, what="c1's corrupt disk copy gone")
     assert kinds(s, "c0") == kinds(s, "c2") == [MEM, DISK]
     for i in range(3):
@@ -123,12 +88,7 @@ def test_the_nodes_disk_check_runs_as_told(
 
 
 def test_up_passes_the_disk_check_to_its_node(tmp_path: Path) -> None:
-    up = kvpool_proc(
-        "up",
-        "--port",
-        "0",
-        "--segment-size",
-        "16MiB",
+    up = kvpool_up(
         "--offload-dir",
         str(tmp_path / "disk"),
         "--offload-size",
@@ -137,7 +97,6 @@ def test_up_passes_the_disk_check_to_its_node(tmp_path: Path) -> None:
         "250ms",
         "--disk-check-per-round",
         "3",
-        name="up",
     )
     try:
         up.wait_ready(timeout=60)
@@ -200,11 +159,11 @@ def test_a_stores_disk_tier_is_checked_as_told(
     tmp_path: Path,
     stores: list[Store],
 ) -> None:
-    p = pool(nodes=0, master_args=("--offload-policy", "eager", "--no-promotion-on-hit"))
+    p = offload_pool(pool, "eager", "--no-promotion-on-hit")
     disk = tmp_path / "disk"
-    owner = Store(
+    owner = open_store(
+        stores,
         p.address,
-        rpc_timeout=20.0,
         segment_size="16MiB",
         offload_dir=str(disk),
         offload_size="16MiB",
@@ -212,27 +171,21 @@ def test_a_stores_disk_tier_is_checked_as_told(
         disk_check_per_round=1,
         disk_check_bytes_per_round="1MiB",
     )
-    stores.append(owner)
     tier = owner.disk_tier
     assert tier is not None
     value = b"storechk" * (MiB // 8)
     for i in range(3):
         assert owner.put(f"s{i}", value)
-    wait_until(
-        lambda: all(kinds(owner, f"s{i}") == [MEM, DISK] for i in range(3)),
-        timeout=20,
-        what="every object offloaded",
-    )
+    wait_offloaded(owner, [f"s{i}" for i in range(3)])
     # One object a round, every 50 ms: many rounds soon (the default is one a second).
     wait_until(lambda: tier.stats.checked >= 10, timeout=20, what="ten rounds of one object")
-    idle = Store(
+    idle = open_store(
+        stores,
         p.address,
-        rpc_timeout=20.0,
         segment_size="16MiB",
         offload_dir=str(tmp_path / "idle"),
         offload_size="8MiB",
         disk_check_interval=0,
     )
-    stores.append(idle)
     assert idle.disk_tier is not None
     assert idle.disk_tier._checker is None  # no check thread at all

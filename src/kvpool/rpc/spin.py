@@ -170,10 +170,14 @@ class ReplyPoll:
         start = clock()
         if start < self._quiet_until:
             return None
-        switches = _switched_out()
-        end = start + self.window
         recv = sock.recv
         dontwait = socket.MSG_DONTWAIT
+        try:
+            return recv(nbytes, dontwait)  # already here: no count of switches needed
+        except (BlockingIOError, InterruptedError):
+            pass
+        switches = _switched_out()
+        end = start + self.window
         while True:
             try:
                 return recv(nbytes, dontwait)

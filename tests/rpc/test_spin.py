@@ -63,6 +63,37 @@ def test_calls_far_apart_never_start_polling(server: ServerThread) -> None:
     assert busy.polls == before
 
 
+def test_calls_of_many_connections_one_each_are_no_burst(server: ServerThread) -> None:
+    """The gap that counts is each connection's own: clients that each send now and then (a
+    fleet's pings) never keep the server polling, however many there are."""
+    busy = _busy(server)
+    clients = [_client(server) for _ in range(20)]
+    try:
+        for i, c in enumerate(clients):
+            assert c.call(Add(i, 7)) == Sum(i + 7)  # connected
+        wait_until(lambda: not busy.spinning, timeout=5.0, what="the polling to end")
+        # (Not in a back-off spell either, where nothing would start it anyway.)
+        wait_until(lambda: busy.quiet_until <= time.perf_counter(), timeout=5.0, what="no back-off")
+        time.sleep(0.005)  # the input: each connection's last frame 25 windows ago
+        before = busy.polls
+        for _ in range(3):  # back to back overall, one window apart per connection at most
+            for i, c in enumerate(clients):
+                assert c.call(Add(i, 8)) == Sum(i + 8)
+            time.sleep(0.005)
+        assert busy.polls == before
+        # One of them in a burst of its own does start it (as soon as no back-off holds it:
+        # on a loaded machine the server may have been switched out while it polled).
+        deadline = time.monotonic() + 20
+        i = 0
+        while busy.polls == before and time.monotonic() < deadline:
+            assert clients[0].call(Add(i, 9)) == Sum(i + 9)
+            i += 1
+        assert busy.polls > before
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_busy_poll_zero_turns_it_off() -> None:
     st = server_thread(busy_poll=0)
     try:

@@ -7,8 +7,8 @@ the server's vCPU to come back from its idle state. A Store's unwaited commit (`
 "nowait"`) or a lock-step call pays it on every request (docs/parts/perf-rpc.md, "Busy
 polling" has the figures).
 
-While a connection's frames arrive less than `window` apart, the server does not sleep between
-them: after each frame it keeps one callback re-scheduling itself on the loop (`call_soon`) for
+While a connection's frames arrive less than `window` apart (each connection's own: many clients
+that each ping now and then do not count as a burst), the server does not sleep between them: after each frame it keeps one callback re-scheduling itself on the loop (`call_soon`) for
 `window` seconds. A loop with a ready callback polls its sockets without waiting (asyncio's and
 uvloop's alike), so the next frame is read as soon as it is there and its sender finds a
 running reader. The first frame after a quiet spell never starts the polling (its gap says
@@ -64,12 +64,11 @@ def _switched_out() -> int:
 
 class BusyPoll:
     """The busy polling of one event loop (module docstring). `arrived()` is called for every
-    chunk of frames read, on the loop's thread."""
+    chunk of frames a connection read, on the loop's thread."""
 
     __slots__ = (
         "_backoff",
         "_clock",
-        "_last",
         "_loop",
         "_quiet_until",
         "_spinning",
@@ -88,7 +87,6 @@ class BusyPoll:
         #: Seconds the loop keeps polling after a frame (0: never).
         self.window = float(window)
         self._clock = time.perf_counter
-        self._last = 0.0
         self._until = 0.0
         self._spinning = False
         self._ticks = 0
@@ -100,12 +98,13 @@ class BusyPoll:
         #: Times the polling stopped because the thread was switched out (the core was wanted).
         self.backoffs = 0
 
-    def arrived(self) -> None:
-        """A frame was read: poll on for `window` if it came within `window` of the last."""
+    def arrived(self, last: float) -> float:
+        """Frames were read on a connection whose previous ones came at `last` (0: none yet):
+        poll on for `window` when these came within `window` of those. Returns the time to
+        pass as `last` next time. (Per connection: ten thousand clients pinging once a
+        second each come more often than the window, but none of them in a burst.)"""
         now = self._clock()
-        gap = now - self._last
-        self._last = now
-        if gap <= self.window:
+        if now - last <= self.window:
             self._until = now + self.window
             if not self._spinning and now >= self._quiet_until:
                 self._spinning = True
@@ -113,6 +112,7 @@ class BusyPoll:
                 self._ticks = 0
                 self._switches = _switched_out()
                 self._loop.call_soon(self._spin)
+        return now
 
     def _spin(self) -> None:
         now = self._clock()
@@ -138,6 +138,11 @@ class BusyPoll:
     def spinning(self) -> bool:
         """Whether the loop is polling now."""
         return self._spinning
+
+    @property
+    def quiet_until(self) -> float:
+        """Until when (`time.perf_counter`) no polling starts: the end of a back-off spell."""
+        return self._quiet_until
 
 
 class ReplyPoll:

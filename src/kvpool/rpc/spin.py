@@ -18,17 +18,18 @@ clients pause costs at most one `window` of CPU per burst, and an idle server co
 The price is CPU on the server's core during bursts, the usual trade of busy polling (network
 stacks and RDMA completion queues make it too). Where cores are scarce that CPU is taken from
 someone: a client waiting for its reply, a node, another process. So the polling watches for
-it: when the kernel switched the loop's thread out against its will while it polled (its
-involuntary context switches, `getrusage`), some other thread wanted that core, and the server
-stops polling and sleeps between frames for `BACKOFF_S`, twice as long after each such time up
-to `MAX_BACKOFF_S` (and back to `BACKOFF_S` after a burst polled with no switch). `window=0`
-turns it off (`kvpool master --busy-poll-us 0`).
+it: when the loop's thread spent a real share of its polling waiting for the CPU (the wall
+time that passed against the thread's CPU time: `STARVED_SHARE` of it, and at least
+`STARVED_MIN_S`), some other thread wanted that core, and the server stops polling and sleeps
+between frames for `BACKOFF_S`, twice as long after each such time up to `MAX_BACKOFF_S` (and
+back to `BACKOFF_S` after a burst polled without it). A kernel worker that runs for a few
+microseconds does not count: only waiting that adds up. `window=0` turns it off (`kvpool
+master --busy-poll-us 0`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import resource
 import socket
 import time
 from typing import Final
@@ -53,13 +54,23 @@ BACKOFF_S: Final = 0.05
 """How long the server sleeps between frames after its polling was preempted (first time)."""
 MAX_BACKOFF_S: Final = 2.0
 """The longest such spell (after repeated preemption: a busy machine)."""
+STARVED_SHARE: Final = 0.25
+"""Polling stops when the thread waited for the CPU this share of the time it polled..."""
+STARVED_MIN_S: Final = 100e-6
+"""...and at least this long (a kernel worker's few microseconds are no contention)."""
 _CHECK_EVERY: Final = 8
-"""Polls between two looks at the thread's involuntary context switches (a system call)."""
+"""Polls between two looks at the thread's CPU time (a system call)."""
+_thread_ns = time.thread_time_ns
+_wall_ns = time.perf_counter_ns
 
 
-def _switched_out() -> int:
-    """This thread's involuntary context switches so far."""
-    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+def _starved(wall0: int, cpu0: int, floor_s: float) -> bool:
+    """Whether this thread waited for the CPU for a real share of the time since `wall0`
+    (`perf_counter_ns`) while it used the CPU time since `cpu0` (`thread_time_ns`): at least
+    `STARVED_SHARE` of it and `floor_s` seconds."""
+    wall = _wall_ns() - wall0
+    waited = wall - (_thread_ns() - cpu0)
+    return waited > floor_s * 1e9 and waited > STARVED_SHARE * wall
 
 
 class BusyPoll:
@@ -69,12 +80,13 @@ class BusyPoll:
     __slots__ = (
         "_backoff",
         "_clock",
+        "_cpu0",
         "_loop",
         "_quiet_until",
         "_spinning",
-        "_switches",
         "_ticks",
         "_until",
+        "_wall0",
         "backoffs",
         "polls",
         "window",
@@ -90,12 +102,12 @@ class BusyPoll:
         self._until = 0.0
         self._spinning = False
         self._ticks = 0
-        self._switches = 0
+        self._wall0 = self._cpu0 = 0
         self._quiet_until = 0.0
         self._backoff = BACKOFF_S
         #: Times the polling was started (a burst began), for tests and metrics.
         self.polls = 0
-        #: Times the polling stopped because the thread was switched out (the core was wanted).
+        #: Times the polling stopped because the thread waited for its core (it was wanted).
         self.backoffs = 0
 
     def arrived(self, last: float) -> float:
@@ -110,7 +122,7 @@ class BusyPoll:
                 self._spinning = True
                 self.polls += 1
                 self._ticks = 0
-                self._switches = _switched_out()
+                self._wall0, self._cpu0 = _wall_ns(), _thread_ns()
                 self._loop.call_soon(self._spin)
         return now
 
@@ -118,20 +130,18 @@ class BusyPoll:
         now = self._clock()
         if now >= self._until:
             self._spinning = False
-            if self._switches == _switched_out():
+            if not _starved(self._wall0, self._cpu0, STARVED_MIN_S):
                 self._backoff = BACKOFF_S  # a whole burst without taking anyone's core
             return
         self._ticks += 1
-        if not self._ticks % _CHECK_EVERY:
-            switches = _switched_out()
-            if switches != self._switches:
-                # Switched out while polling: the core is wanted elsewhere. Sleep between
-                # frames for a while, longer each time this happens.
-                self._spinning = False
-                self.backoffs += 1
-                self._quiet_until = now + self._backoff
-                self._backoff = min(2 * self._backoff, MAX_BACKOFF_S)
-                return
+        if not self._ticks % _CHECK_EVERY and _starved(self._wall0, self._cpu0, STARVED_MIN_S):
+            # Waited for the CPU while polling: the core is wanted elsewhere. Sleep between
+            # frames for a while, longer each time this happens.
+            self._spinning = False
+            self.backoffs += 1
+            self._quiet_until = now + self._backoff
+            self._backoff = min(2 * self._backoff, MAX_BACKOFF_S)
+            return
         self._loop.call_soon(self._spin)
 
     @property
@@ -152,8 +162,9 @@ class ReplyPoll:
     The same trade as `BusyPoll`, on the other end: a caller asleep in `recv` is woken by the
     server's reply, which costs the server's `send` a wake-up of an idle vCPU and the caller the
     time its vCPU takes to come back; one that asks in a loop finds the reply as it lands. The
-    same guard too: once the thread was switched out against its will while it polled, callers
-    sleep at once for `BACKOFF_S`, twice as long each time, up to `MAX_BACKOFF_S`.
+    same guard too: once the thread waited for the CPU for half its window or more while it
+    polled, callers sleep at once for `BACKOFF_S`, twice as long each time, up to
+    `MAX_BACKOFF_S`.
     Shared by the threads of one client (a race on its counters costs a poll, never a reply)."""
 
     __slots__ = ("_backoff", "_clock", "_quiet_until", "backoffs", "window")
@@ -165,7 +176,7 @@ class ReplyPoll:
         self._clock = time.perf_counter
         self._quiet_until = 0.0
         self._backoff = BACKOFF_S
-        #: Times the polling stopped because the thread was switched out.
+        #: Times the polling stopped because the thread waited for its core.
         self.backoffs = 0
 
     def recv(self, sock: socket.socket, nbytes: int) -> bytes | None:
@@ -181,7 +192,7 @@ class ReplyPoll:
             return recv(nbytes, dontwait)  # already here: no count of switches needed
         except (BlockingIOError, InterruptedError):
             pass
-        switches = _switched_out()
+        wall0, cpu0 = _wall_ns(), _thread_ns()
         end = start + self.window
         while True:
             try:
@@ -190,7 +201,7 @@ class ReplyPoll:
                 pass
             if clock() >= end:
                 break
-        if _switched_out() != switches:
+        if _starved(wall0, cpu0, self.window / 2):
             self.backoffs += 1
             self._quiet_until = clock() + self._backoff
             self._backoff = min(2 * self._backoff, MAX_BACKOFF_S)

@@ -41,9 +41,9 @@ run: $(LLM_STAMP)
 # A test that fails is run once more and reported as rerun ("R", and "N rerun" in the summary):
 # the suite runs real processes on 2 shared cores, where a few timing-bound tests have failed
 # once in a while under load (see docs/operations.md, "The test suite"); a test that fails
-# twice fails the run.
+# twice fails the run. The summary names the tests rerun (-rR) and the 30 slowest.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --reruns 1 --reruns-delay 2
+	$(BIN)/python -m pytest -q -p no:cacheprovider --reruns 1 --reruns-delay 2 -rfER --durations 30
 
 ## The real-model tests alone (they skip in `make test` when the llm extra is not installed).
 test-llm: $(LLM_STAMP)

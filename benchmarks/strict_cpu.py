@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import os
 import pstats
 import statistics
@@ -61,7 +62,13 @@ def main() -> None:
     run = [sys.executable, "-m", "kvpool"]
     prof_args = ["-m", "cProfile", "-o", args.master_profile] if args.master_profile else []
     mrun = [sys.executable, *prof_args, "-m", "kvpool"]
-    master = Child([*mrun, "master", "--host", "127.0.0.1", "--port", "0"], name="master", env=env)
+    # Busy polling off on both ends: this measures the CPU of the requests themselves
+    # (benchmarks/busy_poll.py measures what polling costs and saves). A tree from before it
+    # (--src) has no such option.
+    margs = ["master", "--host", "127.0.0.1", "--port", "0"]
+    margs += [] if args.src else ["--busy-poll-us", "0"]
+    quiet = {"busy_poll": 0} if "busy_poll" in inspect.signature(Store).parameters else {}
+    master = Child([*mrun, *margs], name="master", env=env)
     node: Child | None = None
     try:
         address = master.wait_ready(60)
@@ -73,7 +80,7 @@ def main() -> None:
         node.wait_ready(60)
         n = args.n
         nb = max(1, n // 8)
-        with Store(master=address, segment_size=0, protocol="auto") as store:
+        with Store(master=address, segment_size=0, protocol="auto", **quiet) as store:
             store.warm_up()
             buf = bytearray(_SIZE * _BATCH)
             store.register_buffer(memoryview(buf))

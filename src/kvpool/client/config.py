@@ -28,6 +28,7 @@ from kvpool.client.tasks import DEFAULT_POLL_INTERVAL_S
 from kvpool.client.validation import check_segment_size
 from kvpool.config import MAX_DURATION_S, parse_size
 from kvpool.errors import InvalidParams
+from kvpool.rpc.spin import DEFAULT_REPLY_POLL_S
 
 __all__ = ["DEFAULT_TRANSFER_TIMEOUT_S", "PROTOCOLS", "WRITE_MODES", "Protocol", "StoreConfig"]
 
@@ -137,6 +138,9 @@ class StoreConfig:
     `flush()` or `close()`: `kvpool.client.pending`)."""
     metrics: bool = False
     """Count hits, misses, bytes and latency by path (`kvpool.client.metrics`; off: no cost)."""
+    busy_poll: float = DEFAULT_REPLY_POLL_S
+    """Seconds a lock-step call to a master on this host waits for its reply by polling the
+    socket before it sleeps (`kvpool.rpc.spin`; 0 to 0.01; 0: it sleeps at once)."""
     tls_ca: str = ""
     """PEM CA bundle: TLS on every TCP connection of this Store, servers verified with it
     (`kvpool.rpc.tls`); "" reads $KVPOOL_TLS_CA; none: plain TCP."""
@@ -257,3 +261,7 @@ class StoreConfig:
                     f"{name}: {value!r} must be a number of seconds in (0, {most:.0f}]"
                 )
             object.__setattr__(self, name, float(value))
+        poll = self.busy_poll
+        if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 0.01:
+            raise InvalidParams(f"busy_poll: {poll!r} must be a number of seconds in [0, 0.01]")
+        object.__setattr__(self, "busy_poll", float(poll))

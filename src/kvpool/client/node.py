@@ -84,6 +84,7 @@ from kvpool.protocol.messages import (
     UnmountSegment,
 )
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.spin import DEFAULT_REPLY_POLL_S
 from kvpool.rpc.tls import TlsConfig
 from kvpool.transfer.hostid import host_id
 from kvpool.transfer.memory import SegmentMemory
@@ -326,8 +327,10 @@ class NodeRuntime:
         token: bytes | None = None,
         tls: TlsConfig | None = None,
         transfer_ports: tuple[int, int] | None = None,
+        reply_poll: float = DEFAULT_REPLY_POLL_S,
     ) -> None:
         url = parse_master(master)
+        self._reply_poll = reply_poll
         self._token = token
         #: TLS of this process's TCP connections (`kvpool.rpc.tls`; None: plain): the client
         #: side of the RPC and the transfers, and the server side of its transfer server.
@@ -395,6 +398,7 @@ class NodeRuntime:
                 timeout=self._rpc_timeout,
                 token=self._token,
                 tls=self.tls_client,
+                reply_poll=self._reply_poll,
             )
         return RpcClient(
             self.master,
@@ -404,6 +408,7 @@ class NodeRuntime:
             timeout=self._rpc_timeout,
             token=self._token,
             tls=self.tls_client,
+            reply_poll=self._reply_poll,
         )
 
     # -------------------------------------------------------------- lifecycle

@@ -27,7 +27,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from kvpool.client.arena import Arena, Arenas
@@ -41,13 +40,13 @@ __all__ = [
     "DeferredPutError",
     "Pending",
     "PendingCommits",
-    "commit_check",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PENDING_LIMIT: Final = 64
 """Commits in flight at most; past it a put waits for the oldest answer."""
+_STORED: Final = [ErrorCode.OK]
 
 
 class DeferredPutError(KVPoolError):
@@ -58,15 +57,72 @@ class DeferredPutError(KVPoolError):
         self.key = key
 
 
-@dataclass(slots=True)
 class Pending:
-    """One commit on the wire: its keys, and `check(reply)`, which returns the per-key codes
-    of its answer (one per key) and does the bookkeeping (arena confirmation, forgetting
-    places of keys that failed)."""
+    """One commit on the wire into `arena` (a PutCommit of one key, or a BatchPutCommit) and
+    what its answer settles: `check(reply, error)` returns the per-key codes of the answer
+    (one per key) and does the bookkeeping: an answer that renewed the arena's lease confirms
+    it, one that says the master forgot the arena drops it, the places written (`places`: key
+    -> (segment, offset, size, checksum)) of the keys stored are remembered unless something
+    was forgotten since the commit was sent (`epoch`: a removal seen meanwhile may concern
+    them), and the places of keys not stored are forgotten."""
 
-    sent: Sent
-    keys: list[str]
-    check: Callable[[object | None, KVPoolError | None], list[ErrorCode]]
+    __slots__ = ("arena", "arenas", "epoch", "keys", "locations", "places", "sent")
+
+    def __init__(
+        self,
+        sent: Sent,
+        keys: list[str],
+        arenas: Arenas,
+        arena: Arena,
+        *,
+        locations: Locations | None,
+        places: Mapping[str, tuple[str, int, int, int]] | None = None,
+        epoch: int = 0,
+    ) -> None:
+        self.sent = sent
+        self.keys = keys
+        self.arenas = arenas
+        self.arena = arena
+        self.locations = locations
+        self.places = places
+        self.epoch = epoch
+
+    def check(self, reply: object | None, error: KVPoolError | None) -> list[ErrorCode]:
+        """The per-key codes of `reply` (or of `error`), with the bookkeeping above."""
+        keys, locations, places = self.keys, self.locations, self.places
+        n = len(keys)
+        if n == 1 and error is None and type(reply) is Reply and not reply.code:
+            # The common answer of a single put, stored: what the general path below does
+            # for it, without its lists.
+            self.arenas.confirm(self.arena, self.sent.at)
+            if locations is not None and places:
+                place = places.get(keys[0])
+                if place is not None:
+                    locations.remember(keys[0], *place, epoch=self.epoch)
+            return [ErrorCode.OK]
+        if error is not None:
+            codes = [error.code] * n
+        elif isinstance(reply, BatchReply) and len(reply.codes) == n:
+            codes = [ErrorCode.of(c) if c else ErrorCode.OK for c in reply.codes]
+        elif isinstance(reply, Reply) and n == 1:
+            codes = [ErrorCode.of(reply.code) if reply.code else ErrorCode.OK]
+        else:
+            codes = [ErrorCode.RPC_FAIL] * n  # a malformed answer: nothing is known
+        kept = (ErrorCode.OK, ErrorCode.OBJECT_ALREADY_EXISTS)
+        if any(c in kept for c in codes):
+            self.arenas.confirm(self.arena, self.sent.at)
+        if ErrorCode.INVALID_WRITE in codes:
+            self.arenas.drop(self.arena)
+        if locations is not None:
+            if places:
+                stored = [k for k, c in zip(keys, codes, strict=True) if c == ErrorCode.OK]
+                known = [k for k in stored if k in places]
+                if known:
+                    locations.remember_many(known, [places[k] for k in known], epoch=self.epoch)
+            failed = [k for k, c in zip(keys, codes, strict=True) if c != ErrorCode.OK]
+            if failed:
+                locations.forget_many(failed)
+        return codes
 
 
 class PendingCommits:
@@ -124,6 +180,8 @@ class PendingCommits:
             except KVPoolError as exc:
                 error = exc
             codes = head.check(reply, error)
+            if codes == _STORED:
+                continue
             for key, code in zip(head.keys, codes, strict=True):
                 if code in (ErrorCode.OK, ErrorCode.OBJECT_ALREADY_EXISTS):
                     continue
@@ -135,50 +193,3 @@ class PendingCommits:
                     log.warning("deferred put of %r failed: %s", key, code.name)
         if first is not None:
             raise first
-
-
-def commit_check(
-    arenas: Arenas,
-    arena: Arena,
-    keys: list[str],
-    locations: Locations | None,
-    at: float,
-    *,
-    places: Mapping[str, tuple[str, int, int, int]] | None = None,
-    epoch: int = 0,
-) -> Callable[[object | None, KVPoolError | None], list[ErrorCode]]:
-    """The `Pending.check` of a PutCommit (one key) or BatchPutCommit (several) into `arena`
-    sent at `at`: the per-key codes of its answer; an answer that renewed the arena's lease
-    confirms it, one that says the master forgot the arena drops it, and the remembered
-    places of keys not stored are forgotten."""
-
-    def check(reply: object | None, error: KVPoolError | None) -> list[ErrorCode]:
-        n = len(keys)
-        if error is not None:
-            codes = [error.code] * n
-        elif isinstance(reply, BatchReply) and len(reply.codes) == n:
-            codes = [ErrorCode.of(c) if c else ErrorCode.OK for c in reply.codes]
-        elif isinstance(reply, Reply) and n == 1:
-            codes = [ErrorCode.of(reply.code) if reply.code else ErrorCode.OK]
-        else:
-            codes = [ErrorCode.RPC_FAIL] * n  # a malformed answer: nothing is known
-        kept = (ErrorCode.OK, ErrorCode.OBJECT_ALREADY_EXISTS)
-        if any(c in kept for c in codes):
-            arenas.confirm(arena, at)
-        if ErrorCode.INVALID_WRITE in codes:
-            arenas.drop(arena)
-        if locations is not None:
-            if places:
-                # The places of the keys stored (`places`: written, with a checksum), unless
-                # something was forgotten since the commit was sent (`epoch`): a removal seen
-                # meanwhile may concern them.
-                stored = [k for k, c in zip(keys, codes, strict=True) if c == ErrorCode.OK]
-                known = [k for k in stored if k in places]
-                if known:
-                    locations.remember_many(known, [places[k] for k in known], epoch=epoch)
-            failed = [k for k, c in zip(keys, codes, strict=True) if c != ErrorCode.OK]
-            if failed:
-                locations.forget_many(failed)
-        return codes
-
-    return check

@@ -9,13 +9,12 @@ the work:
 
     config.py      StoreConfig: every setting, frozen and validated (`Store.from_config`)
     validation.py  the caller's input, checked before anything is sent
-    writer.py      Writer: put / upsert / put_from and the batch forms (PutStart/PutEnd, arenas)
+    writer/        Writer: put / upsert / put_from and the batch forms (PutStart/PutEnd, arenas)
     reader.py      Reader: get / get_into and the batch forms (the mapped fast path included)
     control.py     Control: exists, sizes, removal, replica tasks and descriptors
     tasks.py       TaskExecutor: with a segment, runs the replica tasks the master assigns here
 
-The parts share the node, the data path and the tenant; none keeps state between calls, so the
-Store is as thread-safe as they are. The put and get lifecycles are in `writer` and `reader`.
+The parts share the node, the data path and the tenant and keep no state between calls.
 
 Values are copied once, straight between the caller's memory and segment memory: `put` writes
 from the value's own buffer, `get` allocates its result once and reads into it, `put_from` and
@@ -80,6 +79,7 @@ from kvpool.protocol.drain import DrainReply
 from kvpool.protocol.messages import ReplicaDesc, SegmentName, Stats, StatsReply, TenantId
 from kvpool.rpc.auth import client_token
 from kvpool.rpc.client import RpcClient
+from kvpool.rpc.spin import DEFAULT_REPLY_POLL_S
 from kvpool.rpc.tls import TlsConfig
 from kvpool.transfer.registration import MemoryRegistry
 from kvpool.transfer.serving import ServeCounters
@@ -131,7 +131,7 @@ class Store:
     Mooncake's `setup` order: `segment_size` and `arena_size` (bytes, an int or "4GiB"),
     `local_buffer_size` (accepted for Mooncake compatibility, only validated), `host`, `tenant`,
     `protocol` ("auto", "shm" or "tcp"), `verify_checksum`, `rpc_timeout`, `transfer_timeout`,
-    `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout` (seconds),
+    `heartbeat_interval`, `cluster_id`, `task_poll_interval`, `failover_timeout`, `busy_poll` (s),
     `token` / `token_file` (the credential for a master with an auth file; else
     $KVPOOL_AUTH_TOKEN), `tls_ca` / `tls_cert` / `tls_key` (TLS on every TCP connection;
     else $KVPOOL_TLS_*).
@@ -173,6 +173,7 @@ class Store:
         hot_cache_size: int | str = 0,
         write_mode: str = "wait",
         metrics: bool = False,
+        busy_poll: float = DEFAULT_REPLY_POLL_S,
         tls_ca: str = "",
         tls_cert: str = "",
         tls_key: str = "",
@@ -209,6 +210,7 @@ class Store:
             write_mode=cast(WriteMode, write_mode),
             hot_cache_size=parse_size(hot_cache_size, name="hot_cache_size"),
             metrics=metrics,
+            busy_poll=busy_poll,
             tls_ca=tls_ca,
             tls_cert=tls_cert,
             tls_key=tls_key,
@@ -247,6 +249,7 @@ class Store:
             failover_timeout=config.failover_timeout,
             token=client_token(config.token, config.token_file),
             tls=TlsConfig.resolve(config.tls_cert, config.tls_key, config.tls_ca),
+            reply_poll=config.busy_poll,
         )
         try:
             if config.dfs_root is not None or config.dfs_fsync:  # tiers: this process's DFS

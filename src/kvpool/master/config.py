@@ -129,6 +129,9 @@ class MasterConfig:
     to its hard limit first). More are refused with UNAVAILABLE_IN_CURRENT_STATUS."""
     rpc_max_connections_per_peer: int = 1024
     """Connections served at once from one remote IP (Unix-socket clients count as one)."""
+    rpc_busy_poll: float = 200e-6
+    """Seconds the master's loop keeps polling, not sleeping, after a request while requests
+    come that close together (`kvpool.rpc.spin`); 0: it sleeps until each next one."""
     data_dir: str | None = None
     """Directory of the operation log and snapshots (durable metadata, docs/parts/ha.md);
     None: the metadata lives in memory only and a restart empties the pool."""
@@ -263,6 +266,8 @@ class MasterConfig:
             ) from None
         _positive("rpc_handshake_timeout", self.rpc_handshake_timeout)
         _positive("rpc_idle_timeout", self.rpc_idle_timeout)
+        if not 0 <= self.rpc_busy_poll <= 0.01:
+            raise InvalidParams(f"rpc_busy_poll must be 0 to 0.01 s, got {self.rpc_busy_poll}")
         for name in ("rpc_max_connections", "rpc_max_connections_per_peer"):
             if getattr(self, name) < 1:
                 raise InvalidParams(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -128,6 +128,7 @@ class MasterServer:
             idle_timeout=self.config.rpc_idle_timeout,
             max_connections=self.config.rpc_max_connections,
             max_connections_per_peer=self.config.rpc_max_connections_per_peer,
+            busy_poll=self.config.rpc_busy_poll,
             term=term,
             tokens=None if self.credentials is None else self.credentials.tokens,
             tls=self.tls.server_context() if self.tls is not None else None,

@@ -20,6 +20,7 @@ import msgspec
 
 from kvpool.errors import KVPoolError, RpcError
 from kvpool.protocol.framing import HEADER, HEADER_SIZE, FrameDecoder
+from kvpool.rpc.spin import ReplyPoll
 from kvpool.rpc.tls import TlsStream
 
 __all__ = [
@@ -67,6 +68,7 @@ class Channel:
         "decoder",
         "last_used",
         "pending",
+        "poll",
         "reading",
         "recv_timeout",
         "send_lock",
@@ -98,6 +100,8 @@ class Channel:
         # Only the leader touches this: the SO_RCVTIMEO now set on the socket.
         self.recv_timeout = 0.0
         self.last_used = time.monotonic()
+        #: The busy wait of the lock-step reply (`kvpool.rpc.spin`; None: recv blocks at once).
+        self.poll: ReplyPoll | None = None
         # Guarded by the client's _lock:
         self.pending: dict[int, Call] = {}
         self.sleepers: dict[int, Call] = {}
@@ -138,7 +142,9 @@ class Channel:
         if not 0 < remaining * 0.8 <= self.recv_timeout <= remaining * 1.25 + 0.002:
             return b""
         try:
-            data = self.sock.recv(RECV_BYTES)
+            poll = self.poll
+            got = poll.recv(self.sock, RECV_BYTES) if poll is not None else None
+            data = self.sock.recv(RECV_BYTES) if got is None else got
         except OSError:
             return b""  # the loop reads again and handles what that says
         n = len(data)

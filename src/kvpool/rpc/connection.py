@@ -104,6 +104,8 @@ class Connection(asyncio.Protocol):
         # clears it and notes when it last found it set (loop time).
         self._seen = False
         self._opened = self._last_seen = server._now()
+        # When this connection's last frames came (`kvpool.rpc.spin`; 0: none yet).
+        self._arrived = 0.0
         # The remote IP this connection counts against (None: not counted, e.g. refused).
         self._peer_key: str | None = None
 
@@ -165,6 +167,9 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self._seen = True
+        busy = self._server.busy
+        if busy is not None:
+            self._arrived = busy.arrived(self._arrived)
         if self.handshaken and not self._backlog and not self._paused_for_inflight:
             # The hot path (every lock-step request): one whole frame, served and answered
             # here with one write, without the backlog's queue and loop (`_drain` does the

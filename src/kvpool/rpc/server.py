@@ -71,6 +71,7 @@ from kvpool.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameEncoder
 from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello, Proof
 from kvpool.rpc.auth import TokenTable
 from kvpool.rpc.connection import Connection, ConnectionId
+from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, MAX_BUSY_POLL_S, BusyPoll
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
@@ -138,6 +139,7 @@ class RpcServer:
         term: Callable[[], int] | None = None,
         tokens: TokenTable | None = None,
         tls: ssl.SSLContext | None = None,
+        busy_poll: float = DEFAULT_BUSY_POLL_S,
     ) -> None:
         if not callable(handler):
             raise InvalidParams(f"handler: {handler!r} is not callable")
@@ -159,6 +161,13 @@ class RpcServer:
         ):
             if not isinstance(count, int) or count < 1:
                 raise InvalidParams(f"{name}: {count!r} must be a positive integer")
+        if not isinstance(busy_poll, int | float) or not 0 <= busy_poll <= MAX_BUSY_POLL_S:
+            raise InvalidParams(f"busy_poll: {busy_poll!r} must be 0 to {MAX_BUSY_POLL_S} seconds")
+        #: Seconds the loop keeps polling after a frame while frames come that close
+        #: together (`kvpool.rpc.spin`; 0: it always sleeps until the next one).
+        self.busy_poll = float(busy_poll)
+        #: The loop's busy polling, made by `start` (None: off, or not started).
+        self.busy: BusyPoll | None = None
         #: Seconds a new connection has to send its Hello.
         self.handshake_timeout = float(handshake_timeout)
         #: Seconds without a byte received after which a connection is closed.
@@ -227,6 +236,8 @@ class RpcServer:
             return
         loop = asyncio.get_running_loop()
         self._loop = loop
+        if self.busy_poll > 0:
+            self.busy = BusyPoll(loop, self.busy_poll)
         self._all_gone = asyncio.Event()
         self._all_gone.set()
         cap = connection_cap(self.max_connections)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from kvpool.client.arena import Arena, Arenas
-from kvpool.client.pending import Pending, commit_check
+from kvpool.client.pending import Pending
 from kvpool.client.replica import digest_or_checksum
 from kvpool.client.validation import check_count
 from kvpool.client.writer.base import _MEMORY, _PROCESSING, _refused
@@ -134,13 +134,19 @@ class ArenaPuts(BatchPuts):
         locations = self.locations
         epoch = locations.epoch if locations is not None else 0
         sent = self._node.rpc.send(commit)
-        places = {
-            k: (arena.segment, o, n, c)
-            for k, (o, n, c) in zip(keys, where, strict=True)
-            if c is not None
-        }
-        check = commit_check(arenas, arena, keys, locations, sent.at, places=places, epoch=epoch)
-        pending.add(Pending(sent, keys, check))
+        segment = arena.segment
+        if len(keys) == 1:  # (a single put: no zip, no comprehension)
+            o, n, c = where[0]
+            places = {keys[0]: (segment, o, n, c)} if c is not None else None
+        else:
+            places = {
+                k: (segment, o, n, c)
+                for k, (o, n, c) in zip(keys, where, strict=True)
+                if c is not None
+            }
+        pending.add(
+            Pending(sent, keys, arenas, arena, locations=locations, places=places, epoch=epoch)
+        )
 
     def _put_batch_arena(
         self,

@@ -34,7 +34,10 @@
   `kvpool.fdlimit`) and ``max_connections_per_peer`` from one remote IP are served, and one
   more is answered with an `ErrorReply` (UNAVAILABLE_IN_CURRENT_STATUS) and closed. Before its
   handshake a connection may send frames of at most 64 KiB (BUFFER_OVERFLOW beyond). Such
-  events are logged at most once per kind per interval (`kvpool.logs`).
+  events are logged at most once per kind per interval (`kvpool.logs`);
+* polls instead of sleeping while a connection's frames come less than ``busy_poll`` apart
+  (`kvpool.rpc.spin`: a sleeping loop costs each sender the wake-up of its vCPU), and backs
+  off while its thread waits for the CPU.
 
 Nothing a connection leaves behind may be cyclic garbage: `kvpool master` runs ``gc.freeze()``
 every second, so a cycle that outlives a second is never collected. A connection keeps no

@@ -1,7 +1,7 @@
 """Busy polling (`kvpool.rpc.spin`): a server keeps polling while frames come close together and
 stops after its window; a client waits for a lock-step reply by polling for a while and then
-asleep; both stop polling for a while once the kernel switched them out for another thread
-(a core shared with a CPU hog, pinned there by the test)."""
+asleep; both stop polling for a while once their thread waited for the CPU a real share of the
+time it polled (a core shared with a CPU hog, pinned there by the test)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_calls_of_many_connections_one_each_are_no_burst(server: ServerThread) -
             time.sleep(0.005)
         assert busy.polls == before
         # One of them in a burst of its own does start it (as soon as no back-off holds it:
-        # on a loaded machine the server may have been switched out while it polled).
+        # on a loaded machine the server may have waited for its CPU while it polled).
         deadline = time.monotonic() + 20
         i = 0
         while busy.polls == before and time.monotonic() < deadline:
@@ -180,7 +180,7 @@ def _pinned(tid: int, cpu: int) -> Iterator[None]:
 def test_a_server_whose_core_is_wanted_stops_polling() -> None:
     shared, other = _two_cpus()
     # A 5 ms window: calls slowed down by the hog still come within it, so the server polls
-    # and is switched out for the hog while it does.
+    # and waits for its CPU behind the hog while it does.
     server = server_thread(busy_poll=0.005)
     try:
         busy = _busy(server)
@@ -222,7 +222,7 @@ def test_a_client_whose_core_is_wanted_stops_polling(server: ServerThread) -> No
         assert poll is not None
         i = 0
         # Replies 10 ms late: the client polls its whole 5 ms window each time, and is
-        # switched out for the hog sooner or later.
+        # kept waiting behind the hog sooner or later.
         while poll.backoffs == 0 and time.monotonic() < deadline:
             assert c.call(Sleep(0.01, i)) == Slept(i)
             i += 1

@@ -34,7 +34,7 @@ from kvpool.bench.rows import Column, render_table, write_json
 from kvpool.client.embedded import EmbeddedPool, PoolSpec
 from kvpool.config import format_size
 from kvpool.llm.job import JobResult, check_result, run_engine, torch_missing
-from kvpool.llm.spec import MODEL_SIZES, JobSpec
+from kvpool.llm.spec import MODEL_SIZES, QUICK_SPEC, JobSpec
 
 __all__ = ["command", "rows_of"]
 
@@ -144,14 +144,7 @@ def command(  # noqa: PLR0917 - click passes options by name
         if p not in ("auto", "shm", "tcp"):
             raise click.BadParameter(f"unknown path {p!r}", param_hint="--paths")
     if quick:
-        spec = JobSpec(
-            model_size="tiny",
-            prompt_tokens=96,
-            system_tokens=32,
-            turn_tokens=48,
-            question_tokens=8,
-            chunk_tokens=16,
-        )
+        spec = QUICK_SPEC
         repeat = 1
     else:
         spec = JobSpec(

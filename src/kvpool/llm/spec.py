@@ -26,6 +26,7 @@ from kvpool.errors import InvalidParams
 
 __all__ = [
     "MODEL_SIZES",
+    "QUICK_SPEC",
     "JobSpec",
     "ModelSpec",
     "Prompt",
@@ -117,6 +118,18 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+QUICK_SPEC = JobSpec(
+    model_size="tiny",
+    prompt_tokens=96,
+    system_tokens=32,
+    turn_tokens=48,
+    question_tokens=8,
+    chunk_tokens=16,
+)
+"""The tiny job of `kvpool bench llm --quick` and of the tests: seconds on a CPU, with every part
+(system prompt, turns, questions, chunks) there."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,20 +177,30 @@ def _pinned(tid: int, cpu: int) -> Iterator[None]:
         os.sched_setaffinity(tid, before)
 
 
+@contextlib.contextmanager
+def _sharing_a_core_with_a_hog(polling: int, other: int) -> Iterator[None]:
+    """Thread `polling` on one CPU with a CPU hog, thread `other` on another (0: this one)."""
+    shared, spare = _two_cpus()
+    with _pinned(polling, shared), _pinned(other, spare), _hog_on(shared):
+        yield
+
+
+def _native_id(st: ServerThread) -> int:
+    thread = st._thread
+    assert thread is not None and thread.native_id is not None
+    return thread.native_id
+
+
 def test_a_server_whose_core_is_wanted_stops_polling() -> None:
-    shared, other = _two_cpus()
+    _two_cpus()
     # A 5 ms window: calls slowed down by the hog still come within it, so the server polls
     # and waits for its CPU behind the hog while it does.
     server = server_thread(busy_poll=0.005)
     try:
         busy = _busy(server)
-        thread = server._thread
-        assert thread is not None and thread.native_id is not None
         deadline = time.monotonic() + 30
         with (
-            _pinned(thread.native_id, shared),
-            _pinned(0, other),
-            _hog_on(shared),
+            _sharing_a_core_with_a_hog(_native_id(server), 0),
             _client(server, reply_poll=0) as c,
         ):
             i = 0
@@ -203,14 +213,9 @@ def test_a_server_whose_core_is_wanted_stops_polling() -> None:
 
 
 def test_a_client_whose_core_is_wanted_stops_polling(server: ServerThread) -> None:
-    shared, other = _two_cpus()
-    thread = server._thread
-    assert thread is not None and thread.native_id is not None
     deadline = time.monotonic() + 30
     with (
-        _pinned(thread.native_id, other),
-        _pinned(0, shared),
-        _hog_on(shared),
+        _sharing_a_core_with_a_hog(0, _native_id(server)),
         _client(server, reply_poll=0.005) as c,
     ):
         c.call(Add(0, 0))

@@ -78,7 +78,7 @@ from kvpool.rpc.channel import (
 )
 from kvpool.rpc.connector import Connector, check_timeout, parse_address, unix_enabled
 from kvpool.rpc.server import union_members
-from kvpool.rpc.spin import DEFAULT_REPLY_POLL_S, MAX_BUSY_POLL_S, ReplyPoll
+from kvpool.rpc.spin import DEFAULT_REPLY_POLL_S, ReplyPoll, check_window
 
 __all__ = ["RpcClient", "Sent", "Transport", "parse_address", "unix_enabled"]
 
@@ -124,10 +124,9 @@ class RpcClient:
         reply_poll: float = DEFAULT_REPLY_POLL_S,
     ) -> None:
         host, port = parse_address(address)
-        if not isinstance(reply_poll, int | float) or not 0 <= reply_poll <= MAX_BUSY_POLL_S:
-            raise InvalidParams(f"reply_poll: {reply_poll!r} must be 0 to {MAX_BUSY_POLL_S} s")
+        poll = check_window("reply_poll", reply_poll)
         #: The busy wait of lock-step replies on a Unix socket (`kvpool.rpc.spin`; None: off).
-        self._reply_poll = ReplyPoll(reply_poll) if reply_poll > 0 else None
+        self._reply_poll = ReplyPoll(poll) if poll > 0 else None
         self.timeout = float(check_timeout(timeout))
         if not isinstance(idle_check_after, int | float) or idle_check_after < 0:
             raise InvalidParams(f"idle_check_after: {idle_check_after!r} must be >= 0 seconds")

@@ -74,7 +74,7 @@ from kvpool.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameEncoder
 from kvpool.protocol.handshake import PROTOCOL_VERSION, Hello, Proof
 from kvpool.rpc.auth import TokenTable
 from kvpool.rpc.connection import Connection, ConnectionId
-from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, MAX_BUSY_POLL_S, BusyPoll
+from kvpool.rpc.spin import DEFAULT_BUSY_POLL_S, BusyPoll, check_window
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
@@ -164,11 +164,9 @@ class RpcServer:
         ):
             if not isinstance(count, int) or count < 1:
                 raise InvalidParams(f"{name}: {count!r} must be a positive integer")
-        if not isinstance(busy_poll, int | float) or not 0 <= busy_poll <= MAX_BUSY_POLL_S:
-            raise InvalidParams(f"busy_poll: {busy_poll!r} must be 0 to {MAX_BUSY_POLL_S} seconds")
         #: Seconds the loop keeps polling after a frame while frames come that close
         #: together (`kvpool.rpc.spin`; 0: it always sleeps until the next one).
-        self.busy_poll = float(busy_poll)
+        self.busy_poll = check_window("busy_poll", busy_poll)
         #: The loop's busy polling, made by `start` (None: off, or not started).
         self.busy: BusyPoll | None = None
         #: Seconds a new connection has to send its Hello.

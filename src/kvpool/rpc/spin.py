@@ -34,12 +34,15 @@ import socket
 import time
 from typing import Final
 
+from kvpool.errors import InvalidParams
+
 __all__ = [
     "DEFAULT_BUSY_POLL_S",
     "DEFAULT_REPLY_POLL_S",
     "MAX_BUSY_POLL_S",
     "BusyPoll",
     "ReplyPoll",
+    "check_window",
 ]
 
 DEFAULT_BUSY_POLL_S: Final = 200e-6
@@ -54,6 +57,16 @@ BACKOFF_S: Final = 0.05
 """How long the server sleeps between frames after its polling was preempted (first time)."""
 MAX_BACKOFF_S: Final = 2.0
 """The longest such spell (after repeated preemption: a busy machine)."""
+
+
+def check_window(name: str, window: object) -> float:
+    """`window` as seconds, if it is a number from 0 to `MAX_BUSY_POLL_S`; else InvalidParams
+    naming `name` (the setting of the server, the client or the poll being made)."""
+    if not isinstance(window, int | float) or not 0 <= window <= MAX_BUSY_POLL_S:
+        raise InvalidParams(f"{name}: {window!r} must be 0 to {MAX_BUSY_POLL_S} seconds")
+    return float(window)
+
+
 STARVED_SHARE: Final = 0.25
 """Polling stops when the thread waited for the CPU this share of the time it polled..."""
 STARVED_MIN_S: Final = 100e-6
@@ -93,11 +106,9 @@ class BusyPoll:
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window: float) -> None:
-        if not isinstance(window, int | float) or not 0 <= window <= MAX_BUSY_POLL_S:
-            raise ValueError(f"busy-poll window: {window!r} must be 0 to {MAX_BUSY_POLL_S} s")
         self._loop = loop
         #: Seconds the loop keeps polling after a frame (0: never).
-        self.window = float(window)
+        self.window = check_window("busy_poll", window)
         self._clock = time.perf_counter
         self._until = 0.0
         self._spinning = False
@@ -170,9 +181,7 @@ class ReplyPoll:
     __slots__ = ("_backoff", "_clock", "_quiet_until", "backoffs", "window")
 
     def __init__(self, window: float) -> None:
-        if not isinstance(window, int | float) or not 0 < window <= MAX_BUSY_POLL_S:
-            raise ValueError(f"reply poll window: {window!r} must be 0 to {MAX_BUSY_POLL_S} s")
-        self.window = float(window)
+        self.window = check_window("reply_poll", window)
         self._clock = time.perf_counter
         self._quiet_until = 0.0
         self._backoff = BACKOFF_S

@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed-$(shell echo '$(EXTRAS)' | tr ',' '-')
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LLM_STAMP   := $(VENV)/.installed-llm
 
-.PHONY: run test test-llm test-mooncake check bench clean venv llm
+.PHONY: run test test-llm test-mooncake check bench clean venv llm native
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,15 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv: $(STAMP)
+
+## The fused copy-and-checksum (src/kvpool/transfer/native): `pip install` builds it; this
+## rebuilds it when copyhash.c changed. Without a C compiler it says so and kvpool hashes in Python.
+NATIVE_SRC := src/kvpool/transfer/native/copyhash.c
+NATIVE     := src/kvpool/transfer/native/_copyhash.so
+$(NATIVE): $(NATIVE_SRC) | $(STAMP)
+	$(BIN)/python -m kvpool.transfer.native.build --quiet
+
+native: $(NATIVE)
 
 ## torch (CPU build) and transformers into the same venv; pip keeps the CPU torch afterwards
 ## because the llm extra asks for any torch.
@@ -34,7 +43,7 @@ llm: $(LLM_STAMP)
 ## The main job: the embedded pool, a prefill engine running a (random-weight) Llama model that
 ## stores its KV cache, a decode engine that reuses it and checks its logits against a recompute.
 ## `kvpool demo --synthetic` is the synthetic-tensor version (no torch).
-run: $(LLM_STAMP)
+run: $(LLM_STAMP) $(NATIVE)
 	$(BIN)/kvpool demo
 
 ## The whole test suite (real processes on loopback ports; redis-server when installed).
@@ -42,7 +51,7 @@ run: $(LLM_STAMP)
 # the suite runs real processes on 2 shared cores, where a few timing-bound tests have failed
 # once in a while under load (see docs/operations.md, "The test suite"); a test that fails
 # twice fails the run. The summary names the tests rerun (-rR) and the 30 slowest.
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --reruns 1 --reruns-delay 2 -rfER --durations 30
 
 ## The real-model tests alone (they skip in `make test` when the llm extra is not installed).
@@ -53,11 +62,11 @@ test-llm: $(LLM_STAMP)
 check: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH scripts/check
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(BIN)/kvpool bench compare
 
 clean:
-	rm -rf $(VENV) build dist .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist .mypy_cache .ruff_cache $(NATIVE)
 
 ## The compatibility suite against the real Mooncake wheel too (its client binds all interfaces,
 ## so this is opt-in; needs Debian's libibverbs1 librdmacm1 libnuma1). torch and safetensors come

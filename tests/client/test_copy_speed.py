@@ -8,6 +8,7 @@ what they return, and refuse bytes that do not match the recorded checksum.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +17,12 @@ import pytest
 import xxhash
 
 from kvpool.client import Store
+from kvpool.client import datapath as datapath_mod
+from kvpool.client import reader as reader_mod
 from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, DataPath, chunk_for
 from kvpool.errors import ChecksumMismatch
 from kvpool.transfer import copy as copy_mod
+from kvpool.transfer import native
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
 
 MiB = 1 << 20
@@ -37,8 +41,24 @@ def zero_slow(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return slow
 
 
+@pytest.fixture(params=["native", "python"])
+def copy_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a checksummed copy is made: the fused native pass (`kvpool.transfer.native`,
+    when built) and the Python copy-then-hash it falls back to."""
+    way: str = request.param
+    if way == "python":
+        monkeypatch.setattr(datapath_mod, "copy_xxh3", None)
+        monkeypatch.setattr(reader_mod, "copy_xxh3", None)
+    elif native.copy_xxh3 is None:
+        if os.environ.get("KVPOOL_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"the fused copy is required here but is {native.copy_path}")
+        pytest.skip(f"the fused copy is {native.copy_path}")
+    return way
+
+
 @pytest.fixture
-def cached(one_node: Pool) -> Iterator[Store]:
+def cached(one_node: Pool, copy_way: str) -> Iterator[Store]:
+    del copy_way  # (set up first)
     with Store(one_node.address, read_mode="cached", write_mode="nowait") as s:
         try:
             yield s
@@ -128,8 +148,8 @@ def test_a_cached_get_below_the_shared_size_copies_in_one_go_and_checks_the_whol
     cached: Store, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`get` of a remembered value below SHARED_MIN on a mapped segment is one copy into the
-    new bytearray and one xxh3 of it (no zero-filled buffer, no chunked copy); a changed byte
-    anywhere in it is still refused."""
+    new bytearray (no zero-filled buffer, no chunked copy), hashed as it is copied (native) or
+    just after; a changed byte anywhere in it is still refused."""
     value = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     key = f"direct-{size}"
     assert cached.put(key, value) is True

@@ -40,9 +40,10 @@ from kvpool.protocol.messages import (
     SegmentName,
     SegmentReply,
 )
-from kvpool.transfer.copy import BOUNCE_MAX, slow_distance
+from kvpool.transfer.copy import BOUNCE_MAX, copy_and_hash, slow_distance
 from kvpool.transfer.engine import RouteKind, SegmentHold, TransferEngine
 from kvpool.transfer.location import SegmentLocation
+from kvpool.transfer.native import copy_xxh3
 from kvpool.transfer.registration import buffer_address
 from kvpool.transfer.request import TransferOp, TransferRequest
 
@@ -59,6 +60,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PENDING: Final = ErrorCode.INTERNAL_ERROR
+_OK: Final = ErrorCode.OK
+_READ: Final = TransferOp.READ
+"""Module constants: `Enum.MEMBER` costs an EnumType attribute lookup per read on Python 3.11."""
 _NOT_FOUND: Final = int(OBJECT_NOT_FOUND)
 """Placeholder code of a request handed to the engine (replaced by the engine's code)."""
 HASH_CHUNK: Final = 256 << 10
@@ -726,43 +730,42 @@ class DataPath:
     def copy_hashing(
         self, op: TransferOp, view: memoryview, segment: str, offset: int
     ) -> tuple[ErrorCode, int] | None:
-        """Copy `view` to or from a segment mapped here, hashing it chunk by chunk as it goes
-        (see HASH_CHUNK); returns (code, xxh3_64 of the value), or None when the segment is
-        not mapped here (the caller then uses the engine and hashes separately)."""
+        """Copy `view` to or from a segment mapped here, hashing it as it goes; returns (code,
+        xxh3_64 of the value), or None when the segment is not mapped here (the caller then
+        uses the engine and hashes separately). One native pass when the fused copy is built
+        (`kvpool.transfer.native`), else in chunks hashed while in the cache (HASH_CHUNK);
+        values of SHARED_MIN and more may be copied with the helper thread (`_Share`)."""
         hold = self.hold_mapped(segment)
         if hold is None:
             return None
         n = view.nbytes
-        hasher = xxhash.xxh3_64()
         with hold:
             mem = hold.buffer
             if offset < 0 or offset + n > mem.nbytes:
                 return ErrorCode.INVALID_PARAMS, 0  # never copy outside the segment
             here, there = buffer_address(view), hold.address + offset
-            read, large = op is TransferOp.READ, n >= SHARED_MIN
+            read, large = op is _READ, n >= SHARED_MIN
             if large and self._helper.wanted(read):
+                hasher = xxhash.xxh3_64()
                 if read:
                     self._copy_shared(read, view, _Share(here, there, n), hasher)
                 else:
                     self._copy_shared(read, view, _Share(there, here, n), hasher)
-                return ErrorCode.OK, hasher.intdigest()
+                return _OK, hasher.intdigest()
             started = time.perf_counter()
-            step = chunk_for(here, there) if read else chunk_for(there, here)
-            c = 0
-            while c < n:
-                # No short last chunk: it could fall back into glibc's slow range.
-                e = n if n - c < 2 * step else c + step
-                # Copy first, then hash the chunk while it is in the cache (either side of
-                # the copy has it): measured faster than hashing first.
-                if read:
-                    view[c:e] = mem[offset + c : offset + e]
-                else:
-                    mem[offset + c : offset + e] = view[c:e]
-                hasher.update(view[c:e])
-                c = e
+            if copy_xxh3 is not None:  # the hash hides under the copy's memory stalls
+                digest = copy_xxh3(here, there, n) if read else copy_xxh3(there, here, n)
+            else:
+                digest = copy_and_hash(
+                    read,
+                    view,
+                    mem,
+                    offset,
+                    chunk_for(here, there) if read else chunk_for(there, here),
+                )
         if large:
             self._helper.timed(read, False, time.perf_counter() - started, n)
-        return ErrorCode.OK, hasher.intdigest()
+        return _OK, digest
 
     def _copy_shared(
         self, read: bool, view: memoryview, share: _Share, hasher: xxhash.xxh3_64

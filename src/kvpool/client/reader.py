@@ -83,6 +83,7 @@ from kvpool.protocol.messages import (
     TenantId,
 )
 from kvpool.protocol.tiers import DFS_SEGMENT
+from kvpool.transfer.native import MIN_BYTES, copy_xxh3, new_bytearray, read_new
 from kvpool.transfer.request import TransferOp, TransferRequest
 
 __all__ = ["Reader"]
@@ -228,7 +229,8 @@ class Reader:
     def _get_remembered(self, data: DataPath, key: str, entry: Remembered) -> bytearray | None:
         """`get` from a remembered place: the value, or None (the entry is forgotten) when
         the place no longer holds it. A value below `_DIRECT_MAX` on a segment mapped here is
-        copied straight into its new bytearray (no zero-filling first) and hashed after."""
+        copied straight into its new bytearray (no zero-filling first) and hashed as it is
+        copied (`kvpool.transfer.native`; else just after)."""
         size = entry.size
         if size < _DIRECT_MAX and entry.replica is None:
             hold = data.hold_mapped(entry.segment)
@@ -237,12 +239,16 @@ class Reader:
                 with hold:
                     mem = hold.buffer
                     if off >= 0 and off + size <= mem.nbytes:
-                        buf = bytearray(mem[off : off + size])
-                        if xxhash.xxh3_64_intdigest(buf) == entry.checksum:
+                        if copy_xxh3 is not None and size >= MIN_BYTES:
+                            buf, digest = read_new(hold.address + off, size)
+                        else:
+                            buf = bytearray(mem[off : off + size])
+                            digest = xxhash.xxh3_64_intdigest(buf)
+                        if digest == entry.checksum:
                             return buf
                 self._forget(key)
                 return None
-        out = bytearray(size)
+        out = new_bytearray(size)  # returned only once a full copy matched the checksum
         return out if self._read_remembered(data, key, entry, memoryview(out)) else None
 
     def _read_remembered(

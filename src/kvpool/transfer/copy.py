@@ -1,5 +1,6 @@
 """`copy_bytes`: one memcpy between a caller's buffer and segment memory, steered around the
-one case where glibc's memcpy is slow on AMD CPUs.
+one case where glibc's memcpy is slow on AMD CPUs; `copy_and_hash`: a copy checksummed chunk
+by chunk in Python (what a checksummed copy is when `kvpool.transfer.native` is not built).
 
 glibc copies blocks from ~2 KiB (`x86_rep_movsb_threshold`) up to the L2 size (glibc's
 `rep_movsb_stop_threshold` on AMD) with `rep movsb`, and `rep movsb` is many times slower when
@@ -23,9 +24,18 @@ import threading
 import time
 from typing import Final
 
+import xxhash
+
 from kvpool.transfer.registration import buffer_address
 
-__all__ = ["BOUNCE_MAX", "SLOW_MIN", "copy_bytes", "slow_distance", "zero_distance_slow"]
+__all__ = [
+    "BOUNCE_MAX",
+    "SLOW_MIN",
+    "copy_and_hash",
+    "copy_bytes",
+    "slow_distance",
+    "zero_distance_slow",
+]
 
 SLOW_MIN: Final = 2048
 """Below this glibc uses vector moves whatever the distance (its threshold is 2112 bytes)."""
@@ -125,3 +135,22 @@ def copy_bytes(dst: memoryview, src: memoryview, dst_addr: int = 0, src_addr: in
     hop = view[start : start + n]
     hop[:] = src
     dst[:] = hop
+
+
+def copy_and_hash(read: bool, view: memoryview, mem: memoryview, offset: int, step: int) -> int:
+    """Copy `view` from (`read`) or to `mem[offset:]` in chunks of `step`, hashing each chunk
+    just after copying it, while it is in the cache (measured faster than hashing first);
+    answers the xxh3_64 of the value. No short last chunk: it could fall back into glibc's
+    slow range (`kvpool.client.datapath.chunk_for`)."""
+    hasher = xxhash.xxh3_64()
+    n = view.nbytes
+    c = 0
+    while c < n:
+        e = n if n - c < 2 * step else c + step
+        if read:
+            view[c:e] = mem[offset + c : offset + e]
+        else:
+            mem[offset + c : offset + e] = view[c:e]
+        hasher.update(view[c:e])
+        c = e
+    return hasher.intdigest()

@@ -156,7 +156,9 @@ class Reader:
         rl = self._node.rpc.call_as(GetReplicaList(key, self.tenant), ReplicaListReply)
         if rl.code:
             raise_for_code(rl.code, key)
-        out = bytearray(rl.size)
+        # Not zero-filled first when the read is verified: returned only once it all matched.
+        verified = self.verify and rl.checksum is not None
+        out = new_bytearray(rl.size) if verified else bytearray(rl.size)
         ttl = rl.lease_ttl_ms  # lease_deadline, inline
         deadline = started + ttl / 1000.0 if ttl > 0 else float("inf")
         done = self.read(key, rl, memoryview(out), deadline)

@@ -735,15 +735,18 @@ class DataPath:
         uses the engine and hashes separately). One native pass when the fused copy is built
         (`kvpool.transfer.native`), else in chunks hashed while in the cache (HASH_CHUNK);
         values of SHARED_MIN and more may be copied with the helper thread (`_Share`)."""
-        hold = self.hold_mapped(segment)
-        if hold is None:
+        # A route known and mapped: its mapping in one call; else the general hold.
+        mapping = self.engine.held_mapping(segment) if self.protocol != "tcp" else None
+        hold = self.hold_mapped(segment) if mapping is None else None
+        if mapping is None and hold is None:
             return None
         n = view.nbytes
-        with hold:
-            mem = hold.buffer
+        try:
+            mem = mapping.view if mapping is not None else hold.buffer  # type: ignore[union-attr]
+            base = mapping.address if mapping is not None else hold.address  # type: ignore[union-attr]
             if offset < 0 or offset + n > mem.nbytes:
                 return ErrorCode.INVALID_PARAMS, 0  # never copy outside the segment
-            here, there = buffer_address(view), hold.address + offset
+            here, there = buffer_address(view), base + offset
             read, large = op is _READ, n >= SHARED_MIN
             if large and self._helper.wanted(read):
                 hasher = xxhash.xxh3_64()
@@ -756,13 +759,13 @@ class DataPath:
             if copy_xxh3 is not None:  # the hash hides under the copy's memory stalls
                 digest = copy_xxh3(here, there, n) if read else copy_xxh3(there, here, n)
             else:
-                digest = copy_and_hash(
-                    read,
-                    view,
-                    mem,
-                    offset,
-                    chunk_for(here, there) if read else chunk_for(there, here),
-                )
+                step = chunk_for(here, there) if read else chunk_for(there, here)
+                digest = copy_and_hash(read, view, mem, offset, step)
+        finally:
+            if mapping is not None:
+                mapping.release()
+            else:
+                hold.release()  # type: ignore[union-attr]
         if large:
             self._helper.timed(read, False, time.perf_counter() - started, n)
         return _OK, digest

@@ -62,6 +62,8 @@ MAX_PUT_RETRIES: Final = 3
 _RETRYABLE: Final = frozenset({ErrorCode.TRANSFER_FAIL, ErrorCode.SEGMENT_NOT_FOUND})
 """Write failures that another segment may not have: the segment's owner died or left."""
 _PROCESSING: Final = ReplicaStatus.PROCESSING
+_OK: Final = ErrorCode.OK
+_WRITE: Final = TransferOp.WRITE
 
 
 _SWITCH_GRACE_S: Final = 10.0
@@ -203,6 +205,14 @@ class WriterBase:
     ) -> tuple[ErrorCode, int | None, list[str]]:
         """Write `mv` into every replica; the first failure (or OK), the value's checksum and
         the segments whose write failed."""
+        if len(replicas) == 1 and mv.nbytes >= CHUNKED_MIN:  # one large replica, mapped here
+            r = replicas[0]
+            if r.kind is not _DFS and r.size == mv.nbytes:
+                done = self._opened().copy_hashing(_WRITE, mv, r.segment, r.offset)
+                if done is not None:
+                    if done[0] != _OK:
+                        return done[0], None, [str(r.segment)]
+                    return _OK, done[1], []
         code = _check_replicas(replicas, mv.nbytes)
         if code != ErrorCode.OK:
             return code, None, []

@@ -9,8 +9,10 @@ same 1 MiB sources (page-aligned slices of one random buffer, as the benchmark's
 into fresh 1 MiB slices of: a numpy array (the limit's memory), private memory without huge
 pages, private memory with them, and a memfd mapped shared (a segment), each with
 `numpy.copyto`, and into the memfd as `DataPath.copy_hashing` does for a put (256 KiB chunks,
-each hashed with xxh3 after its copy). Rounds interleave the kinds; prints the median of the
-rounds' medians, in µs. Asserts nothing.
+each hashed with xxh3 after its copy) and as the fused copy does it (`kvpool.transfer.native`,
+when built: one pass that hashes what it stores). The get direction too: 1 MiB out of the
+numpy array (the limit's get) and out of the memfd, copied then hashed, or fused. Rounds
+interleave the kinds; prints the median of the rounds' medians, in µs. Asserts nothing.
 
     .venv/bin/python benchmarks/copy_targets.py [--rounds 15] [--calls 60]
 """
@@ -27,6 +29,8 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 import xxhash
+
+from kvpool.transfer.native import copy_path, copy_xxh3
 
 SIZE = 1 << 20
 SPAN = 512 << 20
@@ -85,9 +89,46 @@ def main() -> None:
 
             return run
 
+        out = np.ones(SIZE, dtype=np.uint8)
+        out_at = out.ctypes.data
+
+        def fused_in(dst: Array) -> Callable[[int], None]:
+            at = dst.ctypes.data
+
+            def run(j: int) -> None:
+                assert copy_xxh3 is not None
+                copy_xxh3(at + (j * SIZE) % SPAN, source(j).ctypes.data, SIZE)
+
+            return run
+
+        def copy_out(src: Array, hashed: bool) -> Callable[[int], None]:
+            def run(j: int) -> None:
+                o = (j * SIZE * 7) % SPAN  # spread over the span: from memory, not the cache
+                np.copyto(out, src[o : o + SIZE])
+                if hashed:
+                    xxhash.xxh3_64_intdigest(out)
+
+            return run
+
+        def fused_out(src: Array) -> Callable[[int], None]:
+            at = src.ctypes.data
+
+            def run(j: int) -> None:
+                assert copy_xxh3 is not None
+                copy_xxh3(out_at, at + (j * SIZE * 7) % SPAN, SIZE)
+
+            return run
+
         cases = {f"copy into {name}": copy(a) for name, (_, a) in maps.items()}
         shm = maps["memfd, shared (a segment)"][1]
+        limit = maps["numpy array (the limit row)"][1]
         cases["copy_hashing into the memfd (a put)"] = copy_hashing(shm)
+        if copy_xxh3 is not None:
+            cases[f"fused copy into the memfd (a put; {copy_path})"] = fused_in(shm)
+        cases["copy out of the numpy array (the limit's get)"] = copy_out(limit, False)
+        cases["copy out of the memfd, then xxh3 (a get)"] = copy_out(shm, True)
+        if copy_xxh3 is not None:
+            cases[f"fused copy out of the memfd (a get; {copy_path})"] = fused_out(shm)
         medians: dict[str, list[float]] = {name: [] for name in cases}
         j = 0
         for _ in range(args.rounds):

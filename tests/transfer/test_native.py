@@ -189,3 +189,21 @@ def test_a_stale_or_wrong_library_is_refused(tmp_path: Path, version: int, why: 
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
     fn, path = native._load(lib)
     assert fn is None and path == why
+
+
+def test_without_a_compiler_the_build_says_so_and_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No compiler is not an error (kvpool then hashes in Python); a broken one is."""
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing to run there
+    out = tmp_path / "lib.so"
+    assert build.main(["--out", str(out)]) == 0
+    assert "no C compiler" in capsys.readouterr().err
+    assert not out.exists()
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: broken' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    assert build.main(["--out", str(out), "--cc", str(broken)]) == 1
+    assert "broken" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".copyhash-*"))  # no half-built file

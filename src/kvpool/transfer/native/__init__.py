@@ -32,8 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from kvpool.transfer.native.build import LIBRARY
-
 __all__ = ["MIN_BYTES", "copy_path", "copy_xxh3", "new_bytearray", "read_new"]
 
 log = logging.getLogger(__name__)
@@ -43,13 +41,15 @@ MIN_BYTES: Final = 256
 _VERSION: Final = 1
 """The interface version this loader expects (`kv_copyhash_version` in copyhash.c)."""
 _PATHS: Final = {1: "scalar", 2: "avx2"}
+LIBRARY: Final = Path(__file__).with_name("_copyhash.so")
+"""Where `build` puts the library (kvpool.transfer.native.build.LIBRARY)."""
 
 
 def _self_check(fn: Callable[[int, int, int], int]) -> bool:
     """Copy-and-hash a few lengths of a fixed pattern and compare with python-xxhash."""
     import xxhash
 
-    src = bytearray((i * 131 + (i >> 8) * 7) & 0xFF for i in range(70_000))
+    src = bytearray(os.urandom(70_000))  # (also: no pattern a wrong digest could share)
     dst = bytearray(len(src))
     s = ctypes.addressof(ctypes.c_char.from_buffer(src))
     d = ctypes.addressof(ctypes.c_char.from_buffer(dst))

@@ -10,7 +10,8 @@ into fresh 1 MiB slices of: a numpy array (the limit's memory), private memory w
 pages, private memory with them, and a memfd mapped shared (a segment), each with
 `numpy.copyto`, and into the memfd as `DataPath.copy_hashing` does for a put (256 KiB chunks,
 each hashed with xxh3 after its copy) and as the fused copy does it (`kvpool.transfer.native`,
-when built: one pass that hashes what it stores). The get direction too: 1 MiB out of the
+when built: one pass that hashes what it stores, with the cached stores of a get and the
+streamed ones of a put). The get direction too: 1 MiB out of the
 numpy array (the limit's get) and out of the memfd, copied then hashed, or fused. Rounds
 interleave the kinds; prints the median of the rounds' medians, in µs. Asserts nothing.
 
@@ -92,12 +93,12 @@ def main() -> None:
         out = np.ones(SIZE, dtype=np.uint8)
         out_at = out.ctypes.data
 
-        def fused_in(dst: Array) -> Callable[[int], None]:
+        def fused_in(dst: Array, stream: int) -> Callable[[int], None]:
             at = dst.ctypes.data
 
             def run(j: int) -> None:
                 assert copy_xxh3 is not None
-                copy_xxh3(at + (j * SIZE) % SPAN, source(j).ctypes.data, SIZE)
+                copy_xxh3(at + (j * SIZE) % SPAN, source(j).ctypes.data, SIZE, stream)
 
             return run
 
@@ -115,7 +116,7 @@ def main() -> None:
 
             def run(j: int) -> None:
                 assert copy_xxh3 is not None
-                copy_xxh3(out_at, at + (j * SIZE * 7) % SPAN, SIZE)
+                copy_xxh3(out_at, at + (j * SIZE * 7) % SPAN, SIZE, 0)
 
             return run
 
@@ -124,7 +125,8 @@ def main() -> None:
         limit = maps["numpy array (the limit row)"][1]
         cases["copy_hashing into the memfd (a put)"] = copy_hashing(shm)
         if copy_xxh3 is not None:
-            cases[f"fused copy into the memfd (a put; {copy_path})"] = fused_in(shm)
+            cases[f"fused copy into the memfd ({copy_path}, cached stores)"] = fused_in(shm, 0)
+            cases[f"fused copy into the memfd (a put; {copy_path}, streamed)"] = fused_in(shm, 1)
         cases["copy out of the numpy array (the limit's get)"] = copy_out(limit, False)
         cases["copy out of the memfd, then xxh3 (a get)"] = copy_out(shm, True)
         if copy_xxh3 is not None:

@@ -89,6 +89,10 @@ _SAMPLES: Final = 5
 """Recent timings kept per way; their median is what the ways are compared by."""
 _STALLS: Final = 2
 """The helper stops once the caller has made no progress during this many of its pieces."""
+STREAM_PUTS: Final = 1
+"""A put's fused copy (`kvpool.transfer.native`) writes the segment with non-temporal stores:
+this process does not read those bytes again, and skipping the read of each destination line
+makes the copy faster than a memcpy (docs/parts/perf-store.md). 0: cached stores."""
 _memmove: Final = ctypes.memmove  # releases the GIL, so that the other thread can claim
 
 
@@ -757,7 +761,10 @@ class DataPath:
                 return _OK, hasher.intdigest()
             started = time.perf_counter()
             if copy_xxh3 is not None:  # the hash hides under the copy's memory stalls
-                digest = copy_xxh3(here, there, n) if read else copy_xxh3(there, here, n)
+                if read:
+                    digest = copy_xxh3(here, there, n, 0)
+                else:
+                    digest = copy_xxh3(there, here, n, STREAM_PUTS)
             else:
                 step = chunk_for(here, there) if read else chunk_for(there, here)
                 digest = copy_and_hash(read, view, mem, offset, step)

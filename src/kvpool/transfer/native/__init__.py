@@ -8,10 +8,13 @@ registers it has just loaded and stored, so the hash runs while the copy waits o
 checksummed copy costs about what the copy alone costs (docs/parts/perf-store.md, "A copy
 that checksums as it goes").
 
-`copy_xxh3(dst, src, n)` copies `n` bytes between two addresses (n >= MIN_BYTES; the regions
-must not overlap) and answers the xxh3_64 of the bytes now at `dst` (bit for bit the digest
+`copy_xxh3(dst, src, n, stream)` copies `n` bytes between two addresses (n >= MIN_BYTES; the
+regions must not overlap) and answers the xxh3_64 of the bytes now at `dst` (bit for bit the digest
 python-xxhash gives; each is checked against it when the library is loaded). The GIL is
-released while it runs (ctypes does that for every foreign call).
+released while it runs (ctypes does that for every foreign call). `stream=1` writes `dst` with
+non-temporal stores (around the cache), for a put: its bytes are not read again by this
+process, and skipping the read of every destination line before it is overwritten makes the
+copy faster than a memcpy; a get (`stream=0`) leaves the value in the cache for its caller.
 
 The library is `_copyhash.so` beside this file, built with the system C compiler by `make`, by
 `pip install` (the build hook) or by `python -m kvpool.transfer.native.build`. When it is not
@@ -38,14 +41,14 @@ log = logging.getLogger(__name__)
 
 MIN_BYTES: Final = 256
 """The smallest copy `copy_xxh3` takes (shorter inputs take other paths of xxh3)."""
-_VERSION: Final = 1
+_VERSION: Final = 2
 """The interface version this loader expects (`kv_copyhash_version` in copyhash.c)."""
 _PATHS: Final = {1: "scalar", 2: "avx2"}
 LIBRARY: Final = Path(__file__).with_name("_copyhash.so")
 """Where `build` puts the library (kvpool.transfer.native.build.LIBRARY)."""
 
 
-def _self_check(fn: Callable[[int, int, int], int]) -> bool:
+def _self_check(fn: Callable[[int, int, int, int], int]) -> bool:
     """Copy-and-hash a few lengths of a fixed pattern and compare with python-xxhash."""
     import xxhash
 
@@ -54,13 +57,15 @@ def _self_check(fn: Callable[[int, int, int], int]) -> bool:
     s = ctypes.addressof(ctypes.c_char.from_buffer(src))
     d = ctypes.addressof(ctypes.c_char.from_buffer(dst))
     for n in (MIN_BYTES, 1000, 1024, 1025, 4096, 65_537, len(src)):
-        dst[:n] = bytes(n)
-        if fn(d, s, n) != xxhash.xxh3_64_intdigest(memoryview(src)[:n]) or dst[:n] != src[:n]:
-            return False
+        for stream in (0, 1):
+            dst[:n] = bytes(n)
+            want = xxhash.xxh3_64_intdigest(memoryview(src)[:n])
+            if fn(d, s, n, stream) != want or dst[:n] != src[:n]:
+                return False
     return True
 
 
-def _load(library: Path = LIBRARY) -> tuple[Callable[[int, int, int], int] | None, str]:
+def _load(library: Path = LIBRARY) -> tuple[Callable[[int, int, int, int], int] | None, str]:
     """(copy_xxh3, which path it takes or why it is not there)."""
     if os.environ.get("KVPOOL_NATIVE", "1") == "0":
         return None, "off (KVPOOL_NATIVE=0)"
@@ -71,7 +76,7 @@ def _load(library: Path = LIBRARY) -> tuple[Callable[[int, int, int], int] | Non
         if lib.kv_copyhash_version() != _VERSION:
             return None, f"off ({library.name} is of another version: rebuild it)"
         fn = lib.kv_copy_xxh3
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         fn.restype = ctypes.c_uint64
     except (OSError, AttributeError) as exc:
         return None, f"off ({library.name} did not load: {exc})"
@@ -102,4 +107,4 @@ def read_new(src: int, n: int) -> tuple[bytearray, int]:
     zero-filling first). Only when `copy_xxh3` is there and n >= MIN_BYTES."""
     assert copy_xxh3 is not None and n >= MIN_BYTES
     out = new_bytearray(n)
-    return out, copy_xxh3(ctypes.addressof(ctypes.c_char.from_buffer(out)), src, n)
+    return out, copy_xxh3(ctypes.addressof(ctypes.c_char.from_buffer(out)), src, n, 0)

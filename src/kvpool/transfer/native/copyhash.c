@@ -119,9 +119,12 @@ __attribute__((target("avx2"))) static inline __m256i scramble_avx2(__m256i acc,
     return _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32));
 }
 
-__attribute__((target("avx2"))) static void body_avx2(uint64_t acc[8], uint8_t *dst,
-                                                      const uint8_t *src, size_t nb_blocks,
-                                                      size_t nb_stripes) {
+/* `stream`: store with non-temporal stores (dst 32-byte aligned), which write around the cache:
+ * no read of each destination line before it is overwritten, and the cache keeps what the
+ * caller uses next. For a put, whose bytes this process does not read again. */
+__attribute__((target("avx2"), always_inline)) static inline void body_avx2_impl(
+    uint64_t acc[8], uint8_t *dst, const uint8_t *src, size_t nb_blocks, size_t nb_stripes,
+    const int stream) {
     __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);
     __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
     for (size_t b = 0; b <= nb_blocks; b++) {
@@ -131,8 +134,13 @@ __attribute__((target("avx2"))) static void body_avx2(uint64_t acc[8], uint8_t *
         for (size_t s = 0; s < stripes; s++) {
             __m256i d0 = _mm256_loadu_si256((const __m256i *)(in + s * STRIPE));
             __m256i d1 = _mm256_loadu_si256((const __m256i *)(in + s * STRIPE + 32));
-            _mm256_storeu_si256((__m256i *)(out + s * STRIPE), d0);
-            _mm256_storeu_si256((__m256i *)(out + s * STRIPE + 32), d1);
+            if (stream) {
+                _mm256_stream_si256((__m256i *)(out + s * STRIPE), d0);
+                _mm256_stream_si256((__m256i *)(out + s * STRIPE + 32), d1);
+            } else {
+                _mm256_storeu_si256((__m256i *)(out + s * STRIPE), d0);
+                _mm256_storeu_si256((__m256i *)(out + s * STRIPE + 32), d1);
+            }
             a0 = acc_avx2(a0, d0, _mm256_loadu_si256((const __m256i *)(SECRET + 8 * s)));
             a1 = acc_avx2(a1, d1, _mm256_loadu_si256((const __m256i *)(SECRET + 8 * s + 32)));
         }
@@ -141,8 +149,21 @@ __attribute__((target("avx2"))) static void body_avx2(uint64_t acc[8], uint8_t *
             a1 = scramble_avx2(a1, _mm256_loadu_si256((const __m256i *)(SECRET + SCRAMBLE_AT + 32)));
         }
     }
+    if (stream) _mm_sfence(); /* the streamed bytes are visible before anything stored next */
     _mm256_storeu_si256((__m256i *)acc, a0);
     _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+}
+
+__attribute__((target("avx2"))) static void body_avx2(uint64_t acc[8], uint8_t *dst,
+                                                      const uint8_t *src, size_t nb_blocks,
+                                                      size_t nb_stripes) {
+    body_avx2_impl(acc, dst, src, nb_blocks, nb_stripes, 0);
+}
+
+__attribute__((target("avx2"))) static void body_avx2_stream(uint64_t acc[8], uint8_t *dst,
+                                                             const uint8_t *src, size_t nb_blocks,
+                                                             size_t nb_stripes) {
+    body_avx2_impl(acc, dst, src, nb_blocks, nb_stripes, 1);
 }
 #endif
 
@@ -162,7 +183,7 @@ static uint64_t merge(const uint64_t acc[8], const uint8_t *secret, uint64_t sta
 }
 
 /* The version of this file's interface; the loader refuses a library of another. */
-int kv_copyhash_version(void) { return 1; }
+int kv_copyhash_version(void) { return 2; }
 
 static int use_avx2 = -1;
 
@@ -180,9 +201,11 @@ int kv_copyhash_path(void) {
 }
 
 /* Copy n bytes from src to dst (which must not overlap) and return the XXH3-64 (seed 0) of
- * the bytes now in dst. n must be at least KV_COPYHASH_MIN (256): shorter inputs take other
- * XXH3 paths; for them nothing is copied and 0 is returned (the caller checks n first). */
-uint64_t kv_copy_xxh3(void *dst_, const void *src_, size_t n) {
+ * the bytes now in dst. n must be at least 256: shorter inputs take other XXH3 paths; for them
+ * nothing is copied and 0 is returned (the caller checks n first). `stream` non-zero: write
+ * dst with non-temporal stores when dst is 32-byte aligned (the AVX2 path), for bytes this
+ * process will not read again soon (a put); they are visible to other cores on return. */
+uint64_t kv_copy_xxh3(void *dst_, const void *src_, size_t n, int stream) {
     uint8_t *dst = (uint8_t *)dst_;
     const uint8_t *src = (const uint8_t *)src_;
     if (n < 256) return 0;
@@ -190,9 +213,12 @@ uint64_t kv_copy_xxh3(void *dst_, const void *src_, size_t n) {
     size_t nb_blocks = (n - 1) / BLOCK;
     size_t nb_stripes = ((n - 1) - BLOCK * nb_blocks) / STRIPE;
 #ifdef HAVE_AVX2_PATH
-    if (kv_copyhash_path() == 2)
-        body_avx2(acc, dst, src, nb_blocks, nb_stripes);
-    else
+    if (kv_copyhash_path() == 2) {
+        if (stream && ((uintptr_t)dst & 31) == 0)
+            body_avx2_stream(acc, dst, src, nb_blocks, nb_stripes);
+        else
+            body_avx2(acc, dst, src, nb_blocks, nb_stripes);
+    } else
 #endif
         body_scalar(acc, dst, src, nb_blocks, nb_stripes);
     size_t done = nb_blocks * BLOCK + nb_stripes * STRIPE;

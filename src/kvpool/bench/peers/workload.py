@@ -85,8 +85,10 @@ class RunPlan:
 
     rounds: int
     seconds_per_phase: float
-    warmup_calls: int = 6
-    """Untimed calls per API (twice, interleaved) before the rounds; see `_calibrate`."""
+    warmup_calls: int = 16
+    """Untimed calls per API (twice, interleaved) before the rounds; see `_calibrate`. Six
+    were too few to tell apart two APIs within a tenth of each other on a noisy machine (the
+    slower of kvpool's `put` and `put_from` was measured in some runs)."""
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +28,19 @@ from kvpool.transfer.native import MIN_BYTES, build
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def copy_xxh3() -> object:
-    if native.copy_xxh3 is None:
+@pytest.fixture(scope="module", params=["best", "scalar"])
+def copy_xxh3(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The fused copy on the path this CPU takes, and on the scalar one (CPUs without AVX2)."""
+    if native.copy_xxh3 is None or native._use_path is None:
         if os.environ.get("KVPOOL_REQUIRE_NATIVE") == "1":
             pytest.fail(f"the fused copy is required here but is {native.copy_path}")
         pytest.skip(f"the fused copy is {native.copy_path}")
-    return native.copy_xxh3
+    took = native._use_path(1 if request.param == "scalar" else 0)
+    assert (took == 1) == (request.param == "scalar" or native.copy_path == "scalar")
+    try:
+        yield native.copy_xxh3
+    finally:
+        native._use_path(0)
 
 
 def _buffers(n: int, pad: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -175,6 +182,7 @@ _BOGUS = """
 #include <string.h>
 int kv_copyhash_version(void) { return VERSION; }
 int kv_copyhash_path(void) { return 1; }
+int kv_copyhash_use(int path) { return 1; }
 uint64_t kv_copy_xxh3(void *d, const void *s, size_t n, int m) { memcpy(d, s, n); return 42; }
 """
 
@@ -192,7 +200,7 @@ def test_a_stale_or_wrong_library_is_refused(tmp_path: Path, version: int, why: 
     src.write_text(_BOGUS.replace("VERSION", str(version)))
     lib = tmp_path / "_copyhash.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
-    fn, path = native._load(lib)
+    fn, path, _ = native._load(lib)
     assert fn is None and path == why
 
 

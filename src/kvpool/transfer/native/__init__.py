@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 MIN_BYTES: Final = 256
 """The smallest copy `copy_xxh3` takes (shorter inputs take other paths of xxh3)."""
-_VERSION: Final = 2
+_VERSION: Final = 3
 """The interface version this loader expects (`kv_copyhash_version` in copyhash.c)."""
 _PATHS: Final = {1: "scalar", 2: "avx2"}
 LIBRARY: Final = Path(__file__).with_name("_copyhash.so")
@@ -65,31 +65,40 @@ def _self_check(fn: Callable[[int, int, int, int], int]) -> bool:
     return True
 
 
-def _load(library: Path = LIBRARY) -> tuple[Callable[[int, int, int, int], int] | None, str]:
-    """(copy_xxh3, which path it takes or why it is not there)."""
+_Copy = Callable[[int, int, int, int], int]
+
+
+def _load(library: Path = LIBRARY) -> tuple[_Copy | None, str, Callable[[int], int] | None]:
+    """(copy_xxh3, which path it takes or why it is not there, the library's path switch)."""
     if os.environ.get("KVPOOL_NATIVE", "1") == "0":
-        return None, "off (KVPOOL_NATIVE=0)"
+        return None, "off (KVPOOL_NATIVE=0)", None
     if not library.exists():
-        return None, "off (not built: python -m kvpool.transfer.native.build)"
+        return None, "off (not built: python -m kvpool.transfer.native.build)", None
     try:
         lib = ctypes.CDLL(str(library))
         if lib.kv_copyhash_version() != _VERSION:
-            return None, f"off ({library.name} is of another version: rebuild it)"
+            return None, f"off ({library.name} is of another version: rebuild it)", None
         fn = lib.kv_copy_xxh3
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         fn.restype = ctypes.c_uint64
+        use = lib.kv_copyhash_use
+        use.argtypes = [ctypes.c_int]
+        use.restype = ctypes.c_int
     except (OSError, AttributeError) as exc:
-        return None, f"off ({library.name} did not load: {exc})"
-    if not _self_check(fn):
+        return None, f"off ({library.name} did not load: {exc})", None
+    # Both paths are checked: the scalar one (which CPUs without AVX2 take) and the best.
+    if not (use(1) and _self_check(fn) and use(0) and _self_check(fn)):
         log.warning("%s fails its self-check; copies are checksummed in Python", library)
-        return None, "off (failed its self-check)"
-    return fn, _PATHS.get(lib.kv_copyhash_path(), "scalar")
+        return None, "off (failed its self-check)", None
+    return fn, _PATHS.get(use(0), "scalar"), use
 
 
 _loaded = _load()
 copy_xxh3: Final = _loaded[0]
 copy_path: Final = _loaded[1]
 """Which path `copy_xxh3` takes ("avx2", "scalar"), or "off (why it is not there)"."""
+_use_path: Final = _loaded[2]
+"""`kv_copyhash_use`: 1 forces the scalar path, 0 the best (for the tests), or None."""
 
 _from_size = ctypes.pythonapi.PyByteArray_FromStringAndSize
 _from_size.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]

@@ -220,3 +220,19 @@ def test_without_a_compiler_the_build_says_so_and_succeeds(
     assert build.main(["--out", str(out), "--cc", str(broken)]) == 1
     assert "broken" in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.glob(".copyhash-*"))  # no half-built file
+
+
+def test_kvpool_version_says_which_fused_copy_runs() -> None:
+    def version(env: dict[str, str]) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "kvpool", "--version"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return out.stdout.strip()
+
+    assert version({"KVPOOL_NATIVE": "0"}).endswith("(fused copy: off (KVPOOL_NATIVE=0))")
+    assert version({}).endswith(f"(fused copy: {native.copy_path})")

@@ -201,6 +201,8 @@ def run_compare(
 
 
 def _machine() -> str:
+    """The machine line of the report, with the fused copy's path (`kvpool.transfer.native`):
+    its numbers depend on it."""
     cpus = os.cpu_count() or 0
     try:
         import psutil
@@ -208,9 +210,11 @@ def _machine() -> str:
         mem = f", {psutil.virtual_memory().total / (1 << 30):.0f} GiB RAM"
     except ImportError:  # pragma: no cover - psutil is a core dependency
         mem = ""
+    from kvpool.transfer.native import copy_path
+
     return (
         f"{platform.machine()} {platform.system()} {platform.release()}, {cpus} CPUs{mem}, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}, fused copy {copy_path}"
     )
 
 

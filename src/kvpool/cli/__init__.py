@@ -96,11 +96,31 @@ def _unavailable(name: str, help_text: str, why: str) -> click.Command:
     return click.Command(name, callback=run, help=f"{help_text} (unavailable: {why})")
 
 
+def _version(ctx: click.Context, value: bool) -> None:
+    """`kvpool --version`: the package's version and the fused copy's path
+    (`kvpool.transfer.native`: "avx2", "scalar", or "off (why)")."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from kvpool.transfer.native import copy_path
+
+    click.echo(f"kvpool {version('kvpool')} (fused copy: {copy_path})")
+    ctx.exit()
+
+
 @click.group(
     cls=_LazyGroup, table=_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@click.version_option(package_name="kvpool")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=lambda ctx, _param, value: _version(ctx, value),
+    help="Show the version (and which fused copy this install has) and exit.",
+)
 def main(verbose: int) -> None:
     """kvpool: a distributed KV-cache pool for LLM serving."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG

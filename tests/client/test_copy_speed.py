@@ -20,7 +20,7 @@ from kvpool.client import Store
 from kvpool.client import datapath as datapath_mod
 from kvpool.client import reader as reader_mod
 from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, DataPath, chunk_for
-from kvpool.errors import ChecksumMismatch
+from kvpool.errors import ChecksumMismatch, ErrorCode
 from kvpool.transfer import copy as copy_mod
 from kvpool.transfer import native
 from kvtest.pool import Pool, PoolFactory, pool_module  # noqa: F401
@@ -173,3 +173,49 @@ def test_a_cached_get_below_the_shared_size_copies_in_one_go_and_checks_the_whol
         hold.buffer[desc.offset + size - 1] ^= 0x01  # the very last byte
     with pytest.raises(ChecksumMismatch):
         cached.get(key)
+
+
+@pytest.mark.parametrize("mode", ["strict", "cached"])
+def test_batches_of_large_values_are_byte_exact_and_checked(
+    one_node: Pool, copy_way: str, mode: str
+) -> None:
+    """Values from FUSED_MIN up in a batch take the fused copy (native) or copy-then-hash
+    (python), strict and cached alike: every byte comes back, and a value whose bytes changed
+    in place is refused by its checksum (CHECKSUM_MISMATCH) while the others still read."""
+    del copy_way
+    modes = {"read_mode": "cached", "write_mode": "nowait"} if mode == "cached" else {}
+    sizes = [datapath_mod.FUSED_MIN, datapath_mod.FUSED_MIN + 4097, MiB, 5000]
+    rng = np.random.default_rng(len(sizes))
+    with Store(one_node.address, **modes) as s:  # type: ignore[arg-type]
+        src = [_page_aligned(n) for n in sizes]
+        dst = [_page_aligned(n) for n in sizes]
+        for a in src:
+            a[:] = rng.integers(0, 256, a.size, dtype=np.uint8)
+        for a in (*src, *dst):
+            s.register_buffer(a)
+        keys = [f"batch-{mode}-{i}" for i in range(len(sizes))]
+        try:
+            assert s.batch_put_from(keys, src) == [ErrorCode.OK] * len(keys)
+            s.flush()
+            assert s.batch_get_into(keys, dst) == sizes
+            assert all(np.array_equal(a, b) for a, b in zip(src, dst, strict=True))
+            got = s.batch_get(keys)
+            assert [bytes(g or b"") for g in got] == [a.tobytes() for a in src]
+            (desc,) = s.get_replica_desc(keys[1])
+            data = s._data
+            assert data is not None
+            hold = data.hold_mapped(str(desc.segment))
+            assert hold is not None
+            with hold:
+                hold.buffer[desc.offset + sizes[1] // 3] ^= 0x40
+            for a in dst:
+                a[:] = 0
+            codes = s.batch_get_into(keys, dst)
+            assert codes[1] == ErrorCode.CHECKSUM_MISMATCH  # (negative already)
+            assert [codes[i] for i in (0, 2, 3)] == [sizes[i] for i in (0, 2, 3)]
+            assert all(np.array_equal(src[i], dst[i]) for i in (0, 2, 3))
+        finally:
+            s.flush()
+            s.remove_all(force=True)
+            for a in (*src, *dst):
+                s.unregister_buffer(a)

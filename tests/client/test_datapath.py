@@ -4,7 +4,7 @@ glibc copies 2 KiB..L2-sized blocks with `rep movsb`, which runs 5-15x slower on
 destination lies 1-63 bytes past the source modulo a page (and, on CPUs where a
 once-per-process probe measures it slow, exactly at it); `chunk_for` steers the
 chunked copy-and-hash path to chunks that avoid that range. From SHARED_MIN on, a helper thread
-copies some pieces while the caller hashes (`_Share`): who copies what depends on timing, so the
+copies some pieces while the caller hashes (`Share`): who copies what depends on timing, so the
 tests run each side alone, both in every order the claims allow, and both racing for real, and
 check that the bytes and the xxh3_64 of the whole value come out the same every time. Speed is
 not asserted here (shared machine).
@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvpool.client import ReplicateConfig, Store, datapath
-from kvpool.client.datapath import (
+from kvpool.client import ReplicateConfig, Store, sharedcopy
+from kvpool.client.sharedcopy import (
     HASH_CHUNK,
     LONG_CHUNK,
     SHARE_PIECE,
     SHARED_MIN,
-    _CopyHelper,
-    _Share,
+    CopyHelper,
+    Share,
     chunk_for,
 )
 from kvpool.errors import ErrorCode, KVPoolError
@@ -71,7 +71,7 @@ _SHARED_SIZES = [
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:
-    share = _Share(0, 0, n)
+    share = Share(0, 0, n)
     out = []
     while (piece := share._claim()) is not None:
         out.append(piece)
@@ -88,19 +88,19 @@ def test_claims_cover_the_copy_in_order_and_no_piece_is_short(n: int) -> None:
 
 
 def _run_share(n: int, past: tuple[int, int], helper_first: int, *, read: bool) -> None:
-    """Copy n bytes through a `_Share` whose helper copies `helper_first` pieces before the
+    """Copy n bytes through a `Share` whose helper copies `helper_first` pieces before the
     caller starts (-1: its own loop, which gives up while the caller makes no progress), then
     check the bytes and the hash of the caller's buffer."""
     user = _random(n, past[0], n) if not read else _aligned(n, past[0])
     other = _random(n, past[1], n + 1) if read else _aligned(n, past[1])
     if read:
-        share = _Share(user.ctypes.data, other.ctypes.data, n)
+        share = Share(user.ctypes.data, other.ctypes.data, n)
     else:
-        share = _Share(other.ctypes.data, user.ctypes.data, n)
+        share = Share(other.ctypes.data, user.ctypes.data, n)
     # The helper's part, in this thread, for a fixed order of claims.
     if helper_first < 0:
         share.help()  # the caller has not started: the helper must not take everything
-        assert share.claimed == datapath._STALLS * SHARE_PIECE
+        assert share.claimed == sharedcopy._STALLS * SHARE_PIECE
     for _ in range(max(helper_first, 0)):
         with share.lock:
             piece = share._claim()
@@ -134,15 +134,15 @@ def test_shared_copy_hashes_the_whole_value_whoever_copies_which_piece(
 @pytest.mark.parametrize("read", [False, True], ids=["write", "read"])
 @pytest.mark.parametrize("n", _SHARED_SIZES)
 def test_shared_copy_racing_a_real_helper_is_byte_exact(n: int, read: bool) -> None:
-    helper = _CopyHelper()
+    helper = CopyHelper()
     try:
         for past in ((0, 0), (16, 0), (48, 4000), (2048, 16)):
             user = _random(n, past[0], n) if not read else _aligned(n, past[0])
             other = _random(n, past[1], n + 1) if read else _aligned(n, past[1])
             if read:
-                share = _Share(user.ctypes.data, other.ctypes.data, n)
+                share = Share(user.ctypes.data, other.ctypes.data, n)
             else:
-                share = _Share(other.ctypes.data, user.ctypes.data, n)
+                share = Share(other.ctypes.data, user.ctypes.data, n)
             hasher = xxhash.xxh3_64()
             helper.offer(share)
             try:
@@ -162,7 +162,7 @@ def test_no_helper_thread_to_be_had_means_the_caller_copies_alone(
 ) -> None:
     """Thread.start failing (no threads left) for the helper: the copy is the caller's, byte
     exact, nothing waits in a queue nobody reads, and close() returns (review finding)."""
-    helper = _CopyHelper()
+    helper = CopyHelper()
     helper._closed = False  # as on a machine with two CPUs
     start = threading.Thread.start
 
@@ -174,7 +174,7 @@ def test_no_helper_thread_to_be_had_means_the_caller_copies_alone(
     monkeypatch.setattr(threading.Thread, "start", refuse)
     n = SHARED_MIN
     user, other = _random(n, 16, 3), _aligned(n, 0)
-    share = _Share(other.ctypes.data, user.ctypes.data, n)
+    share = Share(other.ctypes.data, user.ctypes.data, n)
     assert helper.offer(share) is False
     hasher = xxhash.xxh3_64()
     try:
@@ -183,7 +183,7 @@ def test_no_helper_thread_to_be_had_means_the_caller_copies_alone(
         share.settle()
     assert np.array_equal(user, other)
     assert hasher.intdigest() == xxhash.xxh3_64_intdigest(user)
-    assert helper.offer(_Share(0, 0, 0)) is False and helper._shares.qsize() == 0
+    assert helper.offer(Share(0, 0, 0)) is False and helper._shares.qsize() == 0
     helper.close()
 
 
@@ -193,9 +193,9 @@ def test_pieces_copied_past_the_helpers_unfinished_one_are_hashed_after_it(read:
     user = _random(n, 16, 5) if not read else _aligned(n, 16)
     other = _random(n, 0, 6) if read else _aligned(n, 0)
     if read:
-        share = _Share(user.ctypes.data, other.ctypes.data, n)
+        share = Share(user.ctypes.data, other.ctypes.data, n)
     else:
-        share = _Share(other.ctypes.data, user.ctypes.data, n)
+        share = Share(other.ctypes.data, user.ctypes.data, n)
     with share.lock:  # the helper claims the first piece and is slow to copy it
         first = share._claim()
         share.helping = True
@@ -224,7 +224,7 @@ def test_pieces_copied_past_the_helpers_unfinished_one_are_hashed_after_it(read:
 def test_a_caller_that_fails_midway_returns_only_once_the_helper_has_stopped_writing() -> None:
     n = 9 * SHARE_PIECE
     src, dst = _random(n, 0, 7), _aligned(n, 16)
-    helper = _CopyHelper()
+    helper = CopyHelper()
     calls = 0
 
     def update(_: memoryview) -> None:
@@ -234,7 +234,7 @@ def test_a_caller_that_fails_midway_returns_only_once_the_helper_has_stopped_wri
             raise KeyboardInterrupt  # anything the caller did not expect
 
     try:
-        share = _Share(dst.ctypes.data, src.ctypes.data, n)
+        share = Share(dst.ctypes.data, src.ctypes.data, n)
         helper.offer(share)
         with pytest.raises(KeyboardInterrupt):
             try:
@@ -252,15 +252,15 @@ def test_a_piece_the_helper_failed_to_copy_is_copied_by_the_caller(
 ) -> None:
     n = 5 * SHARE_PIECE + 4097
     src, dst = _random(n, 16, 3), _aligned(n, 0)
-    share = _Share(dst.ctypes.data, src.ctypes.data, n)
-    real = datapath._memmove
+    share = Share(dst.ctypes.data, src.ctypes.data, n)
+    real = sharedcopy._memmove
 
     def fail_in_helper(d: int, s: int, count: int) -> int:
         if threading.current_thread().name == "helper":
             raise OSError("injected copy failure")
         return int(real(d, s, count))
 
-    monkeypatch.setattr(datapath, "_memmove", fail_in_helper)
+    monkeypatch.setattr(sharedcopy, "_memmove", fail_in_helper)
     errors: list[BaseException] = []
 
     def helper() -> None:  # claims the first piece, fails to copy it, and stops
@@ -281,7 +281,7 @@ def test_a_piece_the_helper_failed_to_copy_is_copied_by_the_caller(
 
 
 def test_large_copies_take_the_way_that_was_faster_lately_and_retry_the_other() -> None:
-    helper = _CopyHelper()
+    helper = CopyHelper()
     mib = 1 << 20
     try:
         if not helper.wanted(True):
@@ -292,22 +292,22 @@ def test_large_copies_take_the_way_that_was_faster_lately_and_retry_the_other() 
         helper.timed(True, False, 2e-3, mib)
         assert helper.wanted(True) is True
         # Reads: shared was faster; writes (timed apart): alone was faster.
-        for _ in range(datapath._SAMPLES):
+        for _ in range(sharedcopy._SAMPLES):
             helper.timed(True, True, 1e-3, mib)
             helper.timed(True, False, 2e-3, mib)
             helper.timed(False, True, 3e-3, mib)
             helper.timed(False, False, 2e-3, mib)
-        window = 4 * datapath._EXPLORE
+        window = 4 * sharedcopy._EXPLORE
         assert [helper.wanted(True) for _ in range(window)].count(False) == 4  # 1 in _EXPLORE
         assert [helper.wanted(False) for _ in range(window)].count(True) == 4
         # The helper gets slow for reads: recent timings decide.
-        for _ in range(datapath._SAMPLES):
+        for _ in range(sharedcopy._SAMPLES):
             helper.timed(True, True, 5e-3, mib)
         assert [helper.wanted(True) for _ in range(window)].count(True) == 4
     finally:
         helper.close()
     assert not helper.wanted(True)  # closed: no helper
-    assert not helper.offer(_Share(0, 0, 0))
+    assert not helper.offer(Share(0, 0, 0))
 
 
 @pytest.fixture(scope="module")

@@ -8,29 +8,35 @@ mappings directly:
 * in a batch, requests on segments mapped here (this process's own, or a same-host peer's memfd)
   are copied in the calling thread under one `hold_segment` of the mapping, and each value is
   hashed right after its copy, while it is still in the CPU cache;
-* a single large value on a mapped segment is copied and hashed in `HASH_CHUNK` pieces; from
-  `SHARED_MIN` on, a helper thread copies some of the pieces meanwhile (see `_Share`).
+* a value of 1 MiB or more on a mapped segment (and a batch put's of FUSED_MIN or more) is
+  copied and hashed in one pass by the fused copy (`kvpool.transfer.native`), or in
+  `HASH_CHUNK` pieces without it; from `SHARED_MIN` on, a helper thread may copy some of the
+  pieces meanwhile (`kvpool.client.sharedcopy`).
 
 Everything else (TCP, single small requests) goes through the engine's `transfer` / `submit`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import queue
-import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import xxhash
 
 from kvpool.client.node import NodeRuntime
+from kvpool.client.sharedcopy import (
+    CHUNKED_MIN,
+    HASH_CHUNK,
+    LONG_CHUNK,
+    SHARE_PIECE,
+    SHARED_MIN,
+    CopyHelper,
+    Share,
+    chunk_for,
+)
 from kvpool.codes import OBJECT_NOT_FOUND
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
 from kvpool.protocol.messages import (
@@ -40,7 +46,7 @@ from kvpool.protocol.messages import (
     SegmentName,
     SegmentReply,
 )
-from kvpool.transfer.copy import BOUNCE_MAX, copy_and_hash, slow_distance
+from kvpool.transfer.copy import copy_and_hash
 from kvpool.transfer.engine import RouteKind, SegmentHold, TransferEngine
 from kvpool.transfer.location import SegmentLocation
 from kvpool.transfer.native import copy_xxh3
@@ -60,288 +66,25 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _PENDING: Final = ErrorCode.INTERNAL_ERROR
+"""Placeholder code of a request handed to the engine (replaced by the engine's code)."""
+_NOT_FOUND: Final = int(OBJECT_NOT_FOUND)
 _OK: Final = ErrorCode.OK
 _READ: Final = TransferOp.READ
 """Module constants: `Enum.MEMBER` costs an EnumType attribute lookup per read on Python 3.11."""
-_NOT_FOUND: Final = int(OBJECT_NOT_FOUND)
-"""Placeholder code of a request handed to the engine (replaced by the engine's code)."""
-HASH_CHUNK: Final = 256 << 10
-"""Large values on mapped segments are copied and hashed in chunks of this size, in one
-thread: each chunk is hashed while it is still in the CPU cache, which is faster than copying
-the whole value and hashing it after. Overlapping the hash with a copy in the engine's copy
-thread instead was slower: waking another thread costs more than the whole hash
-(docs/parts/perf-store.md)."""
-CHUNKED_MIN: Final = 4 * HASH_CHUNK
-"""Single values at least this large take the chunked copy-and-hash path."""
-LONG_CHUNK: Final = 1 << 20
-"""The chunk used instead of HASH_CHUNK when the destination lies just past the source modulo
-a page (see `chunk_for`): copies this large take glibc's vector loop, not `rep movsb`."""
-SHARE_PIECE: Final = max(1 << 20, BOUNCE_MAX)
-"""The piece each thread claims at a time in a shared copy (see `_Share`): at least the L2
-size, so glibc copies every piece with its vector loop whatever the distance (`chunk_for`);
-larger pieces measured no faster."""
-SHARED_MIN: Final = 4 * SHARE_PIECE
-"""Single values at least this large are copied by the caller and a helper thread together;
-smaller ones by the caller alone, in HASH_CHUNK pieces."""
-_EXPLORE: Final = 8
-"""Every this many large copies, the way that measured slower recently is timed again."""
-_SAMPLES: Final = 5
-"""Recent timings kept per way; their median is what the ways are compared by."""
-_STALLS: Final = 2
-"""The helper stops once the caller has made no progress during this many of its pieces."""
+FUSED_MIN: Final = 256 << 10
+"""Values of a batch put at least this large are written with the fused copy (when it is
+built; a batch get's from CHUNKED_MIN, as single values): below, its call costs about what it
+saves, and a read of a value still in the cache is faster copied, then hashed (16 x 256 KiB
+gets measured 10 % slower fused)."""
 STREAM_PUTS: Final = 1
 """A put's fused copy (`kvpool.transfer.native`) writes the segment with non-temporal stores:
 this process does not read those bytes again, and skipping the read of each destination line
 makes the copy faster than a memcpy (docs/parts/perf-store.md). 0: cached stores."""
-_memmove: Final = ctypes.memmove  # releases the GIL, so that the other thread can claim
 
 
 def _location(info: SegmentInfo) -> SegmentLocation:
     """Where a segment the master described lives, as the transfer engine needs it."""
     return SegmentLocation(info.name, info.size, info.host_id, info.endpoint, info.shm_path)
-
-
-def chunk_for(dst_addr: int, src_addr: int) -> int:
-    """The copy-and-hash chunk for a copy from `src_addr` to `dst_addr`.
-
-    glibc copies sizes from ~2 KiB up to the L2 size with `rep movsb`, which on AMD runs
-    several times slower when the destination starts less than 64 bytes past the source
-    modulo 4 KiB (glibc avoids that case only on Intel; docs/parts/perf-store.md). Exactly
-    that happens on every get into a numpy array or a large bytearray (malloc'd at page + 16)
-    from a page-aligned replica. Chunks of at least LONG_CHUNK take the vector loop at full
-    speed and are still hashed from L2/L3.
-    """
-    if slow_distance(dst_addr, src_addr):
-        return LONG_CHUNK
-    return HASH_CHUNK
-
-
-@dataclass(slots=True, eq=False)
-class _Share:
-    """One large copy of `n` bytes from address `src` to `dst`, shared by two threads.
-
-    Both threads claim SHARE_PIECE pieces in order from the front; the helper thread only
-    copies its pieces, the caller copies its own and hashes every piece in order (xxh3 runs
-    in order and in one thread), each as soon as it has been copied: one core does not reach
-    the machine's copy bandwidth, and the hash of one piece runs while the other thread copies
-    the next: with a free core this beats copying and hashing alone, and even a plain memcpy
-    (docs/parts/perf-store.md, "a copy helper thread").
-    Nothing is handed over and the caller waits only when the next piece to hash is the one
-    the helper is still copying; a helper that starts late (its core busy) finds less left to
-    claim, or nothing.
-
-    A helper with no core of its own takes turns with the caller instead (with a CPU-bound
-    process on the other core it copied nearly every piece while the caller waited to run,
-    slower than the caller alone). So the helper stops once the caller has made no progress
-    during _STALLS of its pieces, and the caller does most of that copy itself.
-
-    A claim takes SHARE_PIECE bytes, or everything left when less than two pieces are, so no
-    piece is shorter than SHARE_PIECE (or the whole copy) and none falls into glibc's slow
-    `rep movsb` range. Fields are guarded by `lock`."""
-
-    dst: int
-    src: int
-    n: int
-    claimed: int = 0
-    """[0, claimed) has been claimed."""
-    copied: dict[int, int] = field(default_factory=dict)
-    """Pieces (start: end) copied but not hashed yet."""
-    lost: dict[int, int] = field(default_factory=dict)
-    """Pieces the helper failed to copy (the caller copies them itself)."""
-    helping: bool = False
-    """The helper is copying a piece it claimed."""
-    progress: int = 0
-    """Pieces the caller has copied or hashed (it alone writes this; the helper reads it)."""
-    waiter: threading.Lock | None = None
-    """Held while the caller waits for the helper's piece; the helper releases it."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _claim(self) -> tuple[int, int] | None:
-        c, n = self.claimed, self.n
-        if c >= n:
-            return None
-        e = n if n - c < 2 * SHARE_PIECE else c + SHARE_PIECE
-        self.claimed = e
-        return c, e
-
-    def help(self) -> None:
-        """The helper's part: copy pieces until none is left to claim."""
-        lock = self.lock
-        seen = stalled = -1
-        while True:
-            with lock:
-                if self.progress == seen:
-                    stalled += 1
-                    if stalled >= _STALLS:  # the caller is not running: leave the CPU to it
-                        return
-                else:
-                    seen, stalled = self.progress, 0
-                piece = self._claim()
-                if piece is None:
-                    return
-                self.helping = True
-            c, e = piece
-            ok = False
-            try:
-                _memmove(self.dst + c, self.src + c, e - c)
-                ok = True
-            finally:
-                self.helped(c, e, ok)
-
-    def helped(self, start: int, end: int, ok: bool) -> None:
-        """The helper is done with its piece (`ok`: copied); wakes the caller if it waits."""
-        with self.lock:
-            (self.copied if ok else self.lost)[start] = end
-            self.helping = False
-            if self.waiter is not None:
-                self.waiter.release()
-                self.waiter = None
-
-    def copy_hashing(self, view: memoryview, update: Callable[[memoryview], None]) -> None:
-        """The caller's part: copy pieces, and hash `view` (the caller's buffer: the source of
-        a write, the destination of a read) in order as its pieces are copied."""
-        lock, dst, src, n = self.lock, self.dst, self.src, self.n
-        step = chunk_for(dst, src)
-        hashed = 0
-        while hashed < n:
-            waiter = None
-            with lock:
-                end = self.copied.pop(hashed, 0)
-                piece = None
-                if not end:
-                    redo = self.lost.pop(hashed, 0)
-                    piece = (hashed, redo) if redo else self._claim()
-                    if piece is None:  # the helper is copying the piece at `hashed`
-                        waiter = self.waiter = threading.Lock()
-                        waiter.acquire()
-            if waiter is not None:
-                waiter.acquire()
-                continue
-            if piece is not None:
-                c, end = piece
-                if c != hashed:  # the helper is still copying an earlier piece
-                    _memmove(dst + c, src + c, end - c)
-                    self.progress += 1
-                    with lock:
-                        self.copied[c] = end
-                    continue
-                # The next to hash: copy and hash it in chunks, each hashed from L2 (as when
-                # the caller copies alone; whole 1 MiB pieces were hashed from L3, slower).
-                while c < end:
-                    e = end if end - c < 2 * step else c + step
-                    _memmove(dst + c, src + c, e - c)
-                    update(view[c:e])
-                    self.progress += 1
-                    c = e
-                hashed = end
-                continue
-            update(view[hashed:end])
-            self.progress += 1
-            hashed = end
-
-    def settle(self) -> None:
-        """Let the helper claim nothing more and wait for the piece it is copying, if any:
-        once the caller returns (an exception included) nothing may write into the segment
-        or the caller's buffer."""
-        with self.lock:
-            self.claimed = self.n
-            if not self.helping:
-                return
-            waiter = self.waiter = threading.Lock()
-            waiter.acquire()
-        interrupted: BaseException | None = None
-        while True:  # an interrupt must not let the caller leave while the helper writes
-            try:
-                waiter.acquire()
-                break
-            except BaseException as exc:
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
-
-
-class _CopyHelper:
-    """The helper thread of shared copies (see `_Share`), started on first use, and whether
-    to use it. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._shares: queue.SimpleQueue[_Share | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()  # of the process the thread runs in
-        # One CPU: a second thread could only take turns with the caller.
-        self._closed = len(os.sched_getaffinity(0)) < 2
-        # Recent seconds per byte of large copies by (read, shared): reads and writes differ.
-        self._timings: dict[tuple[bool, bool], deque[float]] = {
-            (read, shared): deque(maxlen=_SAMPLES)
-            for read in (False, True)
-            for shared in (False, True)
-        }
-        self._copies = 0
-
-    def wanted(self, read: bool) -> bool:
-        """Whether the next large copy should be shared: the way that was faster lately.
-
-        Whether a helper pays depends on what else the machine runs, and it changes: on an
-        idle machine shared copies are clearly faster, but while other processes keep every
-        core busy they are slower than the caller alone. So both ways are timed as they run, the median of their recent timings decides, and every _EXPLORE-th
-        copy takes the other way to keep its timing current. Unsynchronised between callers:
-        a hint, harmless when stale."""
-        if self._closed:
-            return False
-        self._copies += 1
-        shared, alone = self._timings[read, True], self._timings[read, False]
-        if len(shared) < 2 or len(alone) < 2:  # learn both first
-            return len(shared) <= len(alone)
-        faster = statistics.median(shared) <= statistics.median(alone)
-        return faster != (self._copies % _EXPLORE == 0)
-
-    def timed(self, read: bool, shared: bool, seconds: float, nbytes: int) -> None:
-        """A large copy (`read`: from a segment) of `nbytes` took `seconds`, `shared` or by
-        the caller alone."""
-        self._timings[read, shared].append(seconds / nbytes)
-
-    def offer(self, share: _Share) -> bool:
-        """Let the helper take pieces of `share`; False when there is no helper (closed)."""
-        with self._lock:
-            if self._closed:
-                return False
-            if self._thread is not None and self._pid != os.getpid():
-                # A forked child: the parent's thread is not here, nor its queue's consumer.
-                self._thread, self._shares = None, queue.SimpleQueue()
-            if self._thread is None:
-                thread = threading.Thread(target=self._run, name="kvpool-copy-helper", daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError as exc:  # no thread to be had: the caller copies alone
-                    log.warning("no copy helper thread (%s): large copies run alone", exc)
-                    self._closed = True
-                    return False
-                self._thread, self._pid = thread, os.getpid()
-            self._shares.put(share)
-        return True
-
-    def close(self) -> None:
-        """Stop the thread once the shares offered are done (idempotent)."""
-        with self._lock:
-            self._closed = True
-            thread, self._thread = self._thread, None
-            if thread is not None:
-                self._shares.put(None)
-        if thread is not None and self._pid == os.getpid():  # a fork's child has no thread
-            thread.join()
-
-    def _run(self) -> None:
-        shares = self._shares
-        while True:
-            share = shares.get()
-            if share is None:
-                return
-            try:
-                share.help()
-            except Exception:  # the piece is in share.lost: the caller copies it
-                log.exception("copy helper: a copy failed; the caller makes it itself")
-            share = None  # do not keep the caller's buffers while waiting
 
 
 class _Resolve:
@@ -398,7 +141,7 @@ class DataPath:
             data_key=lambda: node.rpc.data_key,
             tls=node.tls_client,
         )
-        self._helper = _CopyHelper()
+        self._helper = CopyHelper()
 
     def close(self) -> None:
         """Let go of peer mappings, sockets and threads (idempotent)."""
@@ -622,11 +365,11 @@ class DataPath:
         mapping = self.engine.held_mapping(loc.segments[0])
         if mapping is None:
             return None
-        digest = xxhash.xxh3_64_intdigest
+        digest, fused = xxhash.xxh3_64_intdigest, copy_xxh3
         sums, sizes, places = loc.checksums, loc.sizes, loc.places
         out: list[int] = []
         try:
-            mem = mapping.view
+            mem, base = mapping.view, mapping.address
             cap = mem.nbytes
             for i, code in enumerate(loc.codes):
                 if code:
@@ -642,8 +385,13 @@ class DataPath:
                 if off < 0 or end > cap or size > view.nbytes:
                     return None
                 dest = view if view.nbytes == size else view[:size]
-                dest[:] = mem[off:end]
                 want = sums[i]
+                if verify and want is not None and fused is not None and size >= CHUNKED_MIN:
+                    if fused(buffer_address(dest), base + off, size, 0) != want:
+                        return None
+                    out.append(size)
+                    continue
+                dest[:] = mem[off:end]
                 if verify and want is not None and digest(dest) != want:
                     return None
                 out.append(size)
@@ -707,22 +455,34 @@ class DataPath:
         every = want is True
         wants = want if isinstance(want, list) else None
         read = op is TransferOp.READ
+        fused = copy_xxh3 if every or wants is not None else None
         try:
             mem = mapping.view if mapping is not None else hold.buffer  # type: ignore[union-attr]
+            base = mapping.address if mapping is not None else hold.address  # type: ignore[union-attr]
             size = mem.nbytes
             for i in range(len(views)) if idxs is None else idxs:
                 view = views[i]
                 o = offsets[i]
-                e = o + view.nbytes
+                n = view.nbytes
+                e = o + n
                 if o < 0 or e > size:
                     codes[i] = bad  # never copy outside the segment
+                    continue
+                hashed = every or (wants is not None and wants[i])
+                if fused is not None and n >= (CHUNKED_MIN if read else FUSED_MIN) and hashed:
+                    here = buffer_address(view)
+                    if read:
+                        digests[i] = fused(here, base + o, n, 0)
+                    else:
+                        digests[i] = fused(base + o, here, n, STREAM_PUTS)
+                    codes[i] = ok
                     continue
                 if read:
                     view[:] = mem[o:e]
                 else:
                     mem[o:e] = view
                 codes[i] = ok
-                if every or (wants is not None and wants[i]):
+                if hashed:
                     digests[i] = digest(view)  # still in the cache
         finally:
             if mapping is not None:
@@ -738,7 +498,7 @@ class DataPath:
         xxh3_64 of the value), or None when the segment is not mapped here (the caller then
         uses the engine and hashes separately). One native pass when the fused copy is built
         (`kvpool.transfer.native`), else in chunks hashed while in the cache (HASH_CHUNK);
-        values of SHARED_MIN and more may be copied with the helper thread (`_Share`)."""
+        values of SHARED_MIN and more may be copied with the helper thread (`sharedcopy.Share`)."""
         # A route known and mapped: its mapping in one call; else the general hold.
         mapping = self.engine.held_mapping(segment) if self.protocol != "tcp" else None
         hold = self.hold_mapped(segment) if mapping is None else None
@@ -755,9 +515,9 @@ class DataPath:
             if large and self._helper.wanted(read):
                 hasher = xxhash.xxh3_64()
                 if read:
-                    self._copy_shared(read, view, _Share(here, there, n), hasher)
+                    self._copy_shared(read, view, Share(here, there, n), hasher)
                 else:
-                    self._copy_shared(read, view, _Share(there, here, n), hasher)
+                    self._copy_shared(read, view, Share(there, here, n), hasher)
                 return _OK, hasher.intdigest()
             started = time.perf_counter()
             if copy_xxh3 is not None:  # the hash hides under the copy's memory stalls
@@ -778,9 +538,9 @@ class DataPath:
         return _OK, digest
 
     def _copy_shared(
-        self, read: bool, view: memoryview, share: _Share, hasher: xxhash.xxh3_64
+        self, read: bool, view: memoryview, share: Share, hasher: xxhash.xxh3_64
     ) -> None:
-        """Copy `share` with the helper thread's help, hashing `view` (see `_Share`)."""
+        """Copy `share` with the helper thread's help, hashing `view` (see `Share`)."""
         helper = self._helper
         started = time.perf_counter()
         offered = False

@@ -19,7 +19,8 @@ import xxhash
 from kvpool.client import Store
 from kvpool.client import datapath as datapath_mod
 from kvpool.client import reader as reader_mod
-from kvpool.client.datapath import HASH_CHUNK, LONG_CHUNK, DataPath, chunk_for
+from kvpool.client.datapath import DataPath
+from kvpool.client.sharedcopy import HASH_CHUNK, LONG_CHUNK, chunk_for
 from kvpool.errors import ChecksumMismatch, ErrorCode
 from kvpool.transfer import copy as copy_mod
 from kvpool.transfer import native

@@ -135,11 +135,10 @@ def test_new_bytearray_has_the_length_asked() -> None:
         b[-1:] = b"x" if n else b""
 
 
-def _load_in_child(env: dict[str, str]) -> str:
-    """`copy_path` as a fresh interpreter sees it (the library is loaded once, at import)."""
-    prog = "from kvpool.transfer import native; print(native.copy_path)"
+def _python(env: dict[str, str], *args: str) -> str:
+    """What a fresh interpreter prints (the library is loaded once, at import) with `env`."""
     out = subprocess.run(
-        [sys.executable, "-c", prog],
+        [sys.executable, *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -150,7 +149,8 @@ def _load_in_child(env: dict[str, str]) -> str:
 
 
 def test_kvpool_native_0_turns_it_off() -> None:
-    assert _load_in_child({"KVPOOL_NATIVE": "0"}) == "off (KVPOOL_NATIVE=0)"
+    prog = "from kvpool.transfer import native; print(native.copy_path)"
+    assert _python({"KVPOOL_NATIVE": "0"}, "-c", prog) == "off (KVPOOL_NATIVE=0)"
 
 
 def _cc() -> str:
@@ -223,16 +223,7 @@ def test_without_a_compiler_the_build_says_so_and_succeeds(
 
 
 def test_kvpool_version_says_which_fused_copy_runs() -> None:
-    def version(env: dict[str, str]) -> str:
-        out = subprocess.run(
-            [sys.executable, "-m", "kvpool", "--version"],
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        return out.stdout.strip()
-
-    assert version({"KVPOOL_NATIVE": "0"}).endswith("(fused copy: off (KVPOOL_NATIVE=0))")
-    assert version({}).endswith(f"(fused copy: {native.copy_path})")
+    off = _python({"KVPOOL_NATIVE": "0"}, "-m", "kvpool", "--version")
+    assert off.endswith("(fused copy: off (KVPOOL_NATIVE=0))")
+    on = _python({}, "-m", "kvpool", "--version")
+    assert on.endswith(f"(fused copy: {native.copy_path})")

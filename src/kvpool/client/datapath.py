@@ -27,16 +27,7 @@ from typing import Final, Literal
 import xxhash
 
 from kvpool.client.node import NodeRuntime
-from kvpool.client.sharedcopy import (
-    CHUNKED_MIN,
-    HASH_CHUNK,
-    LONG_CHUNK,
-    SHARE_PIECE,
-    SHARED_MIN,
-    CopyHelper,
-    Share,
-    chunk_for,
-)
+from kvpool.client.sharedcopy import CHUNKED_MIN, SHARED_MIN, CopyHelper, Share, chunk_for
 from kvpool.codes import OBJECT_NOT_FOUND
 from kvpool.errors import ErrorCode, KVPoolError, TransferError, error_for_code, raise_for_code
 from kvpool.protocol.messages import (
@@ -53,15 +44,7 @@ from kvpool.transfer.native import copy_xxh3
 from kvpool.transfer.registration import buffer_address
 from kvpool.transfer.request import TransferOp, TransferRequest
 
-__all__ = [
-    "CHUNKED_MIN",
-    "HASH_CHUNK",
-    "LONG_CHUNK",
-    "SHARED_MIN",
-    "SHARE_PIECE",
-    "DataPath",
-    "chunk_for",
-]
+__all__ = ["FUSED_MIN", "STREAM_PUTS", "DataPath"]
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from collections.abc import Callable
 import xxhash
 
 from kvpool.client import dfs
-from kvpool.client.datapath import CHUNKED_MIN, SHARED_MIN, DataPath
+from kvpool.client.datapath import DataPath
 from kvpool.client.disk_files import DiskFiles
 from kvpool.client.hotcache import HotCache
 from kvpool.client.locations import Locations, Remembered, segment_places
@@ -58,6 +58,7 @@ from kvpool.client.replica import (
     verify_checksum,
     verify_lease,
 )
+from kvpool.client.sharedcopy import CHUNKED_MIN, SHARED_MIN
 from kvpool.client.validation import check_count
 from kvpool.codes import OBJECT_NOT_FOUND
 from kvpool.errors import (

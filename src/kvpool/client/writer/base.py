@@ -17,13 +17,14 @@ import msgspec
 
 from kvpool.client import dfs
 from kvpool.client.arena import Arenas
-from kvpool.client.datapath import CHUNKED_MIN, DataPath
+from kvpool.client.datapath import DataPath
 from kvpool.client.locations import Locations
 from kvpool.client.node import NodeRuntime
 from kvpool.client.pending import PendingCommits
 from kvpool.client.replica import checksum, digest_or_checksum
 from kvpool.client.replicate import DEFAULT_CONFIG
 from kvpool.client.result import PutStatsRecorder
+from kvpool.client.sharedcopy import CHUNKED_MIN
 from kvpool.client.validation import check_replicate_config
 from kvpool.codes import INVALID_PARAMS
 from kvpool.errors import (

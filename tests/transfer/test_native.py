@@ -173,6 +173,7 @@ def test_build_compiles_a_library_that_loads_and_matches(tmp_path: Path) -> None
     fn.restype = ctypes.c_uint64
     _check(fn, 5000, 3, 7)
     assert not build.stale(out)
+    assert native.LIBRARY == build.LIBRARY  # where the loader looks is where make builds
     assert build.main(["--out", str(out), "--if-stale", "--quiet"]) == 0
 
 

@@ -141,7 +141,7 @@ def copy_and_hash(read: bool, view: memoryview, mem: memoryview, offset: int, st
     """Copy `view` from (`read`) or to `mem[offset:]` in chunks of `step`, hashing each chunk
     just after copying it, while it is in the cache (measured faster than hashing first);
     answers the xxh3_64 of the value. No short last chunk: it could fall back into glibc's
-    slow range (`kvpool.client.datapath.chunk_for`)."""
+    slow range (`kvpool.client.sharedcopy.chunk_for`)."""
     hasher = xxhash.xxh3_64()
     n = view.nbytes
     c = 0

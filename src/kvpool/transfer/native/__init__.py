@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-__all__ = ["MIN_BYTES", "copy_path", "copy_xxh3", "new_bytearray", "read_new"]
+__all__ = ["LIBRARY", "MIN_BYTES", "copy_path", "copy_xxh3", "new_bytearray", "read_new"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ _VERSION: Final = 3
 """The interface version this loader expects (`kv_copyhash_version` in copyhash.c)."""
 _PATHS: Final = {1: "scalar", 2: "avx2"}
 LIBRARY: Final = Path(__file__).with_name("_copyhash.so")
-"""Where `build` puts the library (kvpool.transfer.native.build.LIBRARY)."""
+"""Where `build` puts the library (`build.LIBRARY`, the same path: not imported from there, so
+that `python -m kvpool.transfer.native.build` is not a module its package already ran)."""
 
 
 def _self_check(fn: Callable[[int, int, int, int], int]) -> bool:

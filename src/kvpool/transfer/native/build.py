@@ -6,18 +6,16 @@ Run by `make` (before the tests and the main job), by the package's build hook
     python -m kvpool.transfer.native.build [--cc CC] [--out FILE] [--quiet]
 
 It imports nothing outside the standard library (the build hook loads it by path, before
-kvpool is installed). Without a C compiler it says so and exits 0: kvpool then copies and
-hashes in Python (`kvpool.transfer.native`). A compiler that fails on the file exits 1.
+kvpool is installed), and what only a build needs only when it builds. Without a C compiler
+it says so and exits 0: kvpool then copies and hashes in Python (`kvpool.transfer.native`).
+A compiler that fails on the file exits 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 __all__ = ["LIBRARY", "SOURCE", "build", "main"]
@@ -29,6 +27,8 @@ _FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=default", "-std=gnu11", "-Wal
 
 def compiler(cc: str | None = None) -> str | None:
     """The C compiler to use: `cc`, else $CC, else the first of cc, gcc, clang on PATH."""
+    import shutil
+
     for name in (cc, os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name.split()[0]):
             return name
@@ -40,6 +40,8 @@ def build(out: Path = LIBRARY, cc: str | None = None) -> Path | None:
     loads the library meanwhile sees the old file or the new one, never half of one).
     Returns `out`, or None when no compiler is found; raises CalledProcessError when the
     compiler fails."""
+    import tempfile
+
     found = compiler(cc)
     if found is None:
         return None
@@ -65,6 +67,8 @@ def stale(out: Path = LIBRARY) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     ap = argparse.ArgumentParser(
         prog="python -m kvpool.transfer.native.build",
         description="Compile kvpool's fused copy-and-checksum (copyhash.c) into _copyhash.so.",
